@@ -1,0 +1,48 @@
+"""The ``verl-gdro`` command: ``demo``, ``plot``, ``simulate``, ``eval`` and ``dry-run``.
+
+Each subcommand lives in its own module, which exposes ``add_arguments(parser)`` and
+``main(args) -> int``; modules are imported lazily so that ``verl-gdro plot`` does not pay for
+torch and ``verl-gdro simulate`` needs numpy only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "demo": ("verl_gdro.demo.run", "CPU demo: GRPO vs Prompt-GDRO vs Rollout-GDRO on a tiny model"),
+    "plot": ("verl_gdro.plots", "redraw the curriculum figures from metrics.jsonl or verl's file-logger JSONL"),
+    "simulate": ("verl_gdro.simulate", "controller-only simulation printing bins, weights and allocations"),
+    "eval": ("verl_gdro.eval.cli", "mean@k / pass@k tables from validation generations"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="verl-gdro", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, (module, help_text) in SUBCOMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.set_defaults(_module=module)
+        try:
+            mod = importlib.import_module(module)
+        except ImportError:
+            # Keep the rest of the CLI usable if one optional part is missing.
+            p.set_defaults(_missing=True)
+            continue
+        mod.add_arguments(p)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if getattr(args, "_missing", False):
+        # Import again to surface the real error.
+        importlib.import_module(args._module)
+    mod = importlib.import_module(args._module)
+    return int(mod.main(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
