@@ -1,0 +1,587 @@
+"""Prompt-GDRO: the data adversary (ALGORITHM.md section 2; paper 3.2, Eqs. 6-7 and 12-16).
+
+Read top to bottom, this module is the equations in order:
+
+1. the per-prompt loss signal ``l(x)`` (``failure_rate_loss``, ``surrogate_loss``,
+   ``surrogate_kl_loss``; Eqs. 6-7 for the latter two),
+2. the per-bin mean loss of the step, divided by the bin's batch share (Eq. 13, App. A),
+3. the EMA difficulty score ``S_t(b)`` (Eq. 12),
+4. the exponential weights ``omega_t(b)`` (Eq. 14),
+5. the mixed bin distribution ``q_t(b)`` (Eq. 15),
+6. the advantage multipliers ``w(b)`` (Eq. 16).
+
+Each equation is one pure function; :class:`PromptGDRO` only holds the state (``S`` and which bins
+were ever observed) and composes them, the way Group DRO's reference loss class keeps the whole
+robust loss in one small object. numpy only: no verl, no torch.
+
+Order inside a training step (spec): the weights of step t come from ``S_{t-1}``
+(:meth:`PromptGDRO.multipliers` before the step), and the losses of step t update ``S`` after it
+(:meth:`PromptGDRO.update`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+__all__ = [
+    "WEIGHT_NORMALIZATIONS",
+    "PromptGDRO",
+    "advantage_multipliers",
+    "bin_mean_losses",
+    "clipped_surrogate_response_loss",
+    "ema_scores",
+    "exp_weights",
+    "failure_rate_loss",
+    "group_mean",
+    "low_var_kl",
+    "masked_token_mean",
+    "mix_probs",
+    "share_normalize",
+    "surrogate_kl_loss",
+    "surrogate_loss",
+]
+
+WEIGHT_NORMALIZATIONS = ("mean_one", "raw")
+
+# float64 exp overflows just above 709; the constructor keeps eta * score_clip below this so that
+# omega (Eq. 14) is always finite and q (Eq. 15) never divides inf by inf.
+_MAX_EXPONENT = 600.0
+
+# Same clamps as verl's kl_penalty("low_var_kl") and compute_policy_loss_vanilla, so the driver-side
+# loss signal measures the same quantity the actor optimises.
+_LOG_RATIO_CLAMP = 20.0
+_LOW_VAR_KL_CLAMP = 10.0
+
+
+# --------------------------------------------------------------------------------------------
+# Loss signals l(x) (spec section 2, `loss_signal`)
+# --------------------------------------------------------------------------------------------
+
+
+def _group_index(group_index: ArrayLike, num_responses: int, num_groups: int | None) -> tuple[NDArray[np.int64], int]:
+    """Validate the prompt index of every response and return it with the number of prompts.
+
+    ``num_groups`` defaults to ``max(group_index) + 1``; a prompt with no response then gets a NaN
+    loss from :func:`group_mean` (which :meth:`PromptGDRO.update` drops and counts).
+    """
+    idx = np.asarray(group_index)
+    if idx.ndim != 1 or idx.shape[0] != num_responses:
+        raise ValueError(
+            f"group_index must be a 1-D array with one prompt index per response "
+            f"({num_responses} responses), got shape {idx.shape}"
+        )
+    if idx.size and not np.issubdtype(idx.dtype, np.integer):
+        if not np.all(np.isfinite(idx)) or np.any(idx != np.round(idx)):
+            raise ValueError("group_index must hold integer prompt indices")
+    idx = idx.astype(np.int64, copy=False)
+    inferred = int(idx.max()) + 1 if idx.size else 0
+    groups = inferred if num_groups is None else int(num_groups)
+    if groups < 0:
+        raise ValueError(f"num_groups must be >= 0, got {num_groups}")
+    if idx.size and (idx.min() < 0 or idx.max() >= groups):
+        raise ValueError(f"group_index values must lie in [0, num_groups={groups}), got [{idx.min()}, {idx.max()}]")
+    return idx, groups
+
+
+def group_mean(values: ArrayLike, group_index: ArrayLike, num_groups: int | None = None) -> NDArray[np.float64]:
+    """Mean of per-response ``values`` over each prompt's responses, for variable group sizes.
+
+    Vectorised with ``np.bincount`` (no Python loop over prompts), because Rollout-GDRO gives
+    prompts different numbers of rollouts and the batch may hold thousands of them. A prompt with
+    no response gets NaN, never a silent 0: a loss of 0 would be a real (and wrong) signal.
+    """
+    vals = np.asarray(values, dtype=np.float64)
+    if vals.ndim != 1:
+        raise ValueError(f"values must be 1-D (one value per response), got shape {vals.shape}")
+    idx, groups = _group_index(group_index, vals.shape[0], num_groups)
+    sums = np.bincount(idx, weights=vals, minlength=groups)
+    counts = np.bincount(idx, minlength=groups)
+    out = np.full(groups, np.nan)
+    has = counts > 0
+    out[has] = sums[has] / counts[has]
+    return out
+
+
+def failure_rate_loss(
+    acc: ArrayLike, group_index: ArrayLike | None = None, num_groups: int | None = None
+) -> NDArray[np.float64]:
+    """Failure rate ``l(x) = 1 - mean_j r_ij`` (loss signal ``failure_rate``, preset ``robust``).
+
+    The 0/1 loss of Group DRO's worst-group objective: it carries difficulty directly, which the
+    Eq. 6 signal does not at the on-policy point (see :func:`surrogate_loss`).
+
+    ``acc`` is the binary correctness of every response (``r_ij`` in {0, 1}, read from the reward's
+    ``acc``, never the shaped score) with ``group_index`` the prompt index of each response; or,
+    with ``group_index=None``, already the mean correctness of each prompt.
+    """
+    a = np.asarray(acc, dtype=np.float64)
+    if a.ndim != 1:
+        raise ValueError(f"acc must be 1-D, got shape {a.shape}")
+    if group_index is None:
+        return 1.0 - a
+    return 1.0 - group_mean(a, group_index, num_groups)
+
+
+def masked_token_mean(values: NDArray[np.float64], mask: NDArray[np.float64]) -> NDArray[np.float64]:
+    """Token-mean of each response (row) over its valid tokens; 0 for a response with none.
+
+    0 for an empty response mirrors verl's ``masked_mean`` (sum / (count + eps)).
+    """
+    total = (values * mask).sum(axis=1)
+    count = mask.sum(axis=1)
+    return np.divide(total, count, out=np.zeros_like(total), where=count > 0)
+
+
+def _token_arrays(
+    response_mask: ArrayLike, **arrays: ArrayLike | None
+) -> tuple[NDArray[np.float64], dict[str, NDArray[np.float64]]]:
+    """Coerce per-token arrays to float64 [responses, tokens]; per-response vectors broadcast."""
+    mask = np.asarray(response_mask, dtype=np.float64)
+    if mask.ndim != 2:
+        raise ValueError(f"response_mask must be 2-D [responses, tokens], got shape {mask.shape}")
+    out: dict[str, NDArray[np.float64]] = {}
+    for name, arr in arrays.items():
+        a = np.asarray(arr, dtype=np.float64)
+        if a.ndim == 1 and a.shape[0] == mask.shape[0]:
+            a = a[:, None]
+        if a.ndim != 2 or a.shape[0] != mask.shape[0] or a.shape[1] not in (1, mask.shape[1]):
+            raise ValueError(f"{name} must have shape {mask.shape} (or [{mask.shape[0]}]), got {a.shape}")
+        out[name] = a
+    return mask, out
+
+
+def clipped_surrogate_response_loss(
+    log_prob: ArrayLike,
+    old_log_prob: ArrayLike,
+    advantages: ArrayLike,
+    response_mask: ArrayLike,
+    clip_ratio_low: float = 0.2,
+    clip_ratio_high: float = 0.28,
+    clip_ratio_c: float = 3.0,
+) -> NDArray[np.float64]:
+    """Per-response token-mean of ``-J^CLIP`` (Eq. 7), exactly verl's vanilla PPO token loss.
+
+    ratio = exp(clamp(log_prob - old_log_prob, -20, 20)); token loss
+    max(-A ratio, -A clip(ratio, 1 - low, 1 + high)), and for A < 0 additionally capped at
+    -A * clip_ratio_c (dual clip), as in ``verl.trainer.ppo.core_algos.compute_policy_loss_vanilla``.
+    ``advantages`` may be per token [N, T] or per response [N].
+    """
+    mask, arr = _token_arrays(response_mask, log_prob=log_prob, old_log_prob=old_log_prob, advantages=advantages)
+    adv = arr["advantages"]
+    ratio = np.exp(np.clip(arr["log_prob"] - arr["old_log_prob"], -_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP))
+    loss1 = -adv * ratio
+    loss2 = -adv * np.clip(ratio, 1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
+    clipped = np.maximum(loss1, loss2)
+    token_loss = np.where(adv < 0, np.minimum(clipped, -adv * clip_ratio_c), clipped)
+    return masked_token_mean(token_loss, mask)
+
+
+def low_var_kl(log_prob: ArrayLike, ref_log_prob: ArrayLike) -> NDArray[np.float64]:
+    """Per-token low-variance KL estimator k3 = exp(ref - logp) - (ref - logp) - 1, in [-10, 10].
+
+    The same estimator and clamps as verl's ``kl_penalty(..., "low_var_kl")`` (the paper's KL
+    loss, Appendix A), so ``beta_KL * KL`` here is the KL term the actor minimises.
+    """
+    diff = np.clip(
+        np.asarray(ref_log_prob, dtype=np.float64) - np.asarray(log_prob, dtype=np.float64),
+        -_LOG_RATIO_CLAMP,
+        _LOG_RATIO_CLAMP,
+    )
+    return np.clip(np.exp(diff) - diff - 1.0, -_LOW_VAR_KL_CLAMP, _LOW_VAR_KL_CLAMP)
+
+
+def surrogate_loss(
+    log_prob: ArrayLike,
+    old_log_prob: ArrayLike,
+    advantages: ArrayLike,
+    response_mask: ArrayLike,
+    group_index: ArrayLike,
+    num_groups: int | None = None,
+    clip_ratio_low: float = 0.2,
+    clip_ratio_high: float = 0.28,
+    clip_ratio_c: float = 3.0,
+) -> NDArray[np.float64]:
+    """Loss signal ``surrogate`` (the released patch): mean over a prompt's responses of -J^CLIP_ij.
+
+    Inputs are per response (rows) and token (columns) with verl's ``response_mask``, plus the
+    prompt index of every response, so any group sizes work in one vectorised pass.
+
+    Note (spec section 2): at the on-policy point, where the driver evaluates it, ratio = 1 and
+    each response's token-mean is -A_ij; GRPO advantages sum to zero within a group, so for equal
+    response weights this signal is exactly zero for every prompt (up to rounding). It carries no
+    difficulty information there; the ``failure_rate`` signal does.
+    """
+    per_response = clipped_surrogate_response_loss(
+        log_prob, old_log_prob, advantages, response_mask, clip_ratio_low, clip_ratio_high, clip_ratio_c
+    )
+    return group_mean(per_response, group_index, num_groups)
+
+
+def surrogate_kl_loss(
+    log_prob: ArrayLike,
+    old_log_prob: ArrayLike,
+    ref_log_prob: ArrayLike,
+    advantages: ArrayLike,
+    response_mask: ArrayLike,
+    group_index: ArrayLike,
+    num_groups: int | None = None,
+    kl_coef: float = 0.001,
+    clip_ratio_low: float = 0.2,
+    clip_ratio_high: float = 0.28,
+    clip_ratio_c: float = 3.0,
+) -> NDArray[np.float64]:
+    """Loss signal ``surrogate_kl`` (Eqs. 6-7, preset ``paper``): mean_j (-J^CLIP_ij + beta_KL KL_ij).
+
+    KL_ij is the token-mean of :func:`low_var_kl` between ``log_prob`` (the current = old policy at
+    the driver) and ``ref_log_prob``. At ratio = 1 the surrogate part of a prompt is exactly zero
+    (GRPO advantages sum to zero in a group), so this equals ``kl_coef * mean_j KL_ij``: with share
+    normalisation the weights are driven mostly by inverse bin share, modulated by KL. That is the
+    paper's definition, kept and logged per bin rather than hidden (spec section 2).
+    """
+    mask, arr = _token_arrays(response_mask, log_prob=log_prob, ref_log_prob=ref_log_prob)
+    kl = masked_token_mean(low_var_kl(arr["log_prob"], arr["ref_log_prob"]) * np.ones_like(mask), mask)
+    per_response = (
+        clipped_surrogate_response_loss(
+            log_prob, old_log_prob, advantages, response_mask, clip_ratio_low, clip_ratio_high, clip_ratio_c
+        )
+        + kl_coef * kl
+    )
+    return group_mean(per_response, group_index, num_groups)
+
+
+# --------------------------------------------------------------------------------------------
+# Eqs. 12-16
+# --------------------------------------------------------------------------------------------
+
+
+def bin_mean_losses(
+    bins: NDArray[np.int64], losses: NDArray[np.float64], num_bins: int
+) -> tuple[NDArray[np.float64], NDArray[np.int64]]:
+    """Eq. 13: lbar_t(b) = mean of l(x) over the batch's prompts of bin b; 0 where b is absent.
+
+    Returns ``(lbar, counts)``; ``counts`` (prompts per bin) says which bins are present. Callers
+    pass finite losses only (non-finite ones are dropped before, see :meth:`PromptGDRO.update`).
+    """
+    counts = np.bincount(bins, minlength=num_bins).astype(np.int64)
+    sums = np.bincount(bins, weights=losses, minlength=num_bins)
+    lbar = np.divide(sums, counts, out=np.zeros(num_bins), where=counts > 0)
+    return lbar, counts
+
+
+def share_normalize(
+    lbar: NDArray[np.float64], counts: NDArray[np.int64], share_floor: float
+) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """App. A (with Eq. 13): divide each present bin's mean loss by its batch share qhat_t(b).
+
+    qhat_t(b) = counts(b) / sum counts, floored at ``share_floor`` so that a bin holding a single
+    prompt cannot blow its score up. This is the "debiasing" of the paper's EMA scorer: without it
+    a bin's score would not depend on how often it is sampled, and the mixture would re-learn the
+    data's frequencies. Returns ``(normalised lbar, qhat)``.
+    """
+    total = counts.sum()
+    qhat = counts / total if total > 0 else np.zeros(counts.shape[0])
+    out = np.where(counts > 0, lbar / np.maximum(qhat, share_floor), 0.0)
+    return out, qhat
+
+
+def ema_scores(
+    scores: NDArray[np.float64],
+    observed: NDArray[np.bool_],
+    bin_losses: NDArray[np.float64],
+    present: NDArray[np.bool_],
+    beta: float,
+) -> tuple[NDArray[np.float64], NDArray[np.bool_]]:
+    """Eq. 12: S_t(b) = (1 - beta) S_{t-1}(b) + beta lbar_t(b) for the bins present in the step.
+
+    Absent bins keep their score (no decay toward 0: absence says nothing about difficulty); the
+    first observation of a bin sets S to it (a zero-initialised EMA would bias a new bin toward
+    "easy" for ~1/beta steps); never-observed bins keep S = 0. Returns new arrays (pure).
+    """
+    first = present & ~observed
+    again = present & observed
+    new = scores.copy()
+    new[first] = bin_losses[first]
+    new[again] = (1.0 - beta) * scores[again] + beta * bin_losses[again]
+    return new, observed | present
+
+
+def exp_weights(scores: NDArray[np.float64], eta: float, score_clip: float) -> NDArray[np.float64]:
+    """Eq. 14: omega_t(b) = exp(eta * clip(S_t(b), -C, C)); the clip keeps exp finite."""
+    return np.exp(eta * np.clip(scores, -score_clip, score_clip))
+
+
+def mix_probs(omega: NDArray[np.float64], gamma: float) -> NDArray[np.float64]:
+    """Eq. 15: q_t(b) = (1 - gamma) omega(b) / sum omega + gamma / B, over all B bins.
+
+    The gamma / B floor keeps every bin's probability >= gamma / B (exploration, and the bound
+    of the no-regret analysis).
+    """
+    return (1.0 - gamma) * omega / omega.sum() + gamma / omega.shape[0]
+
+
+def advantage_multipliers(
+    q: NDArray[np.float64],
+    omega: NDArray[np.float64],
+    bins: NDArray[np.int64],
+    max_weight: float,
+    weight_normalization: str = "mean_one",
+) -> NDArray[np.float64]:
+    """Eq. 16: the per-BIN advantage multiplier w(b), A_ij <- A_ij * w(g(x_i)).
+
+    - ``mean_one``: w(b) = q(b) / (mean over the given elements of q(g)), then capped at
+      ``max_weight``. The average multiplier over the given elements (pass every response's bin)
+      is 1 before the cap, so the effective learning rate equals GRPO's (the paper notes the
+      constant is absorbed in the step size). With no element given, w = 1.
+    - ``raw``: w(b) = min(omega(b), max_weight), literally Eq. 16.
+
+    Returns an array of length B; index it with the elements' bins to get their multipliers.
+    """
+    if weight_normalization == "raw":
+        return np.minimum(omega, max_weight)
+    if weight_normalization != "mean_one":
+        raise ValueError(f"weight_normalization={weight_normalization!r}; allowed: {WEIGHT_NORMALIZATIONS}")
+    if bins.size == 0:
+        return np.ones_like(q)
+    return np.minimum(q / q[bins].mean(), max_weight)
+
+
+# --------------------------------------------------------------------------------------------
+# The controller
+# --------------------------------------------------------------------------------------------
+
+
+class PromptGDRO:
+    """The data adversary: EMA-debiased exponential weights over difficulty bins (Eqs. 12-16).
+
+    State: the EMA score ``S`` per bin, which bins were ever observed, and counters. Everything
+    else is derived: ``omega`` (Eq. 14), ``q`` (Eq. 15) and the multipliers (Eq. 16).
+
+    Args:
+        num_bins: B, the number of difficulty bins (>= 1).
+        eta: exponential-weights step size (> 0), Eq. 14.
+        beta: EMA rate in (0, 1], Eq. 12.
+        gamma: uniform mixing in [0, 1), Eq. 15.
+        max_weight: cap of the advantage multiplier (> 0), Eq. 16.
+        score_clip: C of Eq. 14 (> 0); eta * C must be <= 700 so exp stays finite in float64.
+        normalize_by_share: divide the bin mean loss by its batch share (App. A).
+        share_floor: floor of that share in (0, 1]; ``None`` means 1 / (2B).
+        weight_normalization: ``mean_one`` (default) or ``raw``, see :func:`advantage_multipliers`.
+    """
+
+    def __init__(
+        self,
+        num_bins: int,
+        eta: float = 0.65,
+        beta: float = 0.12,
+        gamma: float = 0.01,
+        max_weight: float = 15.0,
+        score_clip: float = 10.0,
+        normalize_by_share: bool = True,
+        share_floor: float | None = None,
+        weight_normalization: str = "mean_one",
+    ) -> None:
+        if isinstance(num_bins, bool) or not isinstance(num_bins, (int, np.integer)) or num_bins < 1:
+            raise ValueError(f"num_bins must be an integer >= 1, got {num_bins!r}")
+        _check_range("eta", eta, low=0.0, low_open=True)
+        _check_range("beta", beta, low=0.0, high=1.0, low_open=True)
+        _check_range("gamma", gamma, low=0.0, high=1.0, high_open=True)
+        _check_range("max_weight", max_weight, low=0.0, low_open=True)
+        _check_range("score_clip", score_clip, low=0.0, low_open=True)
+        if eta * score_clip > _MAX_EXPONENT:
+            raise ValueError(
+                f"eta * score_clip must be <= {_MAX_EXPONENT} so that exp(eta * S) is finite, "
+                f"got eta={eta} * score_clip={score_clip} = {eta * score_clip}"
+            )
+        if share_floor is None:
+            share_floor = 1.0 / (2 * int(num_bins))
+        _check_range("share_floor", share_floor, low=0.0, high=1.0, low_open=True)
+        if weight_normalization not in WEIGHT_NORMALIZATIONS:
+            raise ValueError(
+                f"weight_normalization={weight_normalization!r} is unknown; allowed: {list(WEIGHT_NORMALIZATIONS)}"
+            )
+        self.num_bins = int(num_bins)
+        self.eta = float(eta)
+        self.beta = float(beta)
+        self.gamma = float(gamma)
+        self.max_weight = float(max_weight)
+        self.score_clip = float(score_clip)
+        self.normalize_by_share = bool(normalize_by_share)
+        self.share_floor = float(share_floor)
+        self.weight_normalization = str(weight_normalization)
+
+        self._scores = np.zeros(self.num_bins)
+        self._observed = np.zeros(self.num_bins, dtype=bool)
+        self.num_updates = 0
+        self.dropped_nonfinite = 0  # total non-finite losses dropped by update(), over the run
+
+    # -- read-only views of the state ---------------------------------------------------------
+
+    @property
+    def scores(self) -> NDArray[np.float64]:
+        """S_t(b) of Eq. 12 (a copy); 0 for bins never observed."""
+        return self._scores.copy()
+
+    @property
+    def observed(self) -> NDArray[np.bool_]:
+        """Which bins have had at least one finite loss (a copy)."""
+        return self._observed.copy()
+
+    # -- Eqs. 14-16 ---------------------------------------------------------------------------
+
+    def omega(self) -> NDArray[np.float64]:
+        """omega_t(b) of Eq. 14."""
+        return exp_weights(self._scores, self.eta, self.score_clip)
+
+    def bin_probs(self) -> NDArray[np.float64]:
+        """q_t(b) of Eq. 15 over all B bins (the sampler's bin distribution in ``resample`` mode)."""
+        return mix_probs(self.omega(), self.gamma)
+
+    def bin_multipliers(self, bins: ArrayLike) -> NDArray[np.float64]:
+        """Eq. 16 multiplier of every bin [B], normalised over the given elements' bins.
+
+        What :meth:`multipliers` indexes; also what the metrics log as ``prompt_weight``.
+        """
+        b = self._check_bins(bins)
+        return advantage_multipliers(self.bin_probs(), self.omega(), b, self.max_weight, self.weight_normalization)
+
+    def multipliers(self, bins: ArrayLike) -> NDArray[np.float64]:
+        """Eq. 16 multiplier of each given element (pass every response's bin for ``mean_one``)."""
+        b = self._check_bins(bins)
+        return self.bin_multipliers(b)[b]
+
+    # -- Eqs. 12-13 ---------------------------------------------------------------------------
+
+    def update(self, bins: ArrayLike, losses: ArrayLike) -> dict[str, Any]:
+        """One step's per-prompt losses -> S (Eqs. 12-13 with share normalisation).
+
+        Non-finite losses are dropped, counted (``self.dropped_nonfinite`` and the returned
+        ``dropped_nonfinite``) and never written; the shares are counted over the finite entries,
+        so a dropped prompt does not dilute its bin. Input errors raise before any state changes.
+
+        Returns a dict for logging: ``dropped_nonfinite`` (this call), ``counts`` (finite prompts
+        per bin), ``shares`` (qhat_t), ``mean_losses`` (lbar_t before share normalisation, 0 for
+        absent bins) and ``normalized_losses`` (what entered the EMA, 0 for absent bins).
+        """
+        b = self._check_bins(bins)
+        loss = np.asarray(losses, dtype=np.float64)
+        if loss.ndim != 1 or loss.shape[0] != b.shape[0]:
+            raise ValueError(f"losses must be 1-D with one entry per bin ({b.shape[0]}), got shape {loss.shape}")
+        finite = np.isfinite(loss)
+        dropped = int((~finite).sum())
+
+        lbar, counts = bin_mean_losses(b[finite], loss[finite], self.num_bins)
+        if self.normalize_by_share:
+            normalized, shares = share_normalize(lbar, counts, self.share_floor)
+        else:
+            total = counts.sum()
+            shares = counts / total if total > 0 else np.zeros(self.num_bins)
+            normalized = lbar
+        self._scores, self._observed = ema_scores(self._scores, self._observed, normalized, counts > 0, self.beta)
+        self.num_updates += 1
+        self.dropped_nonfinite += dropped
+        return {
+            "dropped_nonfinite": dropped,
+            "counts": counts,
+            "shares": shares,
+            "mean_losses": lbar,
+            "normalized_losses": normalized,
+        }
+
+    # -- checkpointing ------------------------------------------------------------------------
+
+    def config(self) -> dict[str, Any]:
+        """The constructor arguments (state from a differently configured controller is refused)."""
+        return {
+            "num_bins": self.num_bins,
+            "eta": self.eta,
+            "beta": self.beta,
+            "gamma": self.gamma,
+            "max_weight": self.max_weight,
+            "score_clip": self.score_clip,
+            "normalize_by_share": self.normalize_by_share,
+            "share_floor": self.share_floor,
+            "weight_normalization": self.weight_normalization,
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to continue bit-identically: config, S, observed mask, counters."""
+        return {
+            "version": 1,
+            "config": self.config(),
+            "scores": self._scores.copy(),
+            "observed": self._observed.copy(),
+            "num_updates": int(self.num_updates),
+            "dropped_nonfinite": int(self.dropped_nonfinite),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` output; refuse state saved under a different configuration."""
+        missing = {"config", "scores", "observed", "num_updates", "dropped_nonfinite"} - set(state)
+        if missing:
+            raise ValueError(f"PromptGDRO state is missing keys {sorted(missing)}")
+        saved, mine = dict(state["config"]), self.config()
+        diff = [k for k in mine if saved.get(k) != mine[k]]
+        if diff:
+            details = ", ".join(f"{k}: saved {saved.get(k)!r} vs configured {mine[k]!r}" for k in diff)
+            raise ValueError(f"PromptGDRO state was saved by a differently configured controller ({details})")
+        scores = np.array(state["scores"], dtype=np.float64)
+        observed = np.array(state["observed"], dtype=bool)
+        if scores.shape != (self.num_bins,) or observed.shape != (self.num_bins,):
+            raise ValueError(
+                f"PromptGDRO state arrays must have shape ({self.num_bins},), "
+                f"got scores {scores.shape} and observed {observed.shape}"
+            )
+        if not np.all(np.isfinite(scores)):
+            raise ValueError("PromptGDRO state holds non-finite scores")
+        self._scores = scores
+        self._observed = observed
+        self.num_updates = int(state["num_updates"])
+        self.dropped_nonfinite = int(state["dropped_nonfinite"])
+
+    # -- helpers ------------------------------------------------------------------------------
+
+    def _check_bins(self, bins: ArrayLike) -> NDArray[np.int64]:
+        b = np.asarray(bins)
+        if b.ndim != 1:
+            raise ValueError(f"bins must be a 1-D integer array, got shape {b.shape}")
+        if b.size == 0:
+            return b.astype(np.int64)
+        if not np.issubdtype(b.dtype, np.integer):
+            if b.dtype == bool or not np.all(np.isfinite(b)) or np.any(b != np.round(b)):
+                raise ValueError(f"bins must be integers in [0, {self.num_bins}), got dtype {b.dtype}")
+        b = b.astype(np.int64)
+        if b.min() < 0 or b.max() >= self.num_bins:
+            raise ValueError(f"bins must lie in [0, num_bins={self.num_bins}), got values in [{b.min()}, {b.max()}]")
+        return b
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.config().items())
+        return f"PromptGDRO({args})"
+
+
+def _check_range(
+    name: str,
+    value: float,
+    low: float | None = None,
+    high: float | None = None,
+    low_open: bool = False,
+    high_open: bool = False,
+) -> None:
+    """Raise a ValueError naming ``name`` and the allowed interval if ``value`` is outside it."""
+    lo = "" if low is None else ("(" if low_open else "[") + f"{low}"
+    hi = "" if high is None else f"{high}" + (")" if high_open else "]")
+    allowed = f"{lo}, {hi}" if low is not None and high is not None else (f"> {low}" if low_open else f">= {low}")
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a number in {allowed}, got {value!r}") from None
+    ok = np.isfinite(v)
+    if low is not None:
+        ok = ok and (v > low if low_open else v >= low)
+    if high is not None:
+        ok = ok and (v < high if high_open else v <= high)
+    if not ok:
+        raise ValueError(f"{name} must be in {allowed}, got {value!r}")
