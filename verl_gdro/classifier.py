@@ -1,0 +1,724 @@
+"""Online difficulty classifier (spec section 1, paper section 3.1).
+
+Every prompt (a stable int64 uid: the dataset row index) keeps its last ``window`` visits, each
+visit being (successes, trials) of that step's training rollouts. From them the classifier
+estimates pass@k and sorts the prompt into one of ``num_bins`` difficulty bins (bin 0 = hardest),
+with hysteresis so that a prompt near an edge does not flip back and forth every step.
+
+Why the data structures look like this (issue 2 / issue 6 scale targets):
+
+- Cost per step is O(batch * window) and independent of how many prompts were ever seen. uids are
+  sparse, so they are mapped to dense *slots* by an open-addressing hash table held in one numpy
+  array (:class:`_UidIndex`), probed vectorised over the batch; a Python dict of ten million
+  entries would cost ~100 bytes per prompt and seconds to rebuild on every resume.
+- Memory is at most ``2 * window`` bytes of history per seen prompt (uint8 successes and trials
+  in a ring buffer ``[slots, width]``), plus an 8-byte uid, an 8-byte visit counter, a 1-byte
+  committed bin and the hash table. Rows grow by amortised doubling, and so does the ring width,
+  from 1 up to ``window`` as prompts accumulate visits: a million prompts seen once cost a few
+  bytes of history each. Unvisited ring cells are zero, so sums over a row are window sums.
+- ``state_dict`` is a flat dict of numpy arrays (``np.savez(path, **state)`` works as is); the
+  hash table is not saved but rebuilt on load, so the saved state does not depend on it.
+
+Order within step t (spec 1): ``bins(uids)`` with the history up to t-1, use those bins for
+every decision of step t, then ``observe(...)`` step t's visit.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "ESTIMATORS",
+    "MAX_TRIALS_PER_VISIT",
+    "OnlineDifficultyClassifier",
+    "any_of_n_rate",
+    "hysteresis_move",
+    "pooled_pass_at_k",
+    "raw_bin",
+]
+
+ESTIMATORS = ("pooled", "any_of_n")
+# One visit's trials are stored as uint8: a prompt gets at most n_max (12) rollouts per step.
+MAX_TRIALS_PER_VISIT = 255
+# Committed bins are stored as int8 with -1 meaning "no bin committed yet".
+MAX_NUM_BINS = 127
+_STATE_VERSION = 1
+_NO_BIN = -1
+
+
+# ---------------------------------------------------------------------------------------------
+# The spec's rules, one function each.
+# ---------------------------------------------------------------------------------------------
+
+
+def pooled_pass_at_k(successes: np.ndarray, trials: np.ndarray, k: int) -> np.ndarray:
+    """Pooled pass@k of spec section 1 (``passk_estimator: pooled``).
+
+    With S successes out of T trials summed over the window: ``1 - C(T-S, k) / C(T, k)`` when
+    T >= k (the unbiased estimator of the chance that k draws without replacement contain a
+    success), else ``1 - (1 - S/T)^k``. Pooling makes the estimate independent of how many
+    rollouts a prompt got per visit, which matters once Rollout-GDRO varies n.
+
+    The binomial ratio is evaluated as ``prod_{j<k} (T-S-j) / (T-j)``: every factor is in [0, 1],
+    so there is no overflow, and a zero factor appears exactly when T-S < k (estimate 1).
+    T must be >= 1 (callers return NaN for prompts without a visit).
+    """
+    s = np.asarray(successes, dtype=np.float64)
+    t = np.asarray(trials, dtype=np.float64)
+    fails = t - s
+    ratio = np.ones(np.broadcast(s, t).shape, dtype=np.float64)
+    for j in range(int(k)):
+        # Clamped at 0 so factors past a zero stay at 0 instead of turning negative; rows with
+        # T < k are handled below and their factors (T - j <= 0) are never used.
+        ratio *= np.maximum(fails - j, 0.0) / np.maximum(t - j, 1.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        small = 1.0 - (1.0 - s / t) ** k
+    return np.where(t >= k, 1.0 - ratio, small)
+
+
+def any_of_n_rate(visit_successes: np.ndarray, num_visits: np.ndarray) -> np.ndarray:
+    """``any_of_n`` estimate of spec section 1 (the released patch's behaviour).
+
+    The mean over the window of 1[the visit had at least one success]. ``visit_successes`` is
+    ``[prompts, window]`` with unvisited cells equal to 0 (they count as no success, and are
+    excluded by dividing by ``num_visits``, the number of visits inside the window).
+    """
+    hits = np.count_nonzero(np.asarray(visit_successes) >= 1, axis=-1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return hits / np.asarray(num_visits, dtype=np.float64)
+
+
+def raw_bin(p: np.ndarray, inner_edges: np.ndarray) -> np.ndarray:
+    """Raw bin of an estimate (spec section 1): the number of inner edges <= p.
+
+    Bin b holds estimates in [a_b, a_{b+1}); 1.0 falls in the last bin because it is >= every
+    inner edge. Estimates must lie in [0, 1] (checked by the caller).
+    """
+    return np.searchsorted(np.asarray(inner_edges, dtype=np.float64), p, side="right").astype(np.int64)
+
+
+def hysteresis_move(
+    committed: np.ndarray, p: np.ndarray, raw: np.ndarray, full_edges: np.ndarray, delta: float
+) -> np.ndarray:
+    """Hysteresis rule of spec section 1: the bin a prompt moves to from its committed bin.
+
+    From committed bin c (edges a_c, a_{c+1}) with raw bin r != c, the prompt moves only when the
+    estimate passes the boundary by ``delta``: up needs p >= a_{c+1} + delta, down needs
+    p < a_c - delta; a move goes straight to r. ``committed`` < 0 means no bin was committed yet
+    (first classification after the first visit): the raw bin, without hysteresis.
+
+    Both directions are tested with uniform and custom edges: the released patch blocked every
+    downward move for uniform edges (spec section 6, defect 4).
+    """
+    committed = np.asarray(committed, dtype=np.int64)
+    has_bin = committed >= 0
+    c = np.where(has_bin, committed, 0)
+    lower = full_edges[c]
+    upper = full_edges[c + 1]
+    up = (raw > c) & (p >= upper + delta)
+    down = (raw < c) & (p < lower - delta)
+    return np.where(~has_bin | up | down, raw, c).astype(np.int64)
+
+
+# ---------------------------------------------------------------------------------------------
+# uid -> dense slot index: open addressing in one numpy array, probed vectorised over a batch.
+# ---------------------------------------------------------------------------------------------
+
+_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
+_MIX2 = np.uint64(0x94D049BB133111EB)
+
+
+def _hash_uids(uids: np.ndarray) -> np.ndarray:
+    """splitmix64 finaliser: spreads consecutive dataset indices over the whole table."""
+    x = uids.astype(np.int64, copy=False).view(np.uint64)
+    x = (x ^ (x >> np.uint64(30))) * _MIX1
+    x = (x ^ (x >> np.uint64(27))) * _MIX2
+    return x ^ (x >> np.uint64(31))
+
+
+class _UidIndex:
+    """Maps int64 uids to dense slots 0..n-1 (slot order = first-seen order).
+
+    Linear probing with load factor <= 1/2; the table holds slots (int64, -1 = empty) and keys
+    are compared through ``slot_uids``. Lookups and inserts are vectorised over the batch: each
+    probe round touches only the keys still unresolved, so a step costs O(batch) on average
+    whatever the number of stored uids. Growing rehashes everything (amortised by doubling).
+    """
+
+    def __init__(self, capacity: int = 1024) -> None:
+        cap = 1024
+        while cap < capacity:
+            cap *= 2
+        self.table = np.full(cap, -1, dtype=np.int64)
+        self.size = 0
+
+    @property
+    def mask(self) -> np.uint64:
+        return np.uint64(self.table.size - 1)
+
+    def lookup(self, keys: np.ndarray, slot_uids: np.ndarray) -> np.ndarray:
+        """Slot of each key, -1 where the key is not stored."""
+        out = np.full(keys.size, -1, dtype=np.int64)
+        if keys.size == 0 or self.size == 0:
+            return out
+        pos = _hash_uids(keys) & self.mask
+        todo = np.arange(keys.size)
+        while todo.size:
+            s = self.table[pos.astype(np.int64)]
+            empty = s < 0
+            found = ~empty & (slot_uids[np.where(empty, 0, s)] == keys[todo])
+            out[todo[found]] = s[found]
+            keep = ~(empty | found)
+            todo = todo[keep]
+            pos = (pos[keep] + np.uint64(1)) & self.mask
+        return out
+
+    def insert(self, keys: np.ndarray, slots: np.ndarray) -> None:
+        """Insert keys known to be absent and distinct, with their slots."""
+        if keys.size == 0:
+            return
+        if 2 * (self.size + keys.size) > self.table.size:
+            raise AssertionError("_UidIndex.insert needs reserve() first")
+        pos = (_hash_uids(keys) & self.mask).astype(np.int64)
+        pending_slots = slots.astype(np.int64)
+        mask = self.table.size - 1
+        while pending_slots.size:
+            free = self.table[pos] < 0
+            # Keys racing for the same free cell: write all, read back to see who won (whichever
+            # write numpy applied last); the losers see an occupied cell next round and move on.
+            self.table[pos[free]] = pending_slots[free]
+            lost = self.table[pos] != pending_slots
+            pending_slots = pending_slots[lost]
+            pos = (pos[lost] + 1) & mask
+        self.size += keys.size
+
+    def reserve(self, n: int, slot_uids: np.ndarray) -> None:
+        """Make room for ``n`` stored keys (load <= 1/2), rehashing ``slot_uids[:size]`` if needed."""
+        if 2 * n <= self.table.size:
+            return
+        cap = self.table.size
+        while 2 * n > cap:
+            cap *= 2
+        old = self.size
+        self.table = np.full(cap, -1, dtype=np.int64)
+        self.size = 0
+        self.insert(slot_uids[:old], np.arange(old, dtype=np.int64))
+
+
+# ---------------------------------------------------------------------------------------------
+# Argument checks (ValueErrors naming the argument and the allowed range).
+# ---------------------------------------------------------------------------------------------
+
+
+def _check_int(name: str, value: Any, low: int, high: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        rng = f"[{low}, {high}]" if high is not None else f">= {low}"
+        raise ValueError(f"{name} must be an integer {rng}, got {value!r}")
+    value = int(value)
+    if value < low or (high is not None and value > high):
+        rng = f"[{low}, {high}]" if high is not None else f">= {low}"
+        raise ValueError(f"{name} must be an integer {rng}, got {value}")
+    return value
+
+
+def _int_array(name: str, values: Any) -> np.ndarray:
+    arr = np.asarray(values)
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be a 1-D integer array, got shape {arr.shape}")
+    if arr.size == 0:
+        return arr.astype(np.int64)
+    if arr.dtype == np.bool_ or not np.issubdtype(arr.dtype, np.integer):
+        raise ValueError(f"{name} must hold integers, got dtype {arr.dtype}")
+    if arr.dtype == np.uint64 and arr.size and arr.max() > np.iinfo(np.int64).max:
+        raise ValueError(f"{name} must fit in int64")
+    return arr.astype(np.int64, copy=False)
+
+
+def _has_duplicates(values: np.ndarray) -> bool:
+    """Sort-based duplicate check (np.unique hashes int64 and is ~50x slower at 1e6 entries)."""
+    if values.size < 2:
+        return False
+    ordered = np.sort(values)
+    return bool(np.any(ordered[1:] == ordered[:-1]))
+
+
+_CHUNK_ROWS = 1 << 16
+
+
+def _pack_rows(succ: np.ndarray, trials: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Concatenate the first ``lengths[i]`` cells of row i of both ring buffers.
+
+    Works in blocks of rows so the boolean masks stay small (cache-sized) even for 1e7 prompts.
+    """
+    total = int(lengths.sum())
+    width = succ.shape[1]
+    out_s = np.empty(total, dtype=np.uint8)
+    out_t = np.empty(total, dtype=np.uint8)
+    cols = np.arange(width)
+    pos = 0
+    for start in range(0, lengths.size, _CHUNK_ROWS):
+        stop = min(lengths.size, start + _CHUNK_ROWS)
+        m = lengths[start:stop]
+        if m.min() == width:  # full rows: the block is contiguous
+            part_s, part_t = succ[start:stop].ravel(), trials[start:stop].ravel()
+        else:
+            mask = cols[None, :] < m[:, None]
+            part_s, part_t = succ[start:stop][mask], trials[start:stop][mask]
+        out_s[pos : pos + part_s.size] = part_s
+        out_t[pos : pos + part_t.size] = part_t
+        pos += part_s.size
+    return out_s, out_t
+
+
+def _unpack_rows(
+    flat_s: np.ndarray, flat_t: np.ndarray, lengths: np.ndarray, succ: np.ndarray, trials: np.ndarray
+) -> None:
+    """Inverse of :func:`_pack_rows`, writing into zero-filled ring buffers."""
+    width = succ.shape[1]
+    cols = np.arange(width)
+    pos = 0
+    for start in range(0, lengths.size, _CHUNK_ROWS):
+        stop = min(lengths.size, start + _CHUNK_ROWS)
+        m = lengths[start:stop]
+        count = int(m.sum())
+        block_s, block_t = succ[start:stop], trials[start:stop]
+        if m.min() == width:
+            block_s[...] = flat_s[pos : pos + count].reshape(block_s.shape)
+            block_t[...] = flat_t[pos : pos + count].reshape(block_t.shape)
+        else:
+            mask = cols[None, :] < m[:, None]
+            block_s[mask] = flat_s[pos : pos + count]
+            block_t[mask] = flat_t[pos : pos + count]
+        pos += count
+
+
+def _any_greater(a: np.ndarray, b: np.ndarray, chunk: int = 1 << 22) -> bool:
+    """``np.any(a > b)`` without a full-size boolean temporary."""
+    return any(bool(np.any(a[i : i + chunk] > b[i : i + chunk])) for i in range(0, a.size, chunk))
+
+
+class OnlineDifficultyClassifier:
+    """Per-prompt sliding-window pass@k estimate and hysteresis bins (spec section 1).
+
+    Args:
+        bin_edges: inner edges a_1 < ... < a_{B-1}, strictly inside (0, 1); they define B bins.
+            ``None`` means B = ``num_bins`` equal bins (edges i / B).
+        num_bins: B; must agree with ``bin_edges`` when both are given (or stay at its default),
+            because the released patch turned "6 bins" of custom edges into 7 (spec 6, defect 6).
+        window: H, visits kept per prompt (default 100).
+        hysteresis: delta, margin by which an estimate must pass an edge to move the prompt;
+            0 <= delta < the narrowest bin's width.
+        k: the k of pass@k (default 8).
+        estimator: ``pooled`` (default) or ``any_of_n``.
+        unseen_bin: bin reported for a prompt with no visit yet (not committed; default 0).
+    """
+
+    def __init__(
+        self,
+        bin_edges: Sequence[float] | np.ndarray | None = None,
+        num_bins: int = 10,
+        window: int = 100,
+        hysteresis: float = 0.03,
+        k: int = 8,
+        estimator: str = "pooled",
+        unseen_bin: int = 0,
+    ) -> None:
+        edges = self._validate_edges(bin_edges, num_bins)
+        self._edges = edges
+        self._num_bins = edges.size + 1
+        self._full_edges = np.concatenate([[0.0], edges, [1.0]])
+        self._window = _check_int("window", window, 1)
+        self._k = _check_int("k", k, 1)
+        if estimator not in ESTIMATORS:
+            raise ValueError(f"estimator must be one of {list(ESTIMATORS)}, got {estimator!r}")
+        self._estimator = str(estimator)
+        narrowest = float(np.diff(self._full_edges).min())
+        if (
+            isinstance(hysteresis, bool)
+            or not isinstance(hysteresis, numbers.Real)
+            or not np.isfinite(hysteresis)
+            or not 0.0 <= float(hysteresis) < narrowest
+        ):
+            raise ValueError(
+                f"hysteresis must be in [0, {narrowest:g}) (smaller than the narrowest bin), "
+                f"got {hysteresis!r}"
+            )
+        self._hysteresis = float(hysteresis)
+        self._unseen_bin = _check_int("unseen_bin", unseen_bin, 0, self._num_bins - 1)
+        self._allocate(0)
+
+    # -- configuration ---------------------------------------------------------------------
+
+    @staticmethod
+    def _validate_edges(bin_edges: Any, num_bins: Any) -> np.ndarray:
+        num_bins = _check_int("num_bins", num_bins, 1, MAX_NUM_BINS)
+        if bin_edges is None:
+            return np.arange(1, num_bins, dtype=np.float64) / num_bins
+        try:
+            edges = np.asarray(bin_edges, dtype=np.float64)
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"bin_edges must be a sequence of floats, got {bin_edges!r}") from err
+        if edges.ndim != 1:
+            raise ValueError(f"bin_edges must be a 1-D sequence of inner edges, got shape {edges.shape}")
+        if edges.size + 1 > MAX_NUM_BINS:
+            raise ValueError(f"bin_edges defines {edges.size + 1} bins; at most {MAX_NUM_BINS} allowed")
+        if edges.size and (not np.all(np.isfinite(edges)) or edges.min() <= 0.0 or edges.max() >= 1.0):
+            raise ValueError(
+                "bin_edges must be inner edges strictly inside (0, 1) (leave out 0 and 1), "
+                f"got {edges.tolist()}"
+            )
+        if np.any(np.diff(edges) <= 0):
+            raise ValueError(f"bin_edges must be strictly increasing, got {edges.tolist()}")
+        implied = edges.size + 1
+        if num_bins != implied and num_bins != 10:
+            raise ValueError(
+                f"num_bins={num_bins} disagrees with bin_edges: {edges.size} inner edges define "
+                f"{implied} bins (pass num_bins={implied} or leave it at its default)"
+            )
+        return edges
+
+    @property
+    def num_bins(self) -> int:
+        """B, the number of bins."""
+        return self._num_bins
+
+    @property
+    def bin_edges(self) -> np.ndarray:
+        """The B-1 inner edges (a copy)."""
+        return self._edges.copy()
+
+    @property
+    def window(self) -> int:
+        return self._window
+
+    @property
+    def k(self) -> int:
+        return self._k
+
+    @property
+    def hysteresis(self) -> float:
+        return self._hysteresis
+
+    @property
+    def estimator(self) -> str:
+        return self._estimator
+
+    @property
+    def unseen_bin(self) -> int:
+        return self._unseen_bin
+
+    @property
+    def num_seen(self) -> int:
+        """Number of distinct prompts observed at least once."""
+        return self._n
+
+    def _config(self) -> dict[str, Any]:
+        return {
+            "bin_edges": self._edges,
+            "window": self._window,
+            "hysteresis": self._hysteresis,
+            "k": self._k,
+            "estimator": self._estimator,
+            "unseen_bin": self._unseen_bin,
+        }
+
+    # -- storage ---------------------------------------------------------------------------
+
+    def _allocate(self, capacity: int, width: int = 1) -> None:
+        """Empty storage for ``capacity`` prompts with ring buffers ``width`` columns wide."""
+        self._n = 0
+        self._cap = capacity
+        self._width = width
+        self._uids = np.zeros(capacity, dtype=np.int64)
+        self._succ = np.zeros((capacity, width), dtype=np.uint8)
+        self._trials = np.zeros((capacity, width), dtype=np.uint8)
+        self._visits = np.zeros(capacity, dtype=np.int64)
+        self._bin = np.full(capacity, _NO_BIN, dtype=np.int8)
+        self._index = _UidIndex(2 * capacity)
+
+    def _resize(self, capacity: int, width: int) -> None:
+        """Reallocate to ``capacity`` rows of ``width`` ring columns, keeping the contents.
+
+        Two growth axes, both by doubling so copying stays amortised O(1) per stored cell:
+        rows (new prompts) and ring columns. Columns start at 1 and widen up to ``window`` only as
+        some prompt actually needs them, so a million prompts seen once or twice cost a few bytes
+        of history each instead of ``2 * window`` (and checkpoints load without touching ~200 MB
+        of fresh pages). Until the ring is ``window`` wide no prompt has wrapped around, so visit
+        v of a prompt is in column v both before and after widening.
+        """
+        n, w = self._n, self._width
+
+        def moved(arr: np.ndarray, fill: int, shape: tuple[int, ...]) -> np.ndarray:
+            # np.zeros where possible: the OS hands out zero pages lazily.
+            out = np.zeros(shape, dtype=arr.dtype) if fill == 0 else np.full(shape, fill, dtype=arr.dtype)
+            if arr.ndim == 1:
+                out[:n] = arr[:n]
+            else:
+                out[:n, :w] = arr[:n, :w]
+            return out
+
+        self._succ = moved(self._succ, 0, (capacity, width))
+        self._trials = moved(self._trials, 0, (capacity, width))
+        if capacity != self._cap:
+            self._uids = moved(self._uids, 0, (capacity,))
+            self._visits = moved(self._visits, 0, (capacity,))
+            self._bin = moved(self._bin, _NO_BIN, (capacity,))
+        self._cap, self._width = capacity, width
+
+    def _reserve(self, rows: int, width: int) -> None:
+        """Make room for ``rows`` prompts and ``width`` ring columns (width <= window)."""
+        cap, w = self._cap, self._width
+        if rows > cap:
+            cap = max(rows, 2 * cap, 64)
+        if width > w:
+            w = min(self._window, max(width, 2 * w))
+        if (cap, w) != (self._cap, self._width):
+            self._resize(cap, w)
+        self._index.reserve(rows, self._uids)
+
+    def memory_bytes(self) -> int:
+        """Bytes held by the arrays (allocated capacity, including the uid hash table)."""
+        arrays = (self._uids, self._succ, self._trials, self._visits, self._bin, self._index.table)
+        return int(sum(a.nbytes for a in arrays))
+
+    def _slots(self, uids: np.ndarray) -> np.ndarray:
+        return self._index.lookup(uids, self._uids)
+
+    # -- the step API ----------------------------------------------------------------------
+
+    def observe(self, uids: Any, successes: Any, trials: Any) -> None:
+        """Push one visit per prompt: ``successes`` out of ``trials`` rollouts at this step.
+
+        Everything is validated before anything is written, so a rejected call leaves the state
+        unchanged. Raises ValueError for mismatched lengths, a uid repeated in one call,
+        non-integer values, trials outside [1, 255] or successes outside [0, trials].
+        """
+        u = _int_array("uids", uids)
+        s = _int_array("successes", successes)
+        t = _int_array("trials", trials)
+        if not (u.size == s.size == t.size):
+            raise ValueError(
+                f"uids, successes and trials must have equal lengths, got {u.size}, {s.size}, {t.size}"
+            )
+        if u.size == 0:
+            return
+        if _has_duplicates(u):
+            raise ValueError(
+                "uids must be distinct within one observe() call (one visit per prompt per step)"
+            )
+        if t.min() < 1 or t.max() > MAX_TRIALS_PER_VISIT:
+            raise ValueError(
+                f"trials must be in [1, {MAX_TRIALS_PER_VISIT}] per visit, got range [{t.min()}, {t.max()}]"
+            )
+        if s.min() < 0 or np.any(s > t):
+            raise ValueError("successes must be in [0, trials] for every prompt")
+
+        slots = self._slots(u)
+        new = slots < 0
+        n_new = int(new.sum())
+        old = slots[~new]
+        need_width = min(self._window, int(self._visits[old].max()) + 1) if old.size else 1
+        self._reserve(self._n + n_new, need_width)
+        if n_new:
+            new_slots = np.arange(self._n, self._n + n_new, dtype=np.int64)
+            self._uids[new_slots] = u[new]
+            self._index.insert(u[new], new_slots)
+            slots[new] = new_slots
+            self._n += n_new
+        # Ring column of this visit; while the ring is narrower than the window no prompt has
+        # wrapped, so v % window == v < width.
+        col = self._visits[slots] % self._window
+        self._succ[slots, col] = s
+        self._trials[slots, col] = t
+        self._visits[slots] += 1
+
+    def _estimate_slots(self, slots: np.ndarray) -> np.ndarray:
+        """Estimate for existing slots (all with >= 1 visit)."""
+        if self._estimator == "pooled":
+            s_sum = self._succ[slots].sum(axis=1, dtype=np.int64)
+            t_sum = self._trials[slots].sum(axis=1, dtype=np.int64)
+            return pooled_pass_at_k(s_sum, t_sum, self._k)
+        visits_in_window = np.minimum(self._visits[slots], self._window)
+        return any_of_n_rate(self._succ[slots], visits_in_window)
+
+    def pass_at_k(self, uids: Any) -> np.ndarray:
+        """The spec-1 estimate per uid (``pooled`` or ``any_of_n``); NaN for a uid never observed."""
+        u = _int_array("uids", uids)
+        slots = self._slots(u)
+        out = np.full(u.size, np.nan, dtype=np.float64)
+        seen = slots >= 0
+        if seen.any():
+            out[seen] = self._estimate_slots(slots[seen])
+        return out
+
+    def raw_bins(self, p: Any) -> np.ndarray:
+        """Raw bin of each estimate in ``p`` (no hysteresis): the number of inner edges <= p."""
+        arr = np.asarray(p, dtype=np.float64)
+        if arr.size and (not np.all(np.isfinite(arr)) or arr.min() < 0.0 or arr.max() > 1.0):
+            raise ValueError("p must hold finite estimates in [0, 1]")
+        return raw_bin(arr, self._edges)
+
+    def bins(self, uids: Any) -> np.ndarray:
+        """Current bin per uid, with hysteresis against each prompt's committed bin, committed.
+
+        Calling it twice without a new visit returns the same bins. A uid never observed gets
+        ``unseen_bin`` and nothing is committed for it, so its first bin after its first visit is
+        its raw bin. A uid may appear several times (e.g. once per response).
+        """
+        u = _int_array("uids", uids)
+        slots = self._slots(u)
+        out = np.full(u.size, self._unseen_bin, dtype=np.int64)
+        seen = slots >= 0
+        if seen.any():
+            sl = slots[seen]
+            p = self._estimate_slots(sl)
+            raw = raw_bin(p, self._edges)
+            moved = hysteresis_move(self._bin[sl], p, raw, self._full_edges, self._hysteresis)
+            self._bin[sl] = moved
+            out[seen] = moved
+        return out
+
+    def committed_bins(self, uids: Any) -> np.ndarray:
+        """The last committed bin per uid without classifying (-1 = none yet / never seen)."""
+        u = _int_array("uids", uids)
+        slots = self._slots(u)
+        out = np.full(u.size, _NO_BIN, dtype=np.int64)
+        seen = slots >= 0
+        out[seen] = self._bin[slots[seen]]
+        return out
+
+    # -- checkpointing -----------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """A snapshot as a flat dict of numpy arrays (copies), ready for ``np.savez(**state)``.
+
+        Per prompt, in first-seen order: ``uids``, ``visits`` (visits ever pushed) and
+        ``committed_bin`` (-1 = none yet). The history is packed: prompt i contributes its
+        ``min(visits_i, window)`` recorded ring cells (columns ``0..m_i-1`` of its ring row; visit
+        v lives in column ``v % window``) to the flat uint8 arrays ``successes`` and ``trials``.
+        Packing keeps the checkpoint proportional to the visits actually recorded: with a million
+        prompts most rings are nearly empty, and a dense ``[prompts, window]`` dump would write
+        ``2 * window`` bytes for each of them.
+        """
+        n = self._n
+        succ, trials = _pack_rows(self._succ, self._trials, np.minimum(self._visits[:n], self._window))
+        return {
+            "version": np.asarray(_STATE_VERSION, dtype=np.int64),
+            "bin_edges": self._edges.copy(),
+            "window": np.asarray(self._window, dtype=np.int64),
+            "hysteresis": np.asarray(self._hysteresis, dtype=np.float64),
+            "k": np.asarray(self._k, dtype=np.int64),
+            "estimator": np.asarray(self._estimator),
+            "unseen_bin": np.asarray(self._unseen_bin, dtype=np.int64),
+            "uids": self._uids[:n].copy(),
+            "visits": self._visits[:n].copy(),
+            "committed_bin": self._bin[:n].copy(),
+            "successes": succ,
+            "trials": trials,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore a :meth:`state_dict` (also as loaded back by ``np.load``).
+
+        Rejects state from a differently configured classifier (naming the differing settings)
+        and state whose arrays have the wrong shapes, dtypes or inconsistent contents. Nothing is
+        changed unless the whole state is valid.
+        """
+        required = (
+            "version",
+            "bin_edges",
+            "window",
+            "hysteresis",
+            "k",
+            "estimator",
+            "unseen_bin",
+            "uids",
+            "visits",
+            "committed_bin",
+            "successes",
+            "trials",
+        )
+        missing = [key for key in required if key not in state]
+        if missing:
+            raise ValueError(f"classifier state is missing keys {missing}")
+        version = int(np.asarray(state["version"]))
+        if version != _STATE_VERSION:
+            raise ValueError(
+                f"classifier state has version {version}; this code reads version {_STATE_VERSION}"
+            )
+        saved = {
+            "bin_edges": np.asarray(state["bin_edges"], dtype=np.float64),
+            "window": int(np.asarray(state["window"])),
+            "hysteresis": float(np.asarray(state["hysteresis"])),
+            "k": int(np.asarray(state["k"])),
+            "estimator": str(np.asarray(state["estimator"])),
+            "unseen_bin": int(np.asarray(state["unseen_bin"])),
+        }
+        mine = self._config()
+        differ = []
+        for key, value in saved.items():
+            ours = mine[key]
+            same = np.array_equal(value, ours) if key == "bin_edges" else value == ours
+            if not same:
+                shown = value.tolist() if isinstance(value, np.ndarray) else value
+                ours_shown = ours.tolist() if isinstance(ours, np.ndarray) else ours
+                differ.append(f"{key}: saved {shown!r}, configured {ours_shown!r}")
+        if differ:
+            raise ValueError(
+                "classifier state comes from a differently configured classifier: " + "; ".join(differ)
+            )
+
+        uids = np.asarray(state["uids"])
+        visits = np.asarray(state["visits"])
+        cbin = np.asarray(state["committed_bin"])
+        succ = np.asarray(state["successes"])
+        trials = np.asarray(state["trials"])
+        n = uids.shape[0] if uids.ndim == 1 else -1
+        for key, arr, dtype in (
+            ("uids", uids, np.int64),
+            ("visits", visits, np.int64),
+            ("committed_bin", cbin, np.int8),
+        ):
+            if n < 0 or arr.shape != (n,) or arr.dtype != dtype:
+                raise ValueError(
+                    f"classifier state {key!r} must be a 1-D {np.dtype(dtype).name} array with one entry "
+                    f"per prompt, got {arr.dtype} of shape {arr.shape}"
+                )
+        if n and visits.min() < 1:
+            raise ValueError("classifier state 'visits' must be >= 1 for every stored prompt")
+        recorded = np.minimum(visits, self._window)
+        total = int(recorded.sum())
+        for key, arr in (("successes", succ), ("trials", trials)):
+            if arr.shape != (total,) or arr.dtype != np.uint8:
+                raise ValueError(
+                    f"classifier state {key!r} must be a 1-D uint8 array of sum(min(visits, window)) = "
+                    f"{total} entries, got {arr.dtype} of shape {arr.shape}"
+                )
+        if n:
+            if _has_duplicates(uids):
+                raise ValueError("classifier state 'uids' holds duplicates")
+            if cbin.min() < _NO_BIN or cbin.max() >= self._num_bins:
+                raise ValueError(f"classifier state 'committed_bin' must be in [-1, {self._num_bins - 1}]")
+            if trials.min() < 1:
+                raise ValueError("classifier state 'trials' must be >= 1 for every recorded visit")
+            if _any_greater(succ, trials):
+                raise ValueError("classifier state 'successes' exceeds 'trials'")
+
+        self._allocate(n, max(1, int(recorded.max())) if n else 1)
+        self._n = n
+        self._uids[:] = uids
+        self._visits[:] = visits
+        self._bin[:] = cbin
+        _unpack_rows(succ, trials, recorded, self._succ, self._trials)
+        self._index.insert(self._uids[:n], np.arange(n, dtype=np.int64))
+
+    def __repr__(self) -> str:
+        return (
+            f"OnlineDifficultyClassifier(num_bins={self._num_bins}, window={self._window}, "
+            f"hysteresis={self._hysteresis}, k={self._k}, estimator={self._estimator!r}, "
+            f"unseen_bin={self._unseen_bin}, num_seen={self._n})"
+        )
