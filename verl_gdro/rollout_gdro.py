@@ -1,0 +1,906 @@
+"""Rollout-GDRO: the compute adversary (ALGORITHM.md section 3; paper 3.3, 4.3, Eqs. 17-21, 28-31).
+
+Every prompt of difficulty bin b gets n_b rollouts, n_b in the arm set {n_min, ..., n_max}, and the
+step spends exactly ``n_mean * len(bins)`` rollouts: compute-neutral against GRPO at n = n_mean.
+
+Two allocators share one exact solver, :func:`solve_exact_budget`:
+
+- ``bandit`` (default): one exponential-weights learner per bin over the arms (Eq. 17), gains with a
+  shadow price (Eq. 18), an arm-score EMA (Eq. 19), a configuration chosen under the exact budget
+  (Eq. 20: most probable, ``map``, or drawn from the conditioned product distribution, ``sample``)
+  and a dual update of the shadow price from the unconstrained preference (Eq. 21).
+- ``neyman`` (Thm 4.2): minimise sum_b count_b v_b / n_b (Eqs. 28-30) under the same budget, with
+  the implied shadow price of the continuous solution (Eq. 31) reported as :attr:`RolloutGDRO.mu`.
+
+Why an exact dynamic program rather than greedy marginal allocation: one step of bin b costs
+count_b budget units, so the problem is a multiple-choice knapsack with an equality constraint;
+greedy is not exact there. The DP is O(bins * arms * budget) and vectorised over the budget axis.
+
+numpy only: this module must never import verl or torch.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from copy import deepcopy
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "ALLOCATORS",
+    "ARM_UTILITIES",
+    "SELECTIONS",
+    "TIE_RTOL",
+    "InfeasibleBudgetError",
+    "RolloutGDRO",
+    "argmax_toward",
+    "dual_update",
+    "exact_budget_marginals",
+    "expected_informative_utility",
+    "exp_weights_arm_log_probs",
+    "exp_weights_arm_probs",
+    "gain_with_shadow_price",
+    "neyman_implied_price",
+    "neyman_scores",
+    "sample_exact_budget",
+    "score_ema",
+    "solve_exact_budget",
+]
+
+ALLOCATORS = ("bandit", "neyman")
+ARM_UTILITIES = ("expected_informative", "informative", "loss")
+SELECTIONS = ("auto", "map", "sample")
+
+#: Relative tolerance under which two DP scores count as equal optima. Mathematically equal sums
+#: can differ in the last bits once float addition is involved (0.1 + 0.2 != 0.3); 1e-12 relative
+#: (absolute below magnitude 1) is ~4500 ulps, far above the rounding of a sum of a few dozen
+#: terms and far below any difference a learner's scores can meaningfully express.
+TIE_RTOL = 1e-12
+
+_STATE_VERSION = 1
+_DEV_SENTINEL = np.iinfo(np.int64).max // 4
+
+
+class InfeasibleBudgetError(ValueError):
+    """No choice of one allowed arm per bin spends the budget exactly."""
+
+
+# --------------------------------------------------------------------------------------------
+# Exact-budget solver, sampler and marginals
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _BudgetProblem:
+    """A validated exact-budget problem, costs reduced by their common divisor, with windows.
+
+    ``cost[b, a] = counts[b] * arms[a] / g`` and ``target = budget / g`` where g is the gcd of
+    every cost: dividing by it shrinks the budget axis (e.g. when every bin holds an even number of
+    prompts) without changing the feasible set.
+
+    ``lo[b]..hi[b]`` is the window of suffix costs (spent by bins b..B-1) that can still be part of
+    a configuration meeting the target: at least what the suffix must spend and what the prefix
+    cannot cover, at most the converse. Tables are only computed on these windows; states outside
+    them can never complete the budget, so leaving them at -inf changes nothing and roughly halves
+    the work for realistic batches.
+    """
+
+    log_probs: np.ndarray  # [B, A] float64, finite or -inf
+    counts: np.ndarray  # [B] int64 > 0
+    arms: np.ndarray  # [A] int64 strictly increasing >= 1
+    budget: int
+    cost: np.ndarray  # [B, A] int64, reduced
+    target: int  # reduced budget (meaningful only when feasible_range)
+    lo: np.ndarray  # [B + 1] suffix-cost window, lower ends
+    hi: np.ndarray  # [B + 1] suffix-cost window, upper ends
+    pad: int  # largest reduced cost: tables carry this many fill columns in front
+    feasible_range: bool  # False: provably infeasible (divisibility or empty window)
+
+
+def _as_int_array(x: Any, name: str, ndim: int = 1) -> np.ndarray:
+    """Convert to int64, rejecting non-integral values (a float count is a caller bug)."""
+    arr = np.asarray(x)
+    if arr.ndim != ndim:
+        raise ValueError(f"{name} must be a {ndim}-D integer array, got shape {arr.shape}")
+    if arr.size == 0:
+        return arr.astype(np.int64)
+    if arr.dtype == bool:
+        raise ValueError(f"{name} must hold integers, got booleans")
+    if not np.issubdtype(arr.dtype, np.integer):
+        if (
+            not np.issubdtype(arr.dtype, np.floating)
+            or not np.all(np.isfinite(arr))
+            or np.any(arr != np.round(arr))
+        ):
+            raise ValueError(f"{name} must hold integers, got dtype {arr.dtype}")
+    return arr.astype(np.int64)
+
+
+def _validate_problem(log_probs: Any, counts: Any, arms: Any, budget: Any) -> _BudgetProblem:
+    counts_a = _as_int_array(counts, "counts")
+    arms_a = _as_int_array(arms, "arms")
+    lp = np.asarray(log_probs, dtype=np.float64)
+    if lp.ndim != 2 or lp.shape != (counts_a.size, arms_a.size):
+        raise ValueError(
+            f"log_probs must have shape (len(counts), len(arms)) = ({counts_a.size}, {arms_a.size}),"
+            f" got {lp.shape}"
+        )
+    if arms_a.size == 0:
+        raise ValueError("arms must hold at least one arm")
+    if np.any(arms_a < 1) or np.any(np.diff(arms_a) <= 0):
+        raise ValueError(f"arms must be strictly increasing integers >= 1, got {arms_a.tolist()}")
+    if np.any(counts_a <= 0):
+        raise ValueError(f"counts must be integers > 0, got {counts_a.tolist()}")
+    if np.any(np.isnan(lp)) or np.any(lp == np.inf):
+        raise ValueError("log_probs must be finite or -inf (forbidden arm); got NaN or +inf")
+    if isinstance(budget, bool) or not isinstance(budget, (int, np.integer)):
+        raise ValueError(f"budget must be an integer >= 0, got {budget!r}")
+    budget_i = int(budget)
+    if budget_i < 0:
+        raise ValueError(f"budget must be an integer >= 0, got {budget_i}")
+
+    num_bins = counts_a.size
+    cost_full = counts_a[:, None] * arms_a[None, :]
+    g = int(np.gcd.reduce(cost_full.ravel())) if num_bins else 1
+    cost = cost_full // g
+    target = budget_i // g
+    allowed = np.isfinite(lp)
+    feasible = budget_i % g == 0 and bool(allowed.any(axis=1).all())
+    kmin = np.where(allowed, cost, np.iinfo(np.int64).max).min(axis=1) if num_bins else cost[:, 0]
+    kmax = np.where(allowed, cost, -1).max(axis=1) if num_bins else cost[:, 0]
+    suf_lo = np.concatenate([np.cumsum(kmin[::-1])[::-1], [0]]).astype(np.int64)
+    suf_hi = np.concatenate([np.cumsum(kmax[::-1])[::-1], [0]]).astype(np.int64)
+    if feasible:
+        # prefix of bins 0..b-1 spends total - suffix; it lies in [suf_lo[0]-suf_lo[b], ...].
+        lo = np.maximum(suf_lo, target - (suf_hi[0] - suf_hi))
+        hi = np.minimum(suf_hi, target - (suf_lo[0] - suf_lo))
+        feasible = bool(np.all(lo <= hi)) and lo[0] == target == hi[0]
+    else:
+        lo, hi = suf_lo, suf_lo
+    return _BudgetProblem(
+        log_probs=lp,
+        counts=counts_a,
+        arms=arms_a,
+        budget=budget_i,
+        cost=cost,
+        target=target,
+        lo=lo,
+        hi=hi,
+        pad=int(cost.max()) if cost.size else 0,
+        feasible_range=feasible,
+    )
+
+
+def _infeasible(problem: _BudgetProblem) -> InfeasibleBudgetError:
+    lo = int(np.sum(problem.counts * problem.arms[0]))
+    hi = int(np.sum(problem.counts * problem.arms[-1]))
+    return InfeasibleBudgetError(
+        f"budget={problem.budget} cannot be met exactly with counts={problem.counts.tolist()} and "
+        f"arms={problem.arms.tolist()} (one allowed arm per bin, -inf log_probs excluded; "
+        f"the unconstrained range of totals is [{lo}, {hi}])"
+    )
+
+
+class _Workspace(threading.local):
+    """Per-thread scratch buffers for the DP, reused across calls.
+
+    Why: a fresh [arms, budget] temporary is over glibc's mmap threshold (~128 KiB) for realistic
+    budgets, so numpy would map and page-fault new memory for every intermediate result; on a
+    sandboxed or busy host that cost dominated the solver (measured: ~0.5 ms per temporary).
+    Writing into buffers that persist keeps the solver well under its 5 ms target.
+    """
+
+    def __init__(self) -> None:
+        self.fbuf = np.empty((0, 0))
+        self.ibuf = np.empty((0, 0), dtype=np.int64)
+        self.index = np.empty((0, 0), dtype=np.intp)
+        self.mask = np.empty((0, 0), dtype=bool)
+        self.ramp = np.empty(0, dtype=np.intp)
+
+    def get(self, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Float, int64 and bool buffers of shape (rows, cols) (views into persistent memory)."""
+        if self.fbuf.shape[0] < rows or self.fbuf.shape[1] < cols:
+            shape = (max(rows, self.fbuf.shape[0]), max(cols, self.fbuf.shape[1]))
+            self.fbuf = np.empty(shape)
+            self.ibuf = np.empty(shape, dtype=np.int64)
+            self.index = np.empty(shape, dtype=np.intp)
+            self.mask = np.empty(shape, dtype=bool)
+            self.ramp = np.arange(shape[1], dtype=np.intp)
+        return self.fbuf[:rows, :cols], self.ibuf[:rows, :cols], self.mask[:rows, :cols]
+
+    def shift_index(self, starts: np.ndarray, width: int) -> np.ndarray:
+        """index[a, j] = starts[a] + j, in the persistent index buffer (call after :meth:`get`)."""
+        out = self.index[: starts.size, :width]
+        np.add(starts[:, None], self.ramp[None, :width], out=out)
+        return out
+
+
+_WORKSPACE = _Workspace()
+
+
+def _max_width(pb: _BudgetProblem) -> int:
+    return int((pb.hi - pb.lo).max()) + 1
+
+
+def _shift_into(out: np.ndarray, row: np.ndarray, index: np.ndarray, add: np.ndarray) -> None:
+    """out[a, j] = row[index[a, j]] + add[a]: one bin's DP step for every arm at once.
+
+    ``row`` is a table padded with ``pad`` fill entries in front and ``index`` comes from
+    :meth:`_Workspace.shift_index` with starts ``pad + lo - cost[a]``, so spends below zero read
+    fill values (-inf or the sentinel) instead of wrapping around. Two numpy calls per table
+    instead of one per arm: call overhead, not arithmetic, dominates at these sizes.
+    """
+    np.take(row, index, out=out)
+    np.add(out, add[:, None], out=out)
+
+
+def _starts(pb: _BudgetProblem, b: int, lo: int) -> np.ndarray:
+    return (pb.pad + lo - pb.cost[b]).astype(np.intp)
+
+
+def _tolerance(best: np.ndarray) -> np.ndarray:
+    """Width of the 'equal optimum' band below ``best`` (see :data:`TIE_RTOL`)."""
+    return TIE_RTOL * np.maximum(1.0, np.abs(np.where(np.isfinite(best), best, 0.0)))
+
+
+def solve_exact_budget(log_probs: Any, counts: Any, arms: Any, budget: int) -> np.ndarray:
+    """The arm value per bin maximising sum_b log_probs[b, a_b] s.t. sum_b counts[b] * n_b == budget.
+
+    Used for Eq. 20 (most probable configuration under the exact budget) and for the Neyman
+    allocation (Eqs. 28-30, scores -count_b v_b / n): one exact solver for both allocators.
+
+    Args:
+        log_probs: [bins, arms] scores to maximise; -inf marks a forbidden arm.
+        counts: prompts per bin, integers > 0.
+        arms: the arm values, strictly increasing integers >= 1.
+        budget: the exact total, an integer >= 0.
+
+    Returns:
+        int64 array [bins] of arm VALUES (not indices).
+
+    Ties (total scores equal within :data:`TIE_RTOL`): the smallest sum_b |n_b - budget /
+    sum(counts)| (computed exactly in integers, scaled by sum(counts)), then the lexicographically
+    smallest arm vector (bin 0 first). Why: among equally good configurations the one closest to
+    uniform GRPO changes the least, and a fixed order makes the result reproducible.
+
+    Method: a suffix DP over bins, V_b[c] = best score of bins b.. spending exactly c, vectorised
+    over the budget axis (per bin, a max over arms of shifted copies of V_{b+1}); a second integer
+    table holds the smallest deviation among the (near-)optimal suffixes. Reconstruction walks
+    from bin 0 and takes the smallest optimal arm, which gives the lexicographic tie-break.
+    Tolerance ties are resolved stage by stage, so the result equals brute force whenever
+    distinct optima differ by more than ~bins * TIE_RTOL and equal optima by rounding only.
+
+    Raises:
+        InfeasibleBudgetError: no configuration meets the budget (the message names the budget).
+        ValueError: malformed inputs (shapes, counts <= 0, arms not increasing, budget < 0).
+    """
+    pb = _validate_problem(log_probs, counts, arms, budget)
+    num_bins = pb.counts.size
+    if num_bins == 0:
+        if pb.budget == 0:
+            return np.zeros(0, dtype=np.int64)
+        raise _infeasible(pb)
+    if not pb.feasible_range:
+        raise _infeasible(pb)
+    pad, lp = pb.pad, pb.log_probs
+    total = int(pb.counts.sum())
+    # Integer deviation of each arm scaled by sum(counts): |n * total - budget| is exact.
+    dev = np.abs(pb.arms * total - pb.budget).astype(np.int64)
+
+    size = pad + pb.target + 1  # column pad + c holds suffix cost c
+    value = [np.full(size, -np.inf) for _ in range(num_bins + 1)]
+    devs = [np.full(size, _DEV_SENTINEL, dtype=np.int64) for _ in range(num_bins + 1)]
+    value[num_bins][pad] = 0.0
+    devs[num_bins][pad] = 0
+    fbuf, ibuf, mask = _WORKSPACE.get(lp.shape[1], _max_width(pb))
+    for b in range(num_bins - 1, -1, -1):
+        lo, width = int(pb.lo[b]), int(pb.hi[b] - pb.lo[b] + 1)
+        cand, dcand, near = fbuf[:, :width], ibuf[:, :width], mask[:, :width]
+        index = _WORKSPACE.shift_index(_starts(pb, b, lo), width)
+        _shift_into(cand, value[b + 1], index, lp[b])
+        best = cand.max(axis=0)
+        np.greater_equal(cand, best - _tolerance(best), out=near)
+        _shift_into(dcand, devs[b + 1], index, dev)
+        np.logical_not(near, out=near)
+        np.copyto(dcand, _DEV_SENTINEL, where=near)
+        dmin = dcand.min(axis=0)
+        dmin[~np.isfinite(best)] = _DEV_SENTINEL
+        devs[b][pad + lo : pad + lo + width] = dmin
+        value[b][pad + lo : pad + lo + width] = best
+
+    c = pb.target
+    if not np.isfinite(value[0][pad + c]):
+        raise _infeasible(pb)
+    chosen = np.empty(num_bins, dtype=np.int64)
+    for b in range(num_bins):
+        k = pb.cost[b]
+        rest = pad + c - k  # >= 0 thanks to the pad; negative spends read fill entries
+        cand_b = lp[b] + value[b + 1][rest]
+        dcand_b = dev + devs[b + 1][rest]
+        best_b = cand_b.max()
+        near_b = (cand_b >= best_b - _tolerance(np.asarray(best_b))) & np.isfinite(cand_b)
+        dmin_b = np.where(near_b, dcand_b, _DEV_SENTINEL).min()
+        a = int(np.flatnonzero(near_b & (dcand_b == dmin_b))[0])
+        chosen[b] = pb.arms[a]
+        c -= int(k[a])
+    assert c == 0
+    return chosen
+
+
+def _logsumexp_rows(x: np.ndarray) -> np.ndarray:
+    """log(sum(exp(x), axis=0)), overwriting ``x``; stays -inf for all -inf columns."""
+    m = x.max(axis=0)
+    safe = np.where(np.isfinite(m), m, 0.0)
+    np.subtract(x, safe, out=x)
+    np.exp(x, out=x)
+    with np.errstate(divide="ignore"):
+        return np.log(x.sum(axis=0)) + safe
+
+
+class _Partition:
+    """Log partition tables of prod_b p_b(n_b) restricted to the exact budget.
+
+    forward[b][pad + c]: log total mass of configurations of bins 0..b-1 spending exactly c;
+    backward[b][pad + c]: the same for bins b..B-1. Both only on the windows of
+    :class:`_BudgetProblem` (prefix windows are target minus suffix windows).
+    """
+
+    def __init__(self, pb: _BudgetProblem) -> None:
+        self.pb = pb
+        num_bins, pad, lp = pb.counts.size, pb.pad, pb.log_probs
+        size = pad + pb.target + 1
+        fbuf, _, _ = _WORKSPACE.get(lp.shape[1], _max_width(pb))
+        self.forward = [np.full(size, -np.inf) for _ in range(num_bins + 1)]
+        self.forward[0][pad] = 0.0
+        for b in range(num_bins):
+            lo = int(pb.target - pb.hi[b + 1])  # prefix window of bins 0..b
+            width = int(pb.hi[b + 1] - pb.lo[b + 1] + 1)
+            cand = fbuf[:, :width]
+            index = _WORKSPACE.shift_index(_starts(pb, b, lo), width)
+            _shift_into(cand, self.forward[b], index, lp[b])
+            self.forward[b + 1][pad + lo : pad + lo + width] = _logsumexp_rows(cand)
+        self.backward = [np.full(size, -np.inf) for _ in range(num_bins + 1)]
+        self.backward[num_bins][pad] = 0.0
+        for b in range(num_bins - 1, -1, -1):
+            lo, width = int(pb.lo[b]), int(pb.hi[b] - pb.lo[b] + 1)
+            cand = fbuf[:, :width]
+            index = _WORKSPACE.shift_index(_starts(pb, b, lo), width)
+            _shift_into(cand, self.backward[b + 1], index, lp[b])
+            self.backward[b][pad + lo : pad + lo + width] = _logsumexp_rows(cand)
+        self.log_z = float(self.forward[num_bins][pad + pb.target])
+
+    def marginals(self, bins: np.ndarray | None = None, arm_idx: np.ndarray | None = None) -> np.ndarray:
+        """Conditional probabilities P(n_b = arms[a] | exact budget) by forward-backward.
+
+        P(a_b = a) = sum_c F_b[c] p_b(a) R_{b+1}[target - c - cost_b(a)] / Z over prefix spends
+        c. Without arguments: the full [B, A] matrix; with ``arm_idx`` ([B]): one arm per bin.
+        """
+        pb = self.pb
+        num_bins, pad = pb.counts.size, pb.pad
+        fbuf, _, _ = _WORKSPACE.get(pb.log_probs.shape[1], _max_width(pb))
+        out = np.zeros(pb.log_probs.shape if arm_idx is None else (num_bins,))
+        for b in range(num_bins):
+            arms_b = np.arange(pb.arms.size) if arm_idx is None else arm_idx[b : b + 1]
+            plo = int(pb.target - pb.hi[b])  # prefix window of bins 0..b-1
+            width = int(pb.hi[b] - pb.lo[b] + 1)
+            fwd = self.forward[b][pad + plo : pad + plo + width]
+            s = fbuf[: arms_b.size, :width]
+            bwd = self.backward[b + 1]
+            for row, a in enumerate(arms_b):
+                # suffix spend of bins b+1.. for prefix spend plo + j: target - plo - j - k_a
+                top = pad + pb.target - plo - int(pb.cost[b, a])
+                rev = bwd[top - width + 1 : top + 1][::-1]
+                np.add(fwd, rev, out=s[row])
+            lse = _logsumexp_rows(s.T)
+            with np.errstate(under="ignore"):
+                vals = np.exp(lse + pb.log_probs[b, arms_b] - self.log_z)
+            if arm_idx is None:
+                out[b] = vals
+            else:
+                out[b] = vals[0]
+        return out
+
+    def sample(self, rng: np.random.Generator) -> np.ndarray:
+        """Arm indices drawn from the conditioned distribution, bins sampled last to first."""
+        pb = self.pb
+        num_bins, pad = pb.counts.size, pb.pad
+        c = pb.target
+        idx = np.empty(num_bins, dtype=np.int64)
+        for b in range(num_bins - 1, -1, -1):
+            k = pb.cost[b]
+            logits = pb.log_probs[b] + self.forward[b][pad + c - k]
+            w = np.exp(logits - logits.max())
+            cdf = np.cumsum(w)
+            # side="right" never lands on a zero-weight arm (its cdf equals its predecessor's).
+            a = min(int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right")), cdf.size - 1)
+            assert logits[a] > -np.inf
+            idx[b] = a
+            c -= int(k[a])
+        assert c == 0
+        return idx
+
+
+def _partition(log_probs: Any, counts: Any, arms: Any, budget: int) -> _Partition:
+    pb = _validate_problem(log_probs, counts, arms, budget)
+    if pb.counts.size == 0 and pb.budget != 0:
+        raise _infeasible(pb)
+    if not pb.feasible_range:
+        raise _infeasible(pb)
+    part = _Partition(pb)
+    if not np.isfinite(part.log_z):
+        raise _infeasible(pb)
+    return part
+
+
+def exact_budget_marginals(log_probs: Any, counts: Any, arms: Any, budget: int) -> np.ndarray:
+    """[bins, arms] marginals P(n_b = arm | sum_b counts[b] n_b == budget) under prod_b p_b.
+
+    ``log_probs`` are (possibly unnormalised) per-bin log-probabilities, -inf forbidden. The
+    conditioning couples the bins, so a marginal can be far from p_b itself: EXP3 must divide a
+    played arm's gain by this conditional marginal, not by p_b, to stay unbiased.
+    Raises InfeasibleBudgetError when no configuration meets the budget.
+    """
+    return _partition(log_probs, counts, arms, budget).marginals()
+
+
+def sample_exact_budget(
+    log_probs: Any, counts: Any, arms: Any, budget: int, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """Draw one configuration from prod_b p_b(n_b) conditioned on the exact budget.
+
+    Forward log partition sums over the bins, then backward sampling with ``rng`` (the caller's
+    seeded generator, so the draw is reproducible and its state checkpointable).
+
+    Returns:
+        (values, marginals): the arm value per bin, and each drawn arm's conditional marginal
+        probability (forward-backward): the importance weight's denominator for EXP3.
+    Raises InfeasibleBudgetError when no configuration meets the budget.
+    """
+    part = _partition(log_probs, counts, arms, budget)
+    idx = part.sample(rng)
+    marg = part.marginals(arm_idx=idx)
+    return part.pb.arms[idx].copy(), marg
+
+
+# --------------------------------------------------------------------------------------------
+# The paper's equations, one function each
+# --------------------------------------------------------------------------------------------
+
+
+def exp_weights_arm_log_probs(scores: np.ndarray, eta: float, gamma: float) -> np.ndarray:
+    """log p_b(n) of Eq. 17, computed stably (never -inf for finite scores when gamma > 0).
+
+    log((1 - gamma) softmax(eta * s) + gamma / A) = logaddexp(log(1-gamma) + log_softmax, log(gamma/A)).
+    Log space matters: the exact-budget selection sums log-probabilities over bins.
+    """
+    s = eta * np.asarray(scores, dtype=np.float64)
+    num_arms = s.shape[-1]
+    m = s.max(axis=-1, keepdims=True)
+    log_soft = s - m - np.log(np.exp(s - m).sum(axis=-1, keepdims=True))
+    if gamma == 0.0:
+        return log_soft
+    return np.logaddexp(math.log1p(-gamma) + log_soft, math.log(gamma / num_arms))
+
+
+def exp_weights_arm_probs(scores: np.ndarray, eta: float, gamma: float) -> np.ndarray:
+    """Eq. 17: p_b(n) = (1 - gamma) softmax(eta * score_b)(n) + gamma / A, per bin (last axis).
+
+    The gamma / A floor keeps every arm explorable and every log-probability finite.
+    """
+    s = eta * np.asarray(scores, dtype=np.float64)
+    e = np.exp(s - s.max(axis=-1, keepdims=True))
+    return (1.0 - gamma) * e / e.sum(axis=-1, keepdims=True) + gamma / s.shape[-1]
+
+
+def gain_with_shadow_price(utility: np.ndarray, arms: np.ndarray, mu: float, n_mean: float) -> np.ndarray:
+    """Eq. 18: G_b(n) = u_b(n) - mu * (n - nbar).
+
+    The shadow price mu charges each rollout above the mean budget (and credits each below), so
+    the learner buys extra rollouts only where their utility beats the going price.
+    """
+    return np.asarray(utility, dtype=np.float64) - mu * (np.asarray(arms, dtype=np.float64) - n_mean)
+
+
+def score_ema(score: np.ndarray, gain: np.ndarray, rate: float) -> np.ndarray:
+    """Eq. 19: score_b(n) <- (1 - rate) score_b(n) + rate * G_b(n) (rate = score_ema = 0.4).
+
+    An EMA rather than a cumulative sum because the utilities drift as the policy learns: the
+    learner must track the current frontier, not the average over the whole run.
+    """
+    return (1.0 - rate) * score + rate * gain
+
+
+def dual_update(mu: float, nhat: float, n_mean: float, dual_lr: float) -> float:
+    """Eq. 21: mu <- max(0, mu + dual_lr * (nhat - nbar)), nhat the unconstrained preference.
+
+    Why nhat and not the realised mean: the exact budget makes the realised mean equal nbar at
+    every step, so the paper's literal update would never move mu. nhat = sum_b qhat(b) argmax_n
+    p_b(n) measures how much the bins would spend if unconstrained; mu rises until that equals nbar.
+    """
+    return max(0.0, mu + dual_lr * (nhat - n_mean))
+
+
+def neyman_scores(counts: np.ndarray, variances: np.ndarray, arms: np.ndarray) -> np.ndarray:
+    """Eqs. 28-30 as DP scores: maximise -sum_b count_b v_b / n_b, i.e. minimise the variance proxy.
+
+    The continuous optimum is the square-root rule n_b ∝ sqrt(v_b) (Thm 4.2); the exact-budget DP
+    solves the integer version exactly.
+    """
+    c = np.asarray(counts, dtype=np.float64)[:, None]
+    v = np.asarray(variances, dtype=np.float64)[:, None]
+    return -c * v / np.asarray(arms, dtype=np.float64)[None, :]
+
+
+def neyman_implied_price(counts: np.ndarray, variances: np.ndarray, budget: float) -> float:
+    """Eq. 31: mu = (sum_b count_b sqrt(v_b) / budget)^2, the shadow price of the continuous solution.
+
+    At the optimum of min sum count_b v_b / n_b s.t. sum count_b n_b = budget, the Lagrange
+    multiplier equals v_b / n_b^2 for every bin, which with n_b = sqrt(v_b) budget / sum count sqrt(v)
+    gives this value: the marginal variance reduction bought by one more rollout.
+    """
+    if budget <= 0:
+        return 0.0
+    s = float(np.sum(np.asarray(counts, dtype=np.float64) * np.sqrt(variances)))
+    return (s / float(budget)) ** 2
+
+
+def expected_informative_utility(p: np.ndarray, arms: np.ndarray) -> np.ndarray:
+    """Spec 3 (robust preset): u_b(n) = 1 - p_b^n - (1 - p_b)^n, per bin (rows) and arm (columns).
+
+    The probability that a group of n rollouts has both a success and a failure, i.e. a non-zero
+    GRPO gradient. It depends on n (unlike a bin's loss), saturates near p = 0 or 1 and grows
+    fastest for transition bins: the paper's "budget frontier". Not a paper equation: the spec's
+    replacement for the bin loss, which made the bandit equal to GRPO.
+    """
+    p = np.asarray(p, dtype=np.float64)[:, None]
+    n = np.asarray(arms, dtype=np.float64)[None, :]
+    return 1.0 - p**n - (1.0 - p) ** n
+
+
+def argmax_toward(values: np.ndarray, arms: np.ndarray, target: float) -> np.ndarray:
+    """Per row, the arm with the largest value; exact ties go to the arm closest to ``target``
+    (then the smaller arm). Why toward nbar: with uniform probabilities (e.g. at the start) the
+    unconstrained preference must be the GRPO budget, not an arbitrary end of the arm range."""
+    values = np.asarray(values)
+    arms_f = np.asarray(arms, dtype=np.float64)
+    is_max = values == values.max(axis=-1, keepdims=True)
+    # Rank arms by distance to target, then by value; pick the first maximal one in that order.
+    order = np.lexsort((arms_f, np.abs(arms_f - target)))
+    first = np.argmax(is_max[..., order], axis=-1)
+    return np.asarray(arms)[order[first]]
+
+
+# --------------------------------------------------------------------------------------------
+# The controller
+# --------------------------------------------------------------------------------------------
+
+
+def _check_range(name: str, ok: bool, allowed: str, value: Any) -> None:
+    if not ok:
+        raise ValueError(f"{name}={value!r} is out of range; allowed: {allowed}")
+
+
+class RolloutGDRO:
+    """Per-bin rollout counts under an exact mean budget (ALGORITHM.md section 3).
+
+    Call :meth:`allocate` with the step's bins before generation and :meth:`update` with the
+    step's results afterwards. All state (arm scores, shadow price, smoothed pass rates, Neyman
+    variances, the sampler's generator) is in :meth:`state_dict`, so a resumed run continues
+    bit-identically.
+    """
+
+    def __init__(
+        self,
+        num_bins: int,
+        n_min: int = 2,
+        n_max: int = 12,
+        n_mean: int = 4,
+        eta: float = 0.65,
+        gamma: float = 0.01,
+        score_ema: float = 0.4,
+        dual_lr: float = 0.05,
+        allocator: str = "bandit",
+        arm_utility: str = "expected_informative",
+        selection: str = "auto",
+        seed: int = 0,
+    ) -> None:
+        def is_int(x: Any) -> bool:
+            return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
+
+        _check_range("num_bins", is_int(num_bins) and num_bins >= 1, "integer >= 1", num_bins)
+        for name, val in (("n_min", n_min), ("n_max", n_max), ("n_mean", n_mean)):
+            _check_range(name, is_int(val), "an integer", val)
+        _check_range("n_min", n_min >= 2, "integer >= 2 (a group of 1 has no GRPO gradient)", n_min)
+        _check_range("n_min", n_min <= n_mean, f"n_min <= n_mean={n_mean}", n_min)
+        _check_range("n_mean", n_mean <= n_max, f"n_mean <= n_max={n_max}", n_mean)
+        _check_range("eta", math.isfinite(eta) and eta > 0, "finite eta > 0", eta)
+        _check_range("gamma", 0.0 <= gamma < 1.0, "[0, 1)", gamma)
+        _check_range("score_ema", 0.0 < score_ema <= 1.0, "(0, 1]", score_ema)
+        _check_range("dual_lr", math.isfinite(dual_lr) and dual_lr >= 0, "finite dual_lr >= 0", dual_lr)
+        _check_range("allocator", allocator in ALLOCATORS, f"one of {list(ALLOCATORS)}", allocator)
+        _check_range(
+            "arm_utility", arm_utility in ARM_UTILITIES, f"one of {list(ARM_UTILITIES)}", arm_utility
+        )
+        _check_range("selection", selection in SELECTIONS, f"one of {list(SELECTIONS)}", selection)
+        _check_range("seed", is_int(seed) and seed >= 0, "integer >= 0", seed)
+
+        self.num_bins = int(num_bins)
+        self.n_min, self.n_max, self.n_mean = int(n_min), int(n_max), int(n_mean)
+        self.eta, self.gamma = float(eta), float(gamma)
+        self.score_ema, self.dual_lr = float(score_ema), float(dual_lr)
+        self.allocator, self.arm_utility, self.selection = allocator, arm_utility, selection
+        self.seed = int(seed)
+        self._arms = np.arange(self.n_min, self.n_max + 1, dtype=np.int64)
+
+        self._scores = np.zeros((self.num_bins, self._arms.size))
+        self._mu = 0.0
+        self._pass_rate = np.full(self.num_bins, np.nan)  # smoothed p_b (expected_informative)
+        self._variance = np.full(self.num_bins, 0.25)  # v_b (neyman)
+        self._rng = np.random.Generator(np.random.PCG64(self.seed))
+        self._steps = 0
+
+    # ---- configuration ------------------------------------------------------------------
+
+    @property
+    def arms(self) -> np.ndarray:
+        """The arm values n_min..n_max (a copy)."""
+        return self._arms.copy()
+
+    @property
+    def effective_selection(self) -> str:
+        """``auto`` resolved: ``map`` for the full-information utility, ``sample`` otherwise
+        (played-arm utilities need exploration; EXP3 importance weights need a random draw)."""
+        if self.selection != "auto":
+            return self.selection
+        return "map" if self.arm_utility == "expected_informative" else "sample"
+
+    @property
+    def mu(self) -> float:
+        """Shadow price: the dual variable (bandit) or the implied price of Eq. 31 (neyman)."""
+        return self._mu
+
+    def _config(self) -> dict[str, Any]:
+        return {
+            "num_bins": self.num_bins,
+            "n_min": self.n_min,
+            "n_max": self.n_max,
+            "n_mean": self.n_mean,
+            "eta": self.eta,
+            "gamma": self.gamma,
+            "score_ema": self.score_ema,
+            "dual_lr": self.dual_lr,
+            "allocator": self.allocator,
+            "arm_utility": self.arm_utility,
+            "selection": self.selection,
+            "seed": self.seed,
+        }
+
+    # ---- queries ------------------------------------------------------------------------
+
+    def arm_probs(self) -> np.ndarray:
+        """[B, A] p_b(n) of Eq. 17 from the current arm scores."""
+        return exp_weights_arm_probs(self._scores, self.eta, self.gamma)
+
+    def _validate_bins(self, bins: Any) -> np.ndarray:
+        b = _as_int_array(bins, "bins")
+        if b.size and (b.min() < 0 or b.max() >= self.num_bins):
+            raise ValueError(
+                f"bins must lie in [0, {self.num_bins - 1}], got values in [{b.min()}, {b.max()}]"
+            )
+        return b
+
+    def _step_problem(self, bins: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+        """Present bins, their counts, inverse index per prompt, and the exact budget."""
+        present, inverse, counts = np.unique(bins, return_inverse=True, return_counts=True)
+        return present, counts.astype(np.int64), inverse, self.n_mean * int(bins.size)
+
+    # ---- allocation ---------------------------------------------------------------------
+
+    def allocate(self, bins: Any) -> np.ndarray:
+        """Rollouts per prompt for the step's bins (ints in [n_min, n_max], sum == n_mean * len).
+
+        Every prompt of a bin gets its bin's n; the configuration is chosen over the bins present
+        in the step (their counts set the cost of each arm). ``sample`` advances the controller's
+        own generator.
+        """
+        b = self._validate_bins(bins)
+        if b.size == 0:
+            return np.zeros(0, dtype=np.int64)
+        present, counts, inverse, budget = self._step_problem(b)
+        if self.allocator == "neyman":
+            scores = neyman_scores(counts, self._variance[present], self._arms)
+            per_bin = solve_exact_budget(scores, counts, self._arms, budget)
+        else:
+            logp = exp_weights_arm_log_probs(self._scores[present], self.eta, self.gamma)
+            if self.effective_selection == "map":
+                per_bin = solve_exact_budget(logp, counts, self._arms, budget)
+            else:
+                # Draw on a copy so that a failure leaves the generator untouched.
+                rng = deepcopy(self._rng)
+                per_bin, _ = sample_exact_budget(logp, counts, self._arms, budget, rng)
+                self._rng = rng
+        n = per_bin[inverse]
+        assert int(n.sum()) == budget, "exact budget violated"
+        assert n.min() >= self.n_min and n.max() <= self.n_max
+        return n
+
+    # ---- update -------------------------------------------------------------------------
+
+    def update(
+        self,
+        bins: Any,
+        n: Any,
+        successes: Any,
+        losses: Any = None,
+    ) -> dict[str, Any]:
+        """Feed one step's per-prompt results; returns an info dict for metrics.
+
+        Args:
+            bins: the step's bin per prompt (those passed to :meth:`allocate`).
+            n: rollouts each prompt actually got, in [n_min, n_max].
+            successes: correct rollouts per prompt, in [0, n].
+            losses: per-prompt Prompt-GDRO loss signal; required for ``arm_utility="loss"``
+                (non-finite entries are dropped and counted, never written into the scores).
+
+        Order (spec, "Order inside one update"): utilities -> gains with the current mu ->
+        arm-score EMA -> nhat from the updated probabilities -> mu update. A call that raises
+        leaves the controller unchanged.
+        """
+        b = self._validate_bins(bins)
+        n_a = _as_int_array(n, "n")
+        s_a = _as_int_array(successes, "successes")
+        if b.size == 0:
+            raise ValueError("bins must hold at least one prompt for update")
+        if n_a.shape != b.shape or s_a.shape != b.shape:
+            raise ValueError(
+                f"bins, n and successes must have equal lengths, got {b.size}, {n_a.size}, {s_a.size}"
+            )
+        if n_a.min() < self.n_min or n_a.max() > self.n_max:
+            raise ValueError(
+                f"n must lie in the arm range [{self.n_min}, {self.n_max}], got values in "
+                f"[{n_a.min()}, {n_a.max()}]"
+            )
+        if s_a.min() < 0 or np.any(s_a > n_a):
+            raise ValueError("successes must lie in [0, n] per prompt")
+        loss_a: np.ndarray | None = None
+        if losses is not None:
+            loss_a = np.asarray(losses, dtype=np.float64)
+            if loss_a.shape != b.shape:
+                raise ValueError(f"losses must have length {b.size}, got shape {loss_a.shape}")
+        if self.allocator == "bandit" and self.arm_utility == "loss" and loss_a is None:
+            raise ValueError("losses are required for arm_utility='loss'")
+
+        present, counts, inverse, budget = self._step_problem(b)
+        num_present = present.size
+        succ_bin = np.bincount(inverse, weights=s_a, minlength=num_present)
+        trials_bin = np.bincount(inverse, weights=n_a, minlength=num_present)
+        rate = succ_bin / trials_bin
+        bin_rate = np.full(self.num_bins, np.nan)
+        bin_rate[present] = rate
+        info: dict[str, Any] = {"bin_success_rate": bin_rate, "realised_mean_n": float(n_a.mean())}
+
+        if self.allocator == "neyman":
+            var = self._variance.copy()
+            var[present] = np.maximum(
+                (1.0 - self.score_ema) * var[present] + self.score_ema * rate * (1.0 - rate), 0.01
+            )
+            mu = neyman_implied_price(counts, var[present], budget)
+            self._variance, self._mu = var, mu
+            self._steps += 1
+            info.update(variance=var.copy(), mu=mu)
+            return info
+
+        num_arms = self._arms.size
+        utility = np.full((self.num_bins, num_arms), np.nan)
+        gain = np.full((self.num_bins, num_arms), np.nan)
+        scores = self._scores.copy()
+        pass_rate = self._pass_rate.copy()
+        dropped = 0
+
+        if self.arm_utility == "expected_informative":
+            old = pass_rate[present]
+            smoothed = np.where(np.isnan(old), rate, (1.0 - self.score_ema) * old + self.score_ema * rate)
+            pass_rate[present] = smoothed
+            u = expected_informative_utility(smoothed, self._arms)
+            g = gain_with_shadow_price(u, self._arms[None, :], self._mu, self.n_mean)
+            utility[present], gain[present] = u, g
+            scores[present] = score_ema(scores[present], g, self.score_ema)
+        else:
+            # Played-arm utilities: one arm per present bin, so n must be constant within a bin.
+            played = np.zeros(num_present, dtype=np.int64)
+            np.maximum.at(played, inverse, n_a)
+            if np.any(n_a != played[inverse]):
+                raise ValueError(
+                    f"n must be the same for every prompt of a bin under arm_utility="
+                    f"{self.arm_utility!r} (one played arm per bin)"
+                )
+            arm_idx = played - self.n_min
+            if self.arm_utility == "informative":
+                informative = ((s_a > 0) & (s_a < n_a)).astype(np.float64)
+                u_played = np.bincount(inverse, weights=informative, minlength=num_present) / counts
+                has = np.ones(num_present, dtype=bool)
+            else:
+                assert loss_a is not None
+                finite = np.isfinite(loss_a)
+                dropped = int((~finite).sum())
+                lsum = np.bincount(inverse[finite], weights=loss_a[finite], minlength=num_present)
+                lcnt = np.bincount(inverse[finite], minlength=num_present)
+                has = lcnt > 0
+                u_played = np.where(has, lsum / np.maximum(lcnt, 1), np.nan)
+            g_played = gain_with_shadow_price(u_played, played, self._mu, self.n_mean)
+            if self.effective_selection == "sample":
+                if int((counts * played).sum()) != budget:
+                    raise ValueError(
+                        f"n must spend the exact budget {budget} under selection='sample' (the "
+                        f"importance weight is the marginal conditioned on it), got {int(n_a.sum())}"
+                    )
+                logp = exp_weights_arm_log_probs(self._scores[present], self.eta, self.gamma)
+                marg = exact_budget_marginals(logp, counts, self._arms, budget)
+                marg_played = marg[np.arange(num_present), arm_idx]
+                g_played = g_played / marg_played
+                info["played_marginal"] = dict(zip(present.tolist(), marg_played.tolist(), strict=True))
+            rows, cols = present[has], arm_idx[has]
+            utility[rows, cols] = u_played[has]
+            gain[rows, cols] = g_played[has]
+            scores[rows, cols] = score_ema(scores[rows, cols], g_played[has], self.score_ema)
+
+        probs = exp_weights_arm_probs(scores, self.eta, self.gamma)
+        preferred = argmax_toward(probs[present], self._arms, self.n_mean)
+        qhat = counts / counts.sum()
+        nhat = float(np.sum(qhat * preferred))
+        mu = dual_update(self._mu, nhat, self.n_mean, self.dual_lr)
+
+        self._scores, self._pass_rate, self._mu = scores, pass_rate, mu
+        self._steps += 1
+        info.update(
+            utility=utility,
+            gain=gain,
+            nhat=nhat,
+            mu=mu,
+            dropped_losses=dropped,
+            preferred_n=dict(zip(present.tolist(), preferred.tolist(), strict=True)),
+        )
+        return info
+
+    # ---- checkpointing ------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to continue bit-identically, as plain numpy/python values."""
+        return {
+            "version": _STATE_VERSION,
+            "config": self._config(),
+            "scores": self._scores.copy(),
+            "mu": self._mu,
+            "pass_rate": self._pass_rate.copy(),
+            "variance": self._variance.copy(),
+            "rng": deepcopy(self._rng.bit_generator.state),
+            "steps": self._steps,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` output; rejects state of a differently configured controller."""
+        if not isinstance(state, dict) or state.get("version") != _STATE_VERSION:
+            raise ValueError(
+                f"state must be a RolloutGDRO state_dict of version {_STATE_VERSION}, got "
+                f"{state.get('version') if isinstance(state, dict) else type(state).__name__}"
+            )
+        mine, theirs = self._config(), state.get("config", {})
+        diff = {k: (theirs.get(k), v) for k, v in mine.items() if theirs.get(k) != v}
+        if diff:
+            detail = ", ".join(f"{k}: saved {s!r} vs this {c!r}" for k, (s, c) in diff.items())
+            raise ValueError(f"RolloutGDRO state comes from a differently configured controller ({detail})")
+        shape = (self.num_bins, self._arms.size)
+        scores = np.array(state["scores"], dtype=np.float64)
+        pass_rate = np.array(state["pass_rate"], dtype=np.float64)
+        variance = np.array(state["variance"], dtype=np.float64)
+        if scores.shape != shape or pass_rate.shape != (self.num_bins,) or variance.shape != (self.num_bins,):
+            raise ValueError("RolloutGDRO state arrays do not match num_bins / arm range")
+        rng = np.random.Generator(np.random.PCG64())
+        rng.bit_generator.state = deepcopy(state["rng"])
+        self._scores, self._pass_rate, self._variance = scores, pass_rate, variance
+        self._mu = float(state["mu"])
+        self._rng = rng
+        self._steps = int(state["steps"])
