@@ -1,0 +1,617 @@
+"""The ``gdro`` config group: resolution (presets), validation, and the cross-checks with verl's keys.
+
+Importable without verl, Ray or torch (the recipes' ``DRY_RUN=1`` path and the CPU demo call it), so
+every mistake in a launch command surfaces in a second instead of after Ray, the workers and vLLM
+have started. Every error is a ``ValueError`` whose message starts with the offending key, e.g.
+``gdro.rollout.n_min=1 is invalid: ...``; ``docs/configuration.md`` lists every check with its
+message and ``tests/test_integration_config.py`` checks each one.
+
+Two entry points:
+
+- :func:`resolve_gdro` turns the ``gdro`` group alone into a frozen :class:`GDROSettings`
+  (defaults from the package YAML, ``null`` keys from ``gdro.preset``, every key range-checked).
+  The estimator uses it on ``algorithm.gdro``, where it runs without the rest of the config.
+- :func:`validate_gdro_config` does that and then checks the group against the rest of the verl
+  config (trainer mode, estimator, ``rollout.n``, data loader, reference policy, ...). The GDRO
+  trainer calls it at init; recipes call it in their dry run.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from functools import lru_cache
+from importlib import resources
+from typing import Any
+
+from verl_gdro.presets import LOSS_SIGNALS, PRESETS, resolve_preset
+
+__all__ = [
+    "ALLOCATORS",
+    "ARM_UTILITIES",
+    "ESTIMATOR_NAME",
+    "PASSK_ESTIMATORS",
+    "PROMPT_MODES",
+    "ROW_INDEX_FIELD",
+    "SELECTIONS",
+    "TRAINER_NAME",
+    "UID_KEYS",
+    "WEIGHT_NORMALIZATIONS",
+    "ClassifierSettings",
+    "GDROSettings",
+    "PromptSettings",
+    "RolloutSettings",
+    "default_gdro_group",
+    "resolve_gdro",
+    "to_plain",
+    "validate_gdro_config",
+]
+
+ESTIMATOR_NAME = "gdro_grpo"
+TRAINER_NAME = "gdro_sync"
+
+# `index`: verl's RLHFDataset surfaces `extra_info.index` as the prompt column `index` (0 when it is
+# missing, which is why the trainer validates it). `row_index`: the GDRO dataset class
+# (`data.custom_cls`) adds the dataset row position under ROW_INDEX_FIELD.
+UID_KEYS = ("index", "row_index")
+ROW_INDEX_FIELD = "gdro_row_index"
+
+PASSK_ESTIMATORS = ("pooled", "any_of_n")
+PROMPT_MODES = ("reweight", "resample")
+WEIGHT_NORMALIZATIONS = ("mean_one", "raw")
+ALLOCATORS = ("bandit", "neyman")
+ARM_UTILITIES = ("expected_informative", "informative", "loss")
+SELECTIONS = ("auto", "map", "sample")
+
+# Same bound as PromptGDRO: exp(eta * score_clip) must stay finite in float64.
+_MAX_EXPONENT = 600.0
+
+_SECTIONS = ("classifier", "prompt", "rollout")
+
+
+# ---------------------------------------------------------------------------------------------
+# Resolved settings
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ClassifierSettings:
+    """``gdro.classifier.*`` resolved: ``num_bins`` is derived from ``bin_edges`` when given."""
+
+    num_bins: int
+    bin_edges: tuple[float, ...] | None
+    window: int
+    hysteresis: float
+    k: int
+    passk_estimator: str
+    unseen_bin: int
+
+    def inner_edges(self) -> tuple[float, ...]:
+        """The B-1 inner edges actually used (the uniform ones when none are given)."""
+        if self.bin_edges is not None:
+            return self.bin_edges
+        return tuple(i / self.num_bins for i in range(1, self.num_bins))
+
+    def kwargs(self) -> dict[str, Any]:
+        """Constructor arguments of :class:`verl_gdro.classifier.OnlineDifficultyClassifier`."""
+        return {
+            "bin_edges": None if self.bin_edges is None else list(self.bin_edges),
+            "num_bins": self.num_bins,
+            "window": self.window,
+            "hysteresis": self.hysteresis,
+            "k": self.k,
+            "estimator": self.passk_estimator,
+            "unseen_bin": self.unseen_bin,
+        }
+
+
+@dataclass(frozen=True)
+class PromptSettings:
+    """``gdro.prompt.*`` resolved (``loss_signal`` filled in from the preset)."""
+
+    enable: bool
+    mode: str
+    loss_signal: str
+    eta: float
+    beta: float
+    gamma: float
+    max_weight: float
+    score_clip: float
+    normalize_by_share: bool
+    share_floor: float | None
+    weight_normalization: str
+    kl_coef: float
+    clip_ratio_low: float
+    clip_ratio_high: float
+    standalone_correct_threshold: float
+
+    def kwargs(self, num_bins: int) -> dict[str, Any]:
+        """Constructor arguments of :class:`verl_gdro.prompt_gdro.PromptGDRO`."""
+        return {
+            "num_bins": num_bins,
+            "eta": self.eta,
+            "beta": self.beta,
+            "gamma": self.gamma,
+            "max_weight": self.max_weight,
+            "score_clip": self.score_clip,
+            "normalize_by_share": self.normalize_by_share,
+            "share_floor": self.share_floor,
+            "weight_normalization": self.weight_normalization,
+        }
+
+
+@dataclass(frozen=True)
+class RolloutSettings:
+    """``gdro.rollout.*`` resolved (``arm_utility`` / ``selection`` filled in from the preset)."""
+
+    enable: bool
+    n_min: int
+    n_max: int
+    eta: float
+    gamma: float
+    score_ema: float
+    dual_lr: float
+    allocator: str
+    arm_utility: str
+    selection: str
+    seed: int
+
+    def kwargs(self, num_bins: int, n_mean: int) -> dict[str, Any]:
+        """Constructor arguments of :class:`verl_gdro.rollout_gdro.RolloutGDRO`.
+
+        ``n_mean`` is ``actor_rollout_ref.rollout.n``: verl's own GRPO n is the mean budget.
+        """
+        return {
+            "num_bins": num_bins,
+            "n_min": self.n_min,
+            "n_max": self.n_max,
+            "n_mean": n_mean,
+            "eta": self.eta,
+            "gamma": self.gamma,
+            "score_ema": self.score_ema,
+            "dual_lr": self.dual_lr,
+            "allocator": self.allocator,
+            "arm_utility": self.arm_utility,
+            "selection": self.selection,
+            "seed": self.seed,
+        }
+
+
+@dataclass(frozen=True)
+class GDROSettings:
+    """The whole ``gdro`` group, resolved and validated. Frozen: safe to share and to compare."""
+
+    enable: bool
+    preset: str
+    uid_key: str
+    acc_key: str
+    classifier: ClassifierSettings
+    prompt: PromptSettings
+    rollout: RolloutSettings
+
+    @property
+    def num_bins(self) -> int:
+        return self.classifier.num_bins
+
+    @property
+    def reweights(self) -> bool:
+        """Whether Prompt-GDRO scales advantages (on, and in ``reweight`` mode)."""
+        return self.enable and self.prompt.enable and self.prompt.mode == "reweight"
+
+    @property
+    def resamples(self) -> bool:
+        """Whether the sampler draws prompts with Prompt-GDRO's q_t (``mode=resample``)."""
+        return self.enable and self.prompt.enable and self.prompt.mode == "resample"
+
+    @property
+    def allocates(self) -> bool:
+        """Whether Rollout-GDRO chooses the rollouts per prompt."""
+        return self.enable and self.rollout.enable
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain nested dict (for state dicts and logs)."""
+        d = asdict(self)
+        if d["classifier"]["bin_edges"] is not None:
+            d["classifier"]["bin_edges"] = list(d["classifier"]["bin_edges"])
+        return d
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers
+# ---------------------------------------------------------------------------------------------
+
+
+def to_plain(cfg: Any) -> Any:
+    """A DictConfig/ListConfig (resolved) or mapping as plain Python containers; None stays None.
+
+    omegaconf is imported lazily and only when the input is one of its containers, so plain dicts
+    (the demo, tests) need nothing beyond the standard library.
+    """
+    if cfg is None:
+        return None
+    mod = type(cfg).__module__
+    if mod.startswith("omegaconf"):
+        from omegaconf import OmegaConf
+
+        return OmegaConf.to_container(cfg, resolve=True)
+    if isinstance(cfg, Mapping):
+        return {k: to_plain(v) for k, v in cfg.items()}
+    if isinstance(cfg, (list, tuple)):
+        return [to_plain(v) for v in cfg]
+    return cfg
+
+
+@lru_cache(maxsize=1)
+def _yaml_defaults() -> dict[str, Any]:
+    from omegaconf import OmegaConf
+
+    text = resources.files("verl_gdro.config").joinpath("gdro_trainer.yaml").read_text(encoding="utf-8")
+    group = OmegaConf.to_container(OmegaConf.create(text)["gdro"], resolve=True)
+    assert isinstance(group, dict)
+    return group
+
+
+def default_gdro_group() -> dict[str, Any]:
+    """The ``gdro`` group's defaults, read from the package YAML (the one source of defaults)."""
+    import copy
+
+    return copy.deepcopy(_yaml_defaults())
+
+
+def _merge(defaults: dict[str, Any], given: Mapping[str, Any], prefix: str) -> dict[str, Any]:
+    """Overlay ``given`` on ``defaults``; an unknown key is an error (a typo would be silently ignored)."""
+    out = dict(defaults)
+    for key, value in given.items():
+        name = f"{prefix}.{key}"
+        if key not in defaults:
+            raise ValueError(f"{name} is not a known key; known keys of {prefix}: {sorted(defaults)}")
+        if isinstance(defaults[key], dict):
+            if value is None:
+                value = {}
+            if not isinstance(value, Mapping):
+                raise ValueError(f"{name} must be a group of keys ({sorted(defaults[key])}), got {value!r}")
+            out[key] = _merge(defaults[key], value, name)
+        else:
+            out[key] = value
+    return out
+
+
+def _bool(key: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"{key}={value!r} is invalid: must be true or false")
+    return value
+
+
+def _int(key: str, value: Any, low: int | None = None, high: int | None = None) -> int:
+    ok_type = isinstance(value, int) and not isinstance(value, bool)
+    if not ok_type and hasattr(value, "dtype") and getattr(value.dtype, "kind", "") in "iu":
+        ok_type, value = True, int(value)
+    rng = _range_text(low, high, False, False)
+    if not ok_type:
+        raise ValueError(f"{key}={value!r} is invalid: must be an integer {rng}".rstrip())
+    if (low is not None and value < low) or (high is not None and value > high):
+        raise ValueError(f"{key}={value!r} is invalid: must be an integer {rng}")
+    return int(value)
+
+
+def _range_text(low: float | None, high: float | None, low_open: bool, high_open: bool) -> str:
+    if low is not None and high is not None:
+        return f"in {'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
+    if low is not None:
+        return f"{'>' if low_open else '>='} {low}"
+    if high is not None:
+        return f"{'<' if high_open else '<='} {high}"
+    return ""
+
+
+def _float(
+    key: str,
+    value: Any,
+    low: float | None = None,
+    high: float | None = None,
+    low_open: bool = False,
+    high_open: bool = False,
+) -> float:
+    rng = _range_text(low, high, low_open, high_open)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) and not hasattr(value, "__float__"):
+        raise ValueError(f"{key}={value!r} is invalid: must be a number {rng}".rstrip())
+    v = float(value)
+    ok = math.isfinite(v)
+    if ok and low is not None:
+        ok = v > low if low_open else v >= low
+    if ok and high is not None:
+        ok = v < high if high_open else v <= high
+    if not ok:
+        raise ValueError(f"{key}={value!r} is invalid: must be a finite number {rng}".rstrip())
+    return v
+
+
+def _choice(key: str, value: Any, allowed: tuple[str, ...]) -> str:
+    if value not in allowed:
+        raise ValueError(f"{key}={value!r} is invalid: allowed values are {list(allowed)}")
+    return str(value)
+
+
+# ---------------------------------------------------------------------------------------------
+# The gdro group alone
+# ---------------------------------------------------------------------------------------------
+
+
+def _resolve_classifier(c: dict[str, Any]) -> ClassifierSettings:
+    p = "gdro.classifier"
+    edges_raw = c["bin_edges"]
+    num_bins_raw = c["num_bins"]
+    if edges_raw is not None:
+        if not isinstance(edges_raw, (list, tuple)) or len(edges_raw) == 0:
+            raise ValueError(
+                f"{p}.bin_edges={edges_raw!r} is invalid: must be null or a non-empty list of inner edges "
+                "strictly increasing inside (0, 1)"
+            )
+        edges = tuple(_float(f"{p}.bin_edges[{i}]", e, 0.0, 1.0, True, True) for i, e in enumerate(edges_raw))
+        if any(b <= a for a, b in zip(edges, edges[1:])):
+            raise ValueError(f"{p}.bin_edges={list(edges)} is invalid: inner edges must be strictly increasing")
+        derived = len(edges) + 1
+        if num_bins_raw is not None and num_bins_raw != derived:
+            raise ValueError(
+                f"{p}.num_bins={num_bins_raw!r} disagrees with {p}.bin_edges: {len(edges)} inner edges "
+                f"give {derived} bins; set {p}.num_bins={derived} or null"
+            )
+        num_bins = derived
+    else:
+        if num_bins_raw is None:
+            raise ValueError(f"{p}.num_bins=None is invalid: give num_bins, or bin_edges to derive it from")
+        num_bins = _int(f"{p}.num_bins", num_bins_raw, low=1)
+        edges = None
+    inner = edges if edges is not None else tuple(i / num_bins for i in range(1, num_bins))
+    full = (0.0, *inner, 1.0)
+    narrowest = min(b - a for a, b in zip(full, full[1:]))
+    hysteresis = _float(f"{p}.hysteresis", c["hysteresis"], low=0.0)
+    if hysteresis >= narrowest:
+        raise ValueError(
+            f"{p}.hysteresis={c['hysteresis']!r} is invalid: must be >= 0 and smaller than the narrowest "
+            f"bin ({narrowest:.6g}), or a prompt could never leave its bin"
+        )
+    return ClassifierSettings(
+        num_bins=num_bins,
+        bin_edges=edges,
+        window=_int(f"{p}.window", c["window"], low=1),
+        hysteresis=hysteresis,
+        k=_int(f"{p}.k", c["k"], low=1),
+        passk_estimator=_choice(f"{p}.passk_estimator", c["passk_estimator"], PASSK_ESTIMATORS),
+        unseen_bin=_int(f"{p}.unseen_bin", c["unseen_bin"], low=0, high=num_bins - 1),
+    )
+
+
+def _resolve_prompt(c: dict[str, Any], preset: str, num_bins: int) -> PromptSettings:
+    p = "gdro.prompt"
+    loss_signal = c["loss_signal"] if c["loss_signal"] is not None else PRESETS[preset]["prompt"]["loss_signal"]
+    eta = _float(f"{p}.eta", c["eta"], low=0.0, low_open=True)
+    score_clip = _float(f"{p}.score_clip", c["score_clip"], low=0.0, low_open=True)
+    if eta * score_clip > _MAX_EXPONENT:
+        raise ValueError(
+            f"{p}.eta={c['eta']!r} is invalid with {p}.score_clip={c['score_clip']!r}: eta * score_clip must be "
+            f"<= {_MAX_EXPONENT} so that exp(eta * S) stays finite"
+        )
+    share_floor = c["share_floor"]
+    if share_floor is not None:
+        share_floor = _float(f"{p}.share_floor", share_floor, 0.0, 1.0, low_open=True)
+    low = _float(f"{p}.clip_ratio_low", c["clip_ratio_low"], 0.0, 1.0, high_open=True)
+    high = _float(f"{p}.clip_ratio_high", c["clip_ratio_high"], low=0.0)
+    return PromptSettings(
+        enable=_bool(f"{p}.enable", c["enable"]),
+        mode=_choice(f"{p}.mode", c["mode"], PROMPT_MODES),
+        loss_signal=_choice(f"{p}.loss_signal", loss_signal, LOSS_SIGNALS),
+        eta=eta,
+        beta=_float(f"{p}.beta", c["beta"], 0.0, 1.0, low_open=True),
+        gamma=_float(f"{p}.gamma", c["gamma"], 0.0, 1.0, high_open=True),
+        max_weight=_float(f"{p}.max_weight", c["max_weight"], low=0.0, low_open=True),
+        score_clip=score_clip,
+        normalize_by_share=_bool(f"{p}.normalize_by_share", c["normalize_by_share"]),
+        share_floor=share_floor,
+        weight_normalization=_choice(f"{p}.weight_normalization", c["weight_normalization"], WEIGHT_NORMALIZATIONS),
+        kl_coef=_float(f"{p}.kl_coef", c["kl_coef"], low=0.0),
+        clip_ratio_low=low,
+        clip_ratio_high=high,
+        standalone_correct_threshold=_float(f"{p}.standalone_correct_threshold", c["standalone_correct_threshold"]),
+    )
+
+
+def _resolve_rollout(c: dict[str, Any], preset: str) -> RolloutSettings:
+    p = "gdro.rollout"
+    n_min = _int(f"{p}.n_min", c["n_min"])
+    if n_min < 2:
+        raise ValueError(
+            f"{p}.n_min={n_min} is invalid: must be >= 2 (one rollout gives a GRPO group no baseline: its "
+            "advantage would be its raw reward)"
+        )
+    n_max = _int(f"{p}.n_max", c["n_max"])
+    if n_max < n_min:
+        raise ValueError(f"{p}.n_max={n_max} is invalid: must be >= {p}.n_min={n_min}")
+    arm_utility = c["arm_utility"] if c["arm_utility"] is not None else PRESETS[preset]["rollout"]["arm_utility"]
+    selection = c["selection"] if c["selection"] is not None else PRESETS[preset]["rollout"]["selection"]
+    seed = c["seed"]
+    return RolloutSettings(
+        enable=_bool(f"{p}.enable", c["enable"]),
+        n_min=n_min,
+        n_max=n_max,
+        eta=_float(f"{p}.eta", c["eta"], low=0.0, low_open=True),
+        gamma=_float(f"{p}.gamma", c["gamma"], 0.0, 1.0, high_open=True),
+        score_ema=_float(f"{p}.score_ema", c["score_ema"], 0.0, 1.0, low_open=True),
+        dual_lr=_float(f"{p}.dual_lr", c["dual_lr"], low=0.0),
+        allocator=_choice(f"{p}.allocator", c["allocator"], ALLOCATORS),
+        arm_utility=_choice(f"{p}.arm_utility", arm_utility, ARM_UTILITIES),
+        selection=_choice(f"{p}.selection", selection, SELECTIONS),
+        seed=_int(f"{p}.seed", seed, low=0),
+    )
+
+
+def resolve_gdro(group: Any = None) -> GDROSettings:
+    """Resolve and validate the ``gdro`` group (a mapping, a DictConfig, settings, or None for defaults).
+
+    Missing keys take the package YAML's defaults; ``null`` keys that a preset decides take the
+    preset's value (explicit values win); every key is type- and range-checked, and an unknown key
+    is an error. Raises ValueError naming the offending ``gdro.*`` key.
+    """
+    if isinstance(group, GDROSettings):
+        return group
+    given = to_plain(group) or {}
+    if not isinstance(given, Mapping):
+        raise ValueError(f"gdro must be a group of keys, got {given!r}")
+    c = _merge(default_gdro_group(), given, "gdro")
+    preset = c["preset"]
+    if preset not in PRESETS:
+        raise ValueError(f"gdro.preset={preset!r} is invalid: allowed values are {sorted(PRESETS)}")
+    resolve_preset(preset)
+    uid_key = _choice("gdro.uid_key", c["uid_key"], UID_KEYS)
+    acc_key = c["acc_key"]
+    if not isinstance(acc_key, str) or not acc_key:
+        raise ValueError(f"gdro.acc_key={acc_key!r} is invalid: must be the non-empty name of the reward's correctness key")
+    classifier = _resolve_classifier(c["classifier"])
+    return GDROSettings(
+        enable=_bool("gdro.enable", c["enable"]),
+        preset=str(preset),
+        uid_key=uid_key,
+        acc_key=acc_key,
+        classifier=classifier,
+        prompt=_resolve_prompt(c["prompt"], preset, classifier.num_bins),
+        rollout=_resolve_rollout(c["rollout"], preset),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# The gdro group against the rest of the verl config
+# ---------------------------------------------------------------------------------------------
+
+_MISSING = object()
+
+
+def _select(cfg: Any, path: str, default: Any = None) -> Any:
+    node = cfg
+    for part in path.split("."):
+        if node is None:
+            return default
+        try:
+            if isinstance(node, Mapping) or hasattr(node, "keys"):
+                if part not in node:
+                    return default
+                node = node[part]
+            else:
+                return default
+        except Exception:  # an interpolation that cannot resolve, a missing value (???)
+            return default
+    return node
+
+
+def validate_gdro_config(cfg: Any) -> GDROSettings:
+    """Validate a whole verl config (DictConfig or nested dict) that uses verl-gdro; return the settings.
+
+    The ``gdro`` group is resolved with :func:`resolve_gdro` (top-level ``gdro``, else
+    ``algorithm.gdro``, else defaults), then checked against the rest of the config. Raises a
+    ValueError that names the offending key. Callable without Ray, torch or verl.
+    """
+    top = _select(cfg, "gdro")
+    algo_group = _select(cfg, "algorithm.gdro")
+    if top is not None and algo_group is not None:
+        if to_plain(top) != to_plain(algo_group):
+            # Both are given and differ: the estimator reads algorithm.gdro, the trainer gdro.
+            a, b = resolve_gdro(top), resolve_gdro(algo_group)
+            if a != b:
+                raise ValueError(
+                    "algorithm.gdro disagrees with gdro: the estimator reads algorithm.gdro; set only gdro.* "
+                    "(the package config mirrors it into algorithm.gdro) or make them equal"
+                )
+    settings = resolve_gdro(top if top is not None else algo_group)
+
+    trainer_mode = _select(cfg, "trainer.v1.trainer_mode")
+    adv = _select(cfg, "algorithm.adv_estimator")
+    gdro_trainer = trainer_mode == TRAINER_NAME
+    gdro_estimator = adv == ESTIMATOR_NAME
+    n = _select(cfg, "actor_rollout_ref.rollout.n")
+
+    if gdro_trainer:
+        if adv != ESTIMATOR_NAME:
+            raise ValueError(
+                f"algorithm.adv_estimator={adv!r} is invalid with trainer.v1.trainer_mode={TRAINER_NAME}: "
+                f"the GDRO trainer applies Prompt-GDRO through the '{ESTIMATOR_NAME}' estimator; "
+                f"set algorithm.adv_estimator={ESTIMATOR_NAME}"
+            )
+        use_v1 = _select(cfg, "trainer.use_v1", True)
+        if use_v1 is not True:
+            raise ValueError(
+                f"trainer.use_v1={use_v1!r} is invalid with trainer.v1.trainer_mode={TRAINER_NAME}: "
+                "the GDRO trainer is a V1 trainer; set trainer.use_v1=true"
+            )
+        workers = _select(cfg, "data.dataloader_num_workers", 0)
+        if workers != 0:
+            raise ValueError(
+                f"data.dataloader_num_workers={workers!r} is invalid with trainer.v1.trainer_mode={TRAINER_NAME}: "
+                "must be 0, or the adaptive sampler's draws run batches ahead of the controller updates"
+            )
+        sync_step = _select(cfg, "trainer.v1.sync.parameter_sync_step", 1)
+        if sync_step != 1:
+            raise ValueError(
+                f"trainer.v1.sync.parameter_sync_step={sync_step!r} is invalid with trainer.v1.trainer_mode="
+                f"{TRAINER_NAME}: must be 1 (one generation batch, one advantage stage and one controller "
+                "update per step)"
+            )
+
+    if gdro_trainer or gdro_estimator:
+        if not isinstance(n, int) or isinstance(n, bool) or n < 2:
+            raise ValueError(
+                f"actor_rollout_ref.rollout.n={n!r} is invalid with algorithm.adv_estimator={adv}: must be an "
+                "integer >= 2 (GRPO needs a group; with Rollout-GDRO it is the mean budget per prompt)"
+            )
+
+    if settings.enable and settings.rollout.enable:
+        r = settings.rollout
+        if not gdro_trainer:
+            raise ValueError(
+                f"gdro.rollout.enable=True is invalid with trainer.v1.trainer_mode={trainer_mode!r}: Rollout-GDRO "
+                f"chooses rollouts before generation, which only the GDRO trainer does; set "
+                f"trainer.v1.trainer_mode={TRAINER_NAME}"
+            )
+        if isinstance(n, int) and not (r.n_min <= n <= r.n_max):
+            raise ValueError(
+                f"actor_rollout_ref.rollout.n={n} is invalid: the mean budget must lie in "
+                f"[gdro.rollout.n_min={r.n_min}, gdro.rollout.n_max={r.n_max}], or the exact budget "
+                "batch_size * n cannot be met"
+            )
+        if bool(_select(cfg, "algorithm.filter_groups.enable", False)):
+            raise ValueError(
+                "algorithm.filter_groups.enable=True is invalid with gdro.rollout.enable=True: DAPO group "
+                "filtering refills prompts, so the exact rollout budget per step cannot be kept"
+            )
+        if bool(_select(cfg, "trainer.v1.sampler.sync_refill_failed_groups", False)):
+            raise ValueError(
+                "trainer.v1.sampler.sync_refill_failed_groups=True is invalid with gdro.rollout.enable=True: "
+                "refilled prompts break the exact rollout budget per step"
+            )
+
+    if settings.enable and settings.prompt.enable and settings.prompt.mode == "resample" and not gdro_trainer:
+        raise ValueError(
+            f"gdro.prompt.mode=resample is invalid with trainer.v1.trainer_mode={trainer_mode!r}: only the GDRO "
+            f"trainer's sampler can draw prompts with q_t; set trainer.v1.trainer_mode={TRAINER_NAME} or "
+            "gdro.prompt.mode=reweight"
+        )
+
+    if gdro_trainer and settings.enable and settings.prompt.enable and settings.prompt.loss_signal == "surrogate_kl":
+        use_kl_loss = bool(_select(cfg, "actor_rollout_ref.actor.use_kl_loss", False))
+        kl_in_reward = bool(_select(cfg, "algorithm.use_kl_in_reward", False))
+        if not (use_kl_loss or kl_in_reward):
+            raise ValueError(
+                "gdro.prompt.loss_signal=surrogate_kl is invalid without a reference policy: it needs "
+                "ref_log_prob; set actor_rollout_ref.actor.use_kl_loss=true (the paper's KL loss) or choose "
+                "gdro.prompt.loss_signal=failure_rate"
+            )
+
+    if gdro_trainer and settings.enable and settings.uid_key == "row_index":
+        custom = _select(cfg, "data.custom_cls.path")
+        if not custom:
+            raise ValueError(
+                "gdro.uid_key=row_index is invalid without data.custom_cls: the row index comes from the GDRO "
+                "dataset class; set data.custom_cls.path=pkg://verl_gdro.integration.dataset "
+                "data.custom_cls.name=GDRODataset, or use gdro.uid_key=index"
+            )
+
+    return settings

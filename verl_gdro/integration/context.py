@@ -1,0 +1,107 @@
+"""Process-local hand-over of the step's Prompt-GDRO multipliers to the ``gdro_grpo`` estimator.
+
+verl calls an advantage estimator as ``fn(token_level_rewards, response_mask, index=uid,
+config=algorithm_cfg)``: no stable prompt id, no step, no trainer. The GDRO trainer (and the CPU
+demo) know each prompt's bin, so they compute the multiplier of every prompt group (keyed by verl's
+per-fetch ``uid``) and open a :func:`gdro_step` around verl's own advantage computation; the
+estimator looks the multipliers up with :func:`current_step`. With no step open the estimator runs
+standalone (see ``estimator.py``).
+
+The estimator runs in the trainer process only (VERL.md), in the thread that called
+``compute_advantage``, so a context variable is enough: no locks, no globals shared across Ray
+actors, and a step that raises leaves no stale multipliers behind.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["GDROStep", "PADDING_UID_PREFIX", "current_step", "gdro_step", "is_padding_uid"]
+
+# verl's _balance_batch pads with zero-mask rows whose uid is f"pad{uuid4().hex}" (padding_utils.py).
+PADDING_UID_PREFIX = "pad"
+
+
+def is_padding_uid(uid: object) -> bool:
+    """Whether ``uid`` is one of verl's synthetic padding groups."""
+    return str(uid).startswith(PADDING_UID_PREFIX)
+
+
+@dataclass(frozen=True)
+class GDROStep:
+    """The multiplier of every prompt group of one advantage computation, keyed by verl ``uid``."""
+
+    multipliers: Mapping[str, float]
+
+    def lookup(self, index: Sequence[object]) -> np.ndarray:
+        """Per-row multipliers for verl's ``index`` (uid) array; padding groups get 1.
+
+        A non-padding uid without a multiplier is a bug in the caller (a prompt the trainer never
+        planned), so it raises instead of silently training that prompt unweighted.
+        """
+        out = np.empty(len(index), dtype=np.float64)
+        for i, uid in enumerate(index):
+            key = str(uid)
+            value = self.multipliers.get(key)
+            if value is None:
+                if is_padding_uid(key):
+                    value = 1.0
+                else:
+                    raise KeyError(
+                        f"gdro_grpo: no Prompt-GDRO multiplier for uid {key!r}; the open gdro_step() does not "
+                        "cover this batch (was the batch planned by the GDRO trainer?)"
+                    )
+            out[i] = value
+        return out
+
+    def all_ones(self) -> bool:
+        """True when every multiplier is exactly 1 (then the estimator leaves GRPO's bits untouched)."""
+        return all(v == 1.0 for v in self.multipliers.values())
+
+
+_CURRENT: contextvars.ContextVar[GDROStep | None] = contextvars.ContextVar("verl_gdro_step", default=None)
+
+
+@contextmanager
+def gdro_step(multipliers: Mapping[str, float] | None = None, *, uids: Sequence[object] | None = None,
+              values: Sequence[float] | np.ndarray | None = None) -> Iterator[GDROStep]:
+    """Open a step: the estimator applies these per-uid multipliers instead of running standalone.
+
+    Either ``multipliers`` (uid -> multiplier) or parallel ``uids`` / ``values`` (one per prompt
+    group, or one per row: repeated uids must carry the same value). Steps do not nest.
+    """
+    if multipliers is None:
+        if uids is None or values is None:
+            raise ValueError("gdro_step needs multipliers, or uids and values")
+        vals = np.asarray(values, dtype=np.float64)
+        if vals.ndim != 1 or len(vals) != len(uids):
+            raise ValueError(f"gdro_step: uids ({len(uids)}) and values ({vals.shape}) must be parallel 1-D arrays")
+        table: dict[str, float] = {}
+        for uid, v in zip(uids, vals.tolist()):
+            key = str(uid)
+            if key in table and table[key] != v:
+                raise ValueError(f"gdro_step: uid {key!r} has two different multipliers ({table[key]} and {v})")
+            table[key] = v
+    else:
+        table = {str(k): float(v) for k, v in multipliers.items()}
+    bad = [k for k, v in table.items() if not np.isfinite(v) or v < 0]
+    if bad:
+        raise ValueError(f"gdro_step: multipliers must be finite and >= 0; uid {bad[0]!r} has {table[bad[0]]}")
+    if _CURRENT.get() is not None:
+        raise RuntimeError("gdro_step: a step is already open (steps do not nest)")
+    step = GDROStep(multipliers=table)
+    token = _CURRENT.set(step)
+    try:
+        yield step
+    finally:
+        _CURRENT.reset(token)
+
+
+def current_step() -> GDROStep | None:
+    """The open step, or None (the estimator then runs standalone)."""
+    return _CURRENT.get()

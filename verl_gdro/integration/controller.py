@@ -1,0 +1,462 @@
+"""One GDRO step, shared by the verl trainer and the CPU demo: plan -> multipliers -> update -> metrics.
+
+:class:`GDROController` holds the three controllers of the spec (classifier, Prompt-GDRO,
+Rollout-GDRO) and turns one step's flat per-trajectory arrays into decisions, controller updates
+and the ``gdro/`` metrics. The ``gdro_sync`` trainer and the CPU demo both call exactly this code,
+so what the demo measures is what a GPU run does. numpy only at import (no verl, no torch).
+
+A step, in the spec's order (ALGORITHM.md section 1, "Order within step t"):
+
+1. ``plan = ctrl.before_generation(prompt_uids)``: classify the step's prompts with the history up
+   to t-1 (``plan.bins``) and, with Rollout-GDRO on, allocate ``plan.rollout_n`` under the exact
+   budget ``rollout_n * len(prompt_uids)``. Several calls before one update accumulate (verl may
+   fetch a step's prompts in chunks); positions continue across calls (``plan.positions``).
+2. ``mult = ctrl.advantage_multipliers(group_index)``: the Eq. 16 multiplier of every trajectory
+   (``group_index`` = the plan position of its prompt), from S_{t-1}; exactly 1.0 when Prompt-GDRO
+   is off or in ``resample`` mode. Hand them to the estimator with
+   ``verl_gdro.integration.context.gdro_step`` around verl's ``compute_advantage``.
+3. ``metrics = ctrl.after_advantage(group_index, acc, ...)``: per-prompt loss signal (spec
+   section 2), classifier visit, Prompt-GDRO and Rollout-GDRO updates, and every metric of spec
+   section 4 (``verl_gdro.metrics.step_metrics``) plus a few integration counters.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from verl_gdro.classifier import OnlineDifficultyClassifier
+from verl_gdro.integration.config import GDROSettings, resolve_gdro
+from verl_gdro.metrics import PREFIX, step_metrics
+from verl_gdro.prompt_gdro import PromptGDRO, failure_rate_loss, surrogate_kl_loss, surrogate_loss
+from verl_gdro.rollout_gdro import RolloutGDRO
+
+__all__ = ["EXTRA_METRICS", "GDROController", "StepPlan"]
+
+logger = logging.getLogger(__name__)
+
+_STATE_VERSION = 1
+
+#: Integration counters logged next to :data:`verl_gdro.metrics.METRIC_NAMES` (all under ``gdro/``).
+EXTRA_METRICS: tuple[str, ...] = (
+    "incomplete_groups",  # planned prompts whose trajectories did not all arrive (generation failures)
+    "rollout_update_skipped",  # 1 when Rollout-GDRO's update was skipped because of such prompts
+    "num_trajectories",  # non-padding trajectories that entered the step's statistics
+)
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """Decisions for the prompts of one :meth:`GDROController.before_generation` call.
+
+    ``positions`` are these prompts' indices in the step (the ``group_index`` values their
+    trajectories must carry); ``bins`` their difficulty bins; ``rollout_n`` their rollout counts
+    (``rollout_n`` of the controller for every prompt when Rollout-GDRO is off).
+    """
+
+    positions: NDArray[np.int64]
+    uids: NDArray[np.int64]
+    bins: NDArray[np.int64]
+    rollout_n: NDArray[np.int64]
+
+
+class GDROController:
+    """The classifier, Prompt-GDRO and Rollout-GDRO of one run, driven one step at a time.
+
+    Args:
+        settings: the resolved ``gdro`` group (:func:`verl_gdro.integration.config.resolve_gdro`).
+        rollout_n: verl's ``actor_rollout_ref.rollout.n``, the mean rollout budget per prompt.
+
+    With ``settings.enable`` false nothing is built: every prompt gets bin 0 and ``rollout_n``,
+    multipliers are 1 and :meth:`after_advantage` returns no metrics. With only the adversaries
+    off, the classifier still runs and the metrics are logged (GRPO with the curriculum plots).
+    """
+
+    def __init__(self, settings: GDROSettings, rollout_n: int) -> None:
+        if isinstance(rollout_n, bool) or not isinstance(rollout_n, (int, np.integer)) or rollout_n < 1:
+            raise ValueError(f"actor_rollout_ref.rollout.n={rollout_n!r} is invalid: must be an integer >= 1")
+        self.settings = settings
+        self.rollout_n = int(rollout_n)
+        self.num_bins = settings.num_bins
+        self.classifier: OnlineDifficultyClassifier | None = None
+        self.prompt: PromptGDRO | None = None
+        self.rollout: RolloutGDRO | None = None
+        if settings.enable:
+            self.classifier = OnlineDifficultyClassifier(**settings.classifier.kwargs())
+            if settings.prompt.enable:
+                self.prompt = PromptGDRO(**settings.prompt.kwargs(self.num_bins))
+            if settings.rollout.enable:
+                self.rollout = RolloutGDRO(**settings.rollout.kwargs(self.num_bins, self.rollout_n))
+        self.num_steps = 0
+        #: Increments after every update: the sampler refreshes its bin membership when it changes.
+        self.version = 0
+        self._reset_pending()
+
+    @classmethod
+    def from_config(cls, cfg: Any, rollout_n: int) -> GDROController:
+        """Build from the ``gdro`` group (mapping, DictConfig, :class:`GDROSettings`, or None = defaults)."""
+        return cls(resolve_gdro(cfg), rollout_n)
+
+    # ------------------------------------------------------------------------------------------
+    # properties
+    # ------------------------------------------------------------------------------------------
+
+    @property
+    def enabled(self) -> bool:
+        return self.settings.enable
+
+    @property
+    def reweights(self) -> bool:
+        """Prompt-GDRO scales advantages (on, ``mode=reweight``)."""
+        return self.prompt is not None and self.settings.prompt.mode == "reweight"
+
+    @property
+    def resamples(self) -> bool:
+        """Prompt-GDRO drives the sampler (on, ``mode=resample``)."""
+        return self.prompt is not None and self.settings.prompt.mode == "resample"
+
+    @property
+    def pending_prompts(self) -> int:
+        """Prompts planned since the last update."""
+        return int(self._uids.size)
+
+    # ------------------------------------------------------------------------------------------
+    # step API
+    # ------------------------------------------------------------------------------------------
+
+    def _reset_pending(self) -> None:
+        self._uids = np.zeros(0, dtype=np.int64)
+        self._bins = np.zeros(0, dtype=np.int64)
+        self._n = np.zeros(0, dtype=np.int64)
+        self._bin_weights: NDArray[np.float64] | None = None
+        self._q_used: NDArray[np.float64] | None = None
+        self._omega_used: NDArray[np.float64] | None = None
+        self._time = 0.0
+
+    def before_generation(self, prompt_uids: ArrayLike) -> StepPlan:
+        """Classify the prompts (history up to t-1) and choose their rollouts. Accumulates until
+        :meth:`after_advantage`. ``prompt_uids`` are stable int ids; repeats are allowed (a
+        resampling sampler may draw a prompt twice: it is then two groups of the step)."""
+        t0 = time.perf_counter()
+        uids = _int_array("prompt_uids", prompt_uids)
+        if self.classifier is None:
+            bins = np.zeros(uids.size, dtype=np.int64)
+        else:
+            bins = self.classifier.bins(uids)
+        if self.rollout is not None and uids.size:
+            n = np.asarray(self.rollout.allocate(bins), dtype=np.int64)
+            budget = self.rollout_n * int(uids.size)
+            if int(n.sum()) != budget:
+                raise AssertionError(
+                    f"Rollout-GDRO allocated {int(n.sum())} rollouts for {uids.size} prompts, not the exact "
+                    f"budget {budget} = rollout.n * prompts"
+                )
+        else:
+            n = np.full(uids.size, self.rollout_n, dtype=np.int64)
+        start = self._uids.size
+        positions = np.arange(start, start + uids.size, dtype=np.int64)
+        self._uids = np.concatenate([self._uids, uids])
+        self._bins = np.concatenate([self._bins, bins])
+        self._n = np.concatenate([self._n, n])
+        self._bin_weights = None
+        self._time += time.perf_counter() - t0
+        return StepPlan(positions=positions, uids=uids.copy(), bins=bins.copy(), rollout_n=n.copy())
+
+    def _group_index(self, group_index: ArrayLike) -> NDArray[np.int64]:
+        g = _int_array("group_index", group_index)
+        if g.size and (g.min() < 0 or g.max() >= self._uids.size):
+            raise ValueError(
+                f"group_index must hold plan positions in [0, {self._uids.size}) (prompts planned since the "
+                f"last update), got values in [{g.min()}, {g.max()}]"
+            )
+        return g
+
+    def advantage_multipliers(self, group_index: ArrayLike) -> NDArray[np.float64]:
+        """Eq. 16 multiplier of each trajectory (its prompt's bin weight from S_{t-1}).
+
+        ``mean_one`` normalises over exactly these trajectories, so pass every non-padding
+        trajectory of the step once. Exactly 1.0 everywhere when Prompt-GDRO does not reweight,
+        so the estimator then reproduces verl's ``grpo`` bit for bit.
+        """
+        t0 = time.perf_counter()
+        g = self._group_index(group_index)
+        if self.prompt is None:
+            self._time += time.perf_counter() - t0
+            return np.ones(g.size)
+        response_bins = self._bins[g]
+        self._q_used = self.prompt.bin_probs()
+        self._omega_used = self.prompt.omega()
+        if not self.reweights:
+            self._time += time.perf_counter() - t0
+            return np.ones(g.size)
+        weights = self.prompt.bin_multipliers(response_bins)
+        self._bin_weights = weights
+        self._time += time.perf_counter() - t0
+        return weights[response_bins]
+
+    def after_advantage(
+        self,
+        group_index: ArrayLike,
+        acc: ArrayLike,
+        *,
+        response_mask: ArrayLike | None = None,
+        old_log_probs: ArrayLike | None = None,
+        ref_log_probs: ArrayLike | None = None,
+        advantages: ArrayLike | None = None,
+        log_probs: ArrayLike | None = None,
+        extra_time_s: float = 0.0,
+    ) -> dict[str, float]:
+        """Update every controller with the step's trajectories and return the ``gdro/`` metrics.
+
+        Args:
+            group_index: plan position of each (non-padding) trajectory's prompt.
+            acc: binary correctness of each trajectory (the reward's ``acc``; values >= 0.5 count
+                as correct), never the shaped score.
+            response_mask, old_log_probs, ref_log_probs, advantages: [N, T] arrays, needed by the
+                ``surrogate`` / ``surrogate_kl`` loss signals (``log_probs`` defaults to
+                ``old_log_probs``: the driver evaluates the surrogate at the on-policy point).
+            extra_time_s: controller-side time spent by the caller (e.g. reading fields), added
+                to ``gdro/controller_time_s``.
+
+        Prompts planned but without any trajectory are left out of every update. Clears the plan.
+        """
+        t0 = time.perf_counter()
+        if not self.enabled:
+            self._reset_pending()
+            return {}
+        g = self._group_index(group_index)
+        correct = _acc_array(acc, g.size)
+        num_groups = int(self._uids.size)
+        trials = np.bincount(g, minlength=num_groups).astype(np.int64)
+        successes = np.bincount(g, weights=correct, minlength=num_groups).astype(np.int64)
+        present = trials > 0
+        incomplete = int(np.sum(present & (trials != self._n)) + np.sum(~present))
+
+        losses = self._losses(g, correct, num_groups, response_mask, old_log_probs, ref_log_probs, advantages,
+                              log_probs)
+        bins_p, trials_p, succ_p, loss_p = self._bins[present], trials[present], successes[present], losses[present]
+
+        # classifier: one visit per distinct stable uid (a prompt drawn twice pools its groups)
+        uniq, inverse = np.unique(self._uids[present], return_inverse=True)
+        assert self.classifier is not None
+        self.classifier.observe(
+            uniq,
+            np.bincount(inverse, weights=succ_p, minlength=uniq.size).astype(np.int64),
+            np.bincount(inverse, weights=trials_p, minlength=uniq.size).astype(np.int64),
+        )
+
+        prompt_info: dict[str, Any] = {}
+        q_used = self._q_used
+        omega_used = self._omega_used
+        if self.prompt is not None:
+            if q_used is None:
+                q_used, omega_used = self.prompt.bin_probs(), self.prompt.omega()
+            prompt_info = self.prompt.update(bins_p, loss_p)
+
+        skipped = 0
+        if self.rollout is not None:
+            if incomplete == 0 and bins_p.size:
+                self.rollout.update(bins_p, self._n[present], succ_p, loss_p)
+            else:
+                skipped = 1
+                logger.warning(
+                    "verl-gdro: %d planned prompt(s) lack trajectories (generation failures); Rollout-GDRO "
+                    "skips this step's update rather than learn from a partial budget",
+                    incomplete,
+                )
+
+        self.num_steps += 1
+        self.version += 1
+        elapsed = self._time + (time.perf_counter() - t0) + float(extra_time_s)
+        bin_losses = _bin_mean(bins_p, loss_p, self.num_bins)
+        metrics = step_metrics(
+            self.num_bins,
+            bins_p,
+            succ_p,
+            trials_p,
+            n_mean=float(self.rollout_n),
+            prompt_weights=self._bin_weights if self.reweights else None,
+            q=q_used,
+            scores=None if self.prompt is None else self.prompt.scores,
+            omega=omega_used,
+            bin_losses=bin_losses,
+            shadow_price=0.0 if self.rollout is None else float(self.rollout.mu),
+            controller_time_s=elapsed,
+            dropped_nonfinite=int(prompt_info.get("dropped_nonfinite", 0)),
+            dropped_nonfinite_total=0 if self.prompt is None else int(self.prompt.dropped_nonfinite),
+        )
+        metrics[PREFIX + "incomplete_groups"] = float(incomplete)
+        metrics[PREFIX + "rollout_update_skipped"] = float(skipped)
+        metrics[PREFIX + "num_trajectories"] = float(g.size)
+        self._reset_pending()
+        return metrics
+
+    def _losses(
+        self,
+        g: NDArray[np.int64],
+        correct: NDArray[np.float64],
+        num_groups: int,
+        response_mask: ArrayLike | None,
+        old_log_probs: ArrayLike | None,
+        ref_log_probs: ArrayLike | None,
+        advantages: ArrayLike | None,
+        log_probs: ArrayLike | None,
+    ) -> NDArray[np.float64]:
+        """Per-prompt loss signal l(x) of spec section 2 (NaN for prompts without trajectories)."""
+        p = self.settings.prompt
+        signal = p.loss_signal
+        if signal == "failure_rate" or (self.prompt is None and self.rollout is None):
+            return failure_rate_loss(correct, g, num_groups)
+        missing = [
+            name
+            for name, arr in (("response_mask", response_mask), ("old_log_probs", old_log_probs),
+                              ("advantages", advantages))
+            if arr is None
+        ]
+        if signal == "surrogate_kl" and ref_log_probs is None:
+            missing.append("ref_log_probs")
+        if missing:
+            raise ValueError(
+                f"gdro.prompt.loss_signal={signal} needs {missing} per trajectory (the reference policy's "
+                "log-probs come from actor_rollout_ref.actor.use_kl_loss=true)"
+            )
+        current = old_log_probs if log_probs is None else log_probs
+        common = {"clip_ratio_low": p.clip_ratio_low, "clip_ratio_high": p.clip_ratio_high}
+        if signal == "surrogate":
+            return surrogate_loss(current, old_log_probs, advantages, response_mask, g, num_groups, **common)
+        return surrogate_kl_loss(
+            current, old_log_probs, ref_log_probs, advantages, response_mask, g, num_groups, kl_coef=p.kl_coef,
+            **common,
+        )
+
+    # ------------------------------------------------------------------------------------------
+    # sampler support
+    # ------------------------------------------------------------------------------------------
+
+    def bins_of(self, uids: ArrayLike) -> NDArray[np.int64]:
+        """Current bins of ``uids`` (committing, like :meth:`before_generation`; idempotent without a
+        new visit, so the sampler may call it for the whole dataset)."""
+        u = _int_array("uids", uids)
+        if self.classifier is None:
+            return np.zeros(u.size, dtype=np.int64)
+        return self.classifier.bins(u)
+
+    def bin_probs(self) -> NDArray[np.float64]:
+        """Prompt-GDRO's q_t (uniform when Prompt-GDRO is off)."""
+        if self.prompt is None:
+            return np.full(self.num_bins, 1.0 / self.num_bins)
+        return self.prompt.bin_probs()
+
+    # ------------------------------------------------------------------------------------------
+    # checkpointing
+    # ------------------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """All controller state (plain numpy/python values). A plan in progress is not saved:
+        verl checkpoints after the step's update, when no plan is pending."""
+        return {
+            "version": _STATE_VERSION,
+            "settings": self.settings.to_dict(),
+            "rollout_n": self.rollout_n,
+            "num_steps": self.num_steps,
+            "controller_version": self.version,
+            "classifier": None if self.classifier is None else self.classifier.state_dict(),
+            "prompt": None if self.prompt is None else self.prompt.state_dict(),
+            "rollout": None if self.rollout is None else self.rollout.state_dict(),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict`; refuses state saved under different settings or budget."""
+        if not isinstance(state, Mapping) or state.get("version") != _STATE_VERSION:
+            raise ValueError(f"not a GDROController state of version {_STATE_VERSION}")
+        saved = state.get("settings")
+        mine = self.settings.to_dict()
+        if saved != mine:
+            diff = _dict_diff(saved or {}, mine)
+            raise ValueError(
+                f"GDROController state was saved under different gdro settings ({diff}); resume with the "
+                "same gdro.* config"
+            )
+        if int(state["rollout_n"]) != self.rollout_n:
+            raise ValueError(
+                f"GDROController state was saved with actor_rollout_ref.rollout.n={state['rollout_n']}, "
+                f"this run has {self.rollout_n}"
+            )
+        for name in ("classifier", "prompt", "rollout"):
+            obj = getattr(self, name)
+            if (obj is None) != (state.get(name) is None):
+                raise ValueError(f"GDROController state: {name} presence differs from this configuration")
+        if self.classifier is not None:
+            self.classifier.load_state_dict(state["classifier"])
+        if self.prompt is not None:
+            self.prompt.load_state_dict(dict(state["prompt"]))
+        if self.rollout is not None:
+            self.rollout.load_state_dict(dict(state["rollout"]))
+        self.num_steps = int(state["num_steps"])
+        self.version = int(state["controller_version"])
+        self._reset_pending()
+
+
+# ----------------------------------------------------------------------------------------------
+# helpers
+# ----------------------------------------------------------------------------------------------
+
+
+def _int_array(name: str, values: ArrayLike) -> NDArray[np.int64]:
+    arr = np.asarray(values)
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be a 1-D integer array, got shape {arr.shape}")
+    if arr.size == 0:
+        return arr.astype(np.int64)
+    if arr.dtype == bool or not (np.issubdtype(arr.dtype, np.integer) or _integral(arr)):
+        raise ValueError(f"{name} must hold integers, got dtype {arr.dtype}")
+    return arr.astype(np.int64)
+
+
+def _integral(arr: np.ndarray) -> bool:
+    if arr.dtype == object:
+        try:
+            as_float = arr.astype(np.float64)
+        except (TypeError, ValueError):
+            return False
+    elif np.issubdtype(arr.dtype, np.floating):
+        as_float = arr
+    else:
+        return False
+    return bool(np.all(np.isfinite(as_float)) and np.all(as_float == np.round(as_float)))
+
+
+def _acc_array(acc: ArrayLike, size: int) -> NDArray[np.float64]:
+    """Binary correctness per trajectory: >= 0.5 counts as correct (bools, 0/1, 0.0/1.0 all work)."""
+    a = np.asarray(acc, dtype=np.float64)
+    if a.ndim != 1 or a.size != size:
+        raise ValueError(f"acc must be 1-D with one value per trajectory ({size}), got shape {a.shape}")
+    if a.size and not np.all(np.isfinite(a)):
+        raise ValueError("acc must be finite for every trajectory (the reward's correctness, 0 or 1)")
+    return (a >= 0.5).astype(np.float64)
+
+
+def _bin_mean(bins: NDArray[np.int64], values: NDArray[np.float64], num_bins: int) -> NDArray[np.float64]:
+    finite = np.isfinite(values)
+    sums = np.bincount(bins[finite], weights=values[finite], minlength=num_bins)
+    counts = np.bincount(bins[finite], minlength=num_bins)
+    return np.divide(sums, counts, out=np.zeros(num_bins), where=counts > 0)
+
+
+def _dict_diff(a: Mapping[str, Any], b: Mapping[str, Any], prefix: str = "gdro") -> str:
+    out = []
+    for key in sorted(set(a) | set(b)):
+        va, vb = a.get(key), b.get(key)
+        if isinstance(va, Mapping) and isinstance(vb, Mapping):
+            sub = _dict_diff(va, vb, f"{prefix}.{key}")
+            if sub:
+                out.append(sub)
+        elif va != vb:
+            out.append(f"{prefix}.{key}: saved {va!r} vs configured {vb!r}")
+    return ", ".join(out)
