@@ -69,6 +69,10 @@ def pooled_pass_at_k(successes: np.ndarray, trials: np.ndarray, k: int) -> np.nd
     """
     s = np.asarray(successes, dtype=np.float64)
     t = np.asarray(trials, dtype=np.float64)
+    if k == 1:
+        # Both branches reduce to S/T; dividing once keeps pass@1 exact (1 - (T-S)/T is not:
+        # 1 - 160/200 = 0.19999999999999996 would fall below an edge at 0.2).
+        return s / t
     fails = t - s
     ratio = np.ones(np.broadcast(s, t).shape, dtype=np.float64)
     for j in range(int(k)):
