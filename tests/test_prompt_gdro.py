@@ -148,6 +148,49 @@ def test_clipped_surrogate_hand_case_with_clip_and_dual_clip() -> None:
     np.testing.assert_allclose(out, [(-1.28 - 0.5) / 2, (1.5 + 3.0) / 2])
 
 
+def _reference_token_loss(logp, old, adv, low=0.2, high=0.28, c=3.0):
+    """verl's compute_policy_loss_vanilla token loss, transcribed directly (float64)."""
+    ratio = np.exp(np.clip(logp - old, -20.0, 20.0))
+    clipped = np.maximum(-adv * ratio, -adv * np.clip(ratio, 1 - low, 1 + high))
+    return np.where(adv < 0, np.minimum(clipped, -adv * c), clipped)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("on_policy", [True, False])
+@pytest.mark.parametrize("per_token_adv", [True, False])
+def test_surrogate_fast_paths_equal_the_direct_formula(dtype, on_policy: bool, per_token_adv: bool) -> None:
+    rng = np.random.default_rng(5)
+    mask = (rng.random((6, 9)) < 0.7).astype(np.float64)
+    mask[0] = 0.0  # an empty response: token-mean 0
+    logp = -rng.random((6, 9))
+    old = logp.copy() if on_policy else logp + 0.5 * rng.standard_normal((6, 9))
+    adv = np.array([1.5, -2.0, 0.0, 0.7, -0.3, 2.2])
+    adv_tok = adv[:, None] * np.ones((6, 9))
+    ref = _reference_token_loss(logp, old, adv_tok)
+    expected = np.divide((ref * mask).sum(1), mask.sum(1), out=np.zeros(6), where=mask.sum(1) > 0)
+    out = clipped_surrogate_response_loss(
+        logp.astype(dtype), old.astype(dtype), (adv_tok if per_token_adv else adv).astype(dtype), mask
+    )
+    tol = 1e-12 if dtype == np.float64 else 1e-5
+    np.testing.assert_allclose(out, expected, rtol=tol, atol=tol)
+    assert out.dtype == np.float64
+
+
+def test_clip_arguments_are_validated() -> None:
+    x = np.zeros((1, 2))
+    for kwargs, name in [
+        ({"clip_ratio_low": 1.0}, "clip_ratio_low"),
+        ({"clip_ratio_high": -0.1}, "clip_ratio_high"),
+        ({"clip_ratio_c": 1.0}, "clip_ratio_c"),
+    ]:
+        with pytest.raises(ValueError, match=name):
+            clipped_surrogate_response_loss(x, x, x, x + 1, **kwargs)
+    with pytest.raises(ValueError, match="advantages"):
+        clipped_surrogate_response_loss(x, x, np.zeros(3), x + 1)
+    with pytest.raises(ValueError, match="response_mask"):
+        clipped_surrogate_response_loss(x, x, x, np.ones(2))
+
+
 def test_low_var_kl_hand_case_and_clamp() -> None:
     np.testing.assert_allclose(low_var_kl(np.array([0.0]), np.array([math.log(2.0)])), [1.0 - math.log(2.0)])
     np.testing.assert_allclose(low_var_kl(np.array([0.0]), np.array([0.0])), [0.0])

@@ -125,32 +125,44 @@ def failure_rate_loss(
     return 1.0 - group_mean(a, group_index, num_groups)
 
 
-def masked_token_mean(values: NDArray[np.float64], mask: NDArray[np.float64]) -> NDArray[np.float64]:
+def masked_token_mean(values: NDArray[np.floating], mask: NDArray[np.floating]) -> NDArray[np.float64]:
     """Token-mean of each response (row) over its valid tokens; 0 for a response with none.
 
-    0 for an empty response mirrors verl's ``masked_mean`` (sum / (count + eps)).
+    0 for an empty response mirrors verl's ``masked_mean`` (sum / (count + eps)). ``values`` may be
+    [N, T] or [N, 1] (constant over the response). Sums accumulate in float64 whatever the input
+    dtype, so float32 inputs (what verl hands over) lose nothing over 4096-token responses.
     """
-    total = (values * mask).sum(axis=1)
-    count = mask.sum(axis=1)
+    count = mask.sum(axis=1, dtype=np.float64)
+    if values.shape[1] == 1:
+        total = values[:, 0].astype(np.float64) * count
+    else:
+        total = np.multiply(values, mask, dtype=values.dtype).sum(axis=1, dtype=np.float64)
     return np.divide(total, count, out=np.zeros_like(total), where=count > 0)
 
 
+def _float(x: ArrayLike) -> NDArray[np.floating]:
+    """float32 stays float32 (half the memory traffic on [N, 4096] arrays); anything else -> float64."""
+    a = np.asarray(x)
+    return a if a.dtype in (np.float32, np.float64) else a.astype(np.float64)
+
+
 def _token_arrays(
-    response_mask: ArrayLike, **arrays: ArrayLike | None
-) -> tuple[NDArray[np.float64], dict[str, NDArray[np.float64]]]:
-    """Coerce per-token arrays to float64 [responses, tokens]; per-response vectors broadcast."""
-    mask = np.asarray(response_mask, dtype=np.float64)
+    response_mask: ArrayLike, **arrays: ArrayLike
+) -> tuple[NDArray[np.floating], dict[str, NDArray[np.floating]]]:
+    """Validate per-token arrays [responses, tokens]; per-response vectors [N] become [N, 1]."""
+    mask = np.asarray(response_mask)
     if mask.ndim != 2:
         raise ValueError(f"response_mask must be 2-D [responses, tokens], got shape {mask.shape}")
-    out: dict[str, NDArray[np.float64]] = {}
+    out: dict[str, NDArray[np.floating]] = {}
     for name, arr in arrays.items():
-        a = np.asarray(arr, dtype=np.float64)
+        a = _float(arr)
         if a.ndim == 1 and a.shape[0] == mask.shape[0]:
             a = a[:, None]
         if a.ndim != 2 or a.shape[0] != mask.shape[0] or a.shape[1] not in (1, mask.shape[1]):
             raise ValueError(f"{name} must have shape {mask.shape} (or [{mask.shape[0]}]), got {a.shape}")
         out[name] = a
-    return mask, out
+    dtype = np.result_type(*out.values()) if out else np.float64
+    return mask.astype(dtype, copy=False), out
 
 
 def clipped_surrogate_response_loss(
@@ -167,30 +179,53 @@ def clipped_surrogate_response_loss(
     ratio = exp(clamp(log_prob - old_log_prob, -20, 20)); token loss
     max(-A ratio, -A clip(ratio, 1 - low, 1 + high)), and for A < 0 additionally capped at
     -A * clip_ratio_c (dual clip), as in ``verl.trainer.ppo.core_algos.compute_policy_loss_vanilla``.
-    ``advantages`` may be per token [N, T] or per response [N].
+
+    ``advantages`` may be per token [N, T] or per response [N]. Pass per-response advantages when
+    they are constant over a response (GRPO's are): the token loss is then -A_i h(ratio) with
+    h = min(r, clip(r)) for A_i > 0 and min(max(r, clip(r)), c) for A_i < 0, which saves two
+    full [N, T] products.
     """
+    _check_range("clip_ratio_low", clip_ratio_low, low=0.0, high=1.0, high_open=True)
+    _check_range("clip_ratio_high", clip_ratio_high, low=0.0)
+    _check_range("clip_ratio_c", clip_ratio_c, low=1.0, low_open=True)
     mask, arr = _token_arrays(response_mask, log_prob=log_prob, old_log_prob=old_log_prob, advantages=advantages)
     adv = arr["advantages"]
-    ratio = np.exp(np.clip(arr["log_prob"] - arr["old_log_prob"], -_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP))
+    if arr["log_prob"] is arr["old_log_prob"] or np.array_equal(arr["log_prob"], arr["old_log_prob"]):
+        # On-policy (where the driver evaluates it): ratio = 1 lies inside the clip range and below
+        # the dual clip c > 1, so the token loss is exactly -A; skip the [N, T] exp.
+        if adv.shape[1] == 1:
+            return -adv[:, 0].astype(np.float64) * (mask.sum(axis=1) > 0)
+        return masked_token_mean(-adv, mask)
+    ratio = np.subtract(arr["log_prob"], arr["old_log_prob"])
+    np.clip(ratio, -_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP, out=ratio)
+    np.exp(ratio, out=ratio)
+    clipped_ratio = np.clip(ratio, 1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
+    if adv.shape[1] == 1:
+        a = adv[:, 0].astype(np.float64)
+        h = np.where((a > 0)[:, None], np.minimum(ratio, clipped_ratio), np.maximum(ratio, clipped_ratio))
+        neg = a < 0
+        if np.any(neg):
+            h[neg] = np.minimum(h[neg], clip_ratio_c)
+        return -a * masked_token_mean(h, mask)
     loss1 = -adv * ratio
-    loss2 = -adv * np.clip(ratio, 1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
-    clipped = np.maximum(loss1, loss2)
-    token_loss = np.where(adv < 0, np.minimum(clipped, -adv * clip_ratio_c), clipped)
+    loss2 = -adv * clipped_ratio
+    np.maximum(loss1, loss2, out=loss1)
+    token_loss = np.where(adv < 0, np.minimum(loss1, -adv * clip_ratio_c), loss1)
     return masked_token_mean(token_loss, mask)
 
 
-def low_var_kl(log_prob: ArrayLike, ref_log_prob: ArrayLike) -> NDArray[np.float64]:
+def low_var_kl(log_prob: ArrayLike, ref_log_prob: ArrayLike) -> NDArray[np.floating]:
     """Per-token low-variance KL estimator k3 = exp(ref - logp) - (ref - logp) - 1, in [-10, 10].
 
     The same estimator and clamps as verl's ``kl_penalty(..., "low_var_kl")`` (the paper's KL
     loss, Appendix A), so ``beta_KL * KL`` here is the KL term the actor minimises.
     """
-    diff = np.clip(
-        np.asarray(ref_log_prob, dtype=np.float64) - np.asarray(log_prob, dtype=np.float64),
-        -_LOG_RATIO_CLAMP,
-        _LOG_RATIO_CLAMP,
-    )
-    return np.clip(np.exp(diff) - diff - 1.0, -_LOW_VAR_KL_CLAMP, _LOW_VAR_KL_CLAMP)
+    diff = np.subtract(_float(ref_log_prob), _float(log_prob))
+    np.clip(diff, -_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP, out=diff)
+    kl = np.exp(diff)
+    kl -= diff
+    kl -= 1.0
+    return np.clip(kl, -_LOW_VAR_KL_CLAMP, _LOW_VAR_KL_CLAMP, out=kl)
 
 
 def surrogate_loss(
@@ -242,7 +277,8 @@ def surrogate_kl_loss(
     paper's definition, kept and logged per bin rather than hidden (spec section 2).
     """
     mask, arr = _token_arrays(response_mask, log_prob=log_prob, ref_log_prob=ref_log_prob)
-    kl = masked_token_mean(low_var_kl(arr["log_prob"], arr["ref_log_prob"]) * np.ones_like(mask), mask)
+    token_kl = low_var_kl(arr["log_prob"], arr["ref_log_prob"])
+    kl = masked_token_mean(np.broadcast_to(token_kl, mask.shape) if token_kl.shape[1] == 1 else token_kl, mask)
     per_response = (
         clipped_surrogate_response_loss(
             log_prob, old_log_prob, advantages, response_mask, clip_ratio_low, clip_ratio_high, clip_ratio_c
