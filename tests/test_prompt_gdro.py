@@ -329,6 +329,10 @@ def test_load_state_rejects_other_configuration_by_name() -> None:
         PromptGDRO(4, weight_normalization="raw").load_state_dict(state)
     with pytest.raises(ValueError, match="missing"):
         PromptGDRO(4).load_state_dict({"config": state["config"]})
+    with pytest.raises(ValueError, match="version"):
+        PromptGDRO(4).load_state_dict({**state, "version": 99})
+    with pytest.raises(ValueError, match="shape"):
+        PromptGDRO(4).load_state_dict({**state, "scores": np.zeros(3)})
 
 
 def test_state_round_trip_and_state_is_a_copy() -> None:

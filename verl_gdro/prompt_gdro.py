@@ -50,6 +50,8 @@ WEIGHT_NORMALIZATIONS = ("mean_one", "raw")
 # omega (Eq. 14) is always finite and q (Eq. 15) never divides inf by inf.
 _MAX_EXPONENT = 600.0
 
+_STATE_VERSION = 1
+
 # Same clamps as verl's kl_penalty("low_var_kl") and compute_policy_loss_vanilla, so the driver-side
 # loss signal measures the same quantity the actor optimises.
 _LOG_RATIO_CLAMP = 20.0
@@ -545,7 +547,7 @@ class PromptGDRO:
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue bit-identically: config, S, observed mask, counters."""
         return {
-            "version": 1,
+            "version": _STATE_VERSION,
             "config": self.config(),
             "scores": self._scores.copy(),
             "observed": self._observed.copy(),
@@ -558,6 +560,8 @@ class PromptGDRO:
         missing = {"config", "scores", "observed", "num_updates", "dropped_nonfinite"} - set(state)
         if missing:
             raise ValueError(f"PromptGDRO state is missing keys {sorted(missing)}")
+        if state.get("version", _STATE_VERSION) != _STATE_VERSION:
+            raise ValueError(f"PromptGDRO state version {state.get('version')!r} is not {_STATE_VERSION}")
         saved, mine = dict(state["config"]), self.config()
         diff = [k for k in mine if saved.get(k) != mine[k]]
         if diff:
