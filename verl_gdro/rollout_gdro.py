@@ -447,22 +447,38 @@ def exact_budget_marginals(log_probs: Any, counts: Any, arms: Any, budget: int) 
 
 
 def sample_exact_budget(
-    log_probs: Any, counts: Any, arms: Any, budget: int, rng: np.random.Generator
+    log_probs: Any,
+    counts: Any,
+    arms: Any,
+    budget: int,
+    rng: np.random.Generator,
+    size: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Draw one configuration from prod_b p_b(n_b) conditioned on the exact budget.
+    """Draw configurations from prod_b p_b(n_b) conditioned on the exact budget.
 
     Forward log partition sums over the bins, then backward sampling with ``rng`` (the caller's
     seeded generator, so the draw is reproducible and its state checkpointable).
 
+    Args:
+        size: None for one draw; an int for that many independent draws (the partition tables
+            are computed once).
+
     Returns:
         (values, marginals): the arm value per bin, and each drawn arm's conditional marginal
-        probability (forward-backward): the importance weight's denominator for EXP3.
+        probability (forward-backward): the importance weight's denominator for EXP3. Shapes
+        [bins], or [size, bins] when ``size`` is given.
     Raises InfeasibleBudgetError when no configuration meets the budget.
     """
+    if size is not None and (isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 0):
+        raise ValueError(f"size must be None or an integer >= 0, got {size!r}")
     part = _partition(log_probs, counts, arms, budget)
-    idx = part.sample(rng)
-    marg = part.marginals(arm_idx=idx)
-    return part.pb.arms[idx].copy(), marg
+    if size is None:
+        idx = part.sample(rng)
+        return part.pb.arms[idx].copy(), part.marginals(arm_idx=idx)
+    full = part.marginals()
+    idx = np.array([part.sample(rng) for _ in range(int(size))], dtype=np.int64).reshape(int(size), -1)
+    rows = np.arange(idx.shape[1])[None, :]
+    return part.pb.arms[idx], full[rows, idx]
 
 
 # --------------------------------------------------------------------------------------------
@@ -610,16 +626,24 @@ class RolloutGDRO:
         def is_int(x: Any) -> bool:
             return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
 
+        def is_real(x: Any) -> bool:
+            return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool)
+
         _check_range("num_bins", is_int(num_bins) and num_bins >= 1, "integer >= 1", num_bins)
         for name, val in (("n_min", n_min), ("n_max", n_max), ("n_mean", n_mean)):
             _check_range(name, is_int(val), "an integer", val)
         _check_range("n_min", n_min >= 2, "integer >= 2 (a group of 1 has no GRPO gradient)", n_min)
         _check_range("n_min", n_min <= n_mean, f"n_min <= n_mean={n_mean}", n_min)
         _check_range("n_mean", n_mean <= n_max, f"n_mean <= n_max={n_max}", n_mean)
-        _check_range("eta", math.isfinite(eta) and eta > 0, "finite eta > 0", eta)
-        _check_range("gamma", 0.0 <= gamma < 1.0, "[0, 1)", gamma)
-        _check_range("score_ema", 0.0 < score_ema <= 1.0, "(0, 1]", score_ema)
-        _check_range("dual_lr", math.isfinite(dual_lr) and dual_lr >= 0, "finite dual_lr >= 0", dual_lr)
+        _check_range("eta", is_real(eta) and math.isfinite(eta) and eta > 0, "finite eta > 0", eta)
+        _check_range("gamma", is_real(gamma) and 0.0 <= gamma < 1.0, "[0, 1)", gamma)
+        _check_range("score_ema", is_real(score_ema) and 0.0 < score_ema <= 1.0, "(0, 1]", score_ema)
+        _check_range(
+            "dual_lr",
+            is_real(dual_lr) and math.isfinite(dual_lr) and dual_lr >= 0,
+            "finite dual_lr >= 0",
+            dual_lr,
+        )
         _check_range("allocator", allocator in ALLOCATORS, f"one of {list(ALLOCATORS)}", allocator)
         _check_range(
             "arm_utility", arm_utility in ARM_UTILITIES, f"one of {list(ARM_UTILITIES)}", arm_utility
@@ -838,8 +862,8 @@ class RolloutGDRO:
                         f"importance weight is the marginal conditioned on it), got {int(n_a.sum())}"
                     )
                 logp = exp_weights_arm_log_probs(self._scores[present], self.eta, self.gamma)
-                marg = exact_budget_marginals(logp, counts, self._arms, budget)
-                marg_played = marg[np.arange(num_present), arm_idx]
+                part = _partition(logp, counts, self._arms, budget)
+                marg_played = part.marginals(arm_idx=arm_idx)
                 g_played = g_played / marg_played
                 info["played_marginal"] = dict(zip(present.tolist(), marg_played.tolist(), strict=True))
             rows, cols = present[has], arm_idx[has]
