@@ -127,6 +127,24 @@ def test_failure_rate_loss_per_response_and_per_prompt() -> None:
     np.testing.assert_allclose(failure_rate_loss([0.25, 1.0]), [0.75, 0.0])
 
 
+def test_failure_rate_refuses_shaped_scores_and_propagates_nan() -> None:
+    with pytest.raises(ValueError, match="acc"):
+        failure_rate_loss([1.0, -1.0], group_index=[0, 0])
+    with pytest.raises(ValueError, match="acc"):
+        failure_rate_loss([2.0])
+    out = failure_rate_loss([np.nan, 1.0, 0.0, 1.0], group_index=[0, 0, 1, 1])
+    assert np.isnan(out[0]) and out[1] == 0.5
+
+
+def test_overflowing_losses_are_refused_without_mutation() -> None:
+    pg = PromptGDRO(2)
+    pg.update([0, 1], [0.5, 0.5])
+    before = pickle.dumps(pg.state_dict())
+    with pytest.raises(ValueError, match="losses"):
+        pg.update([0, 0], [1e308, 1e308])
+    assert pickle.dumps(pg.state_dict()) == before
+
+
 def test_group_mean_variable_groups_and_empty_group_is_nan() -> None:
     out = group_mean([1.0, 2.0, 3.0, 10.0], [2, 0, 2, 2], num_groups=4)
     np.testing.assert_allclose(out[[0, 2]], [2.0, 14.0 / 3.0])

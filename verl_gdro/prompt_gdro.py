@@ -117,11 +117,19 @@ def failure_rate_loss(
 
     ``acc`` is the binary correctness of every response (``r_ij`` in {0, 1}, read from the reward's
     ``acc``, never the shaped score) with ``group_index`` the prompt index of each response; or,
-    with ``group_index=None``, already the mean correctness of each prompt.
+    with ``group_index=None``, already the mean correctness of each prompt. Finite values outside
+    [0, 1] raise (a -1 / +1 shaped score passed by mistake would silently invert difficulty); a
+    NaN propagates to its prompt's loss, which :meth:`PromptGDRO.update` drops and counts.
     """
     a = np.asarray(acc, dtype=np.float64)
     if a.ndim != 1:
         raise ValueError(f"acc must be 1-D, got shape {a.shape}")
+    finite = a[np.isfinite(a)]
+    if finite.size and (finite.min() < 0.0 or finite.max() > 1.0):
+        raise ValueError(
+            f"acc must be correctness in [0, 1] (the reward's `acc`, never the shaped score), "
+            f"got values in [{finite.min()}, {finite.max()}]"
+        )
     if group_index is None:
         return 1.0 - a
     return 1.0 - group_mean(a, group_index, num_groups)
@@ -506,18 +514,27 @@ class PromptGDRO:
         b = self._check_bins(bins)
         loss = np.asarray(losses, dtype=np.float64)
         if loss.ndim != 1 or loss.shape[0] != b.shape[0]:
-            raise ValueError(f"losses must be 1-D with one entry per bin ({b.shape[0]}), got shape {loss.shape}")
+            raise ValueError(f"losses must be 1-D with one entry per prompt (len(bins) = {b.shape[0]}), got shape {loss.shape}")
         finite = np.isfinite(loss)
         dropped = int((~finite).sum())
 
-        lbar, counts = bin_mean_losses(b[finite], loss[finite], self.num_bins)
-        if self.normalize_by_share:
-            normalized, shares = share_normalize(lbar, counts, self.share_floor)
-        else:
-            total = counts.sum()
-            shares = counts / total if total > 0 else np.zeros(self.num_bins)
-            normalized = lbar
-        self._scores, self._observed = ema_scores(self._scores, self._observed, normalized, counts > 0, self.beta)
+        with np.errstate(over="ignore", invalid="ignore"):  # overflow is detected below
+            lbar, counts = bin_mean_losses(b[finite], loss[finite], self.num_bins)
+            if self.normalize_by_share:
+                normalized, shares = share_normalize(lbar, counts, self.share_floor)
+            else:
+                total = counts.sum()
+                shares = counts / total if total > 0 else np.zeros(self.num_bins)
+                normalized = lbar
+            scores, observed = ema_scores(self._scores, self._observed, normalized, counts > 0, self.beta)
+        if not np.all(np.isfinite(scores)):
+            # Finite losses so large that a bin mean or the share division overflows float64:
+            # refuse the step (state untouched) rather than store an infinite score.
+            raise ValueError(
+                f"losses overflow float64 in the bin means (max |loss| {np.abs(loss[finite]).max():.3g}); "
+                f"loss signals must be of moderate magnitude"
+            )
+        self._scores, self._observed = scores, observed
         self.num_updates += 1
         self.dropped_nonfinite += dropped
         return {
