@@ -28,6 +28,7 @@ setup(
             "matplotlib>=3.7",
             "pandas>=2",
             "pyarrow>=14",
+            "math-verify==0.9.0",
         ],
     },
     entry_points={
