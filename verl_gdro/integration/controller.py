@@ -177,6 +177,10 @@ class GDROController:
             )
         return g
 
+    def planned_uids(self, group_index: ArrayLike) -> NDArray[np.int64]:
+        """Stable ids of the planned prompts at these positions (a consistency check for callers)."""
+        return self._uids[self._group_index(group_index)]
+
     def advantage_multipliers(self, group_index: ArrayLike) -> NDArray[np.float64]:
         """Eq. 16 multiplier of each trajectory (its prompt's bin weight from S_{t-1}).
 

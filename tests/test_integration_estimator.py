@@ -1,0 +1,165 @@
+"""``gdro_grpo`` through verl's own ``compute_advantage`` on real DataProtos, against verl's ``grpo``."""
+
+from __future__ import annotations
+
+import copy
+import logging
+
+import numpy as np
+import pytest
+import torch
+from omegaconf import OmegaConf
+from verl.trainer.ppo.ray_trainer import compute_advantage
+from verl.trainer.ppo.v1.utils import compute_advantage_for_multi_trajectories
+
+from verl_gdro.integration import estimator as est
+from verl_gdro.integration.context import gdro_step
+from verl_gdro.prompt_gdro import PromptGDRO
+
+SIZES = [2, 3, 5, 4, 12, 2, 7]  # Rollout-GDRO-like variable group sizes
+
+
+def algo_cfg(estimator: str, norm: bool = True, **gdro: object) -> object:
+    return OmegaConf.create({"adv_estimator": estimator, "norm_adv_by_std_in_grpo": norm, "gdro": gdro})
+
+
+def advantages(data: object, estimator: str, norm: bool = True, **gdro: object) -> torch.Tensor:
+    out = compute_advantage(
+        copy.deepcopy(data),
+        adv_estimator=estimator,
+        norm_adv_by_std_in_grpo=norm,
+        config=algo_cfg(estimator, norm, **gdro),
+    )
+    return out.batch["advantages"]
+
+
+@pytest.fixture(autouse=True)
+def fresh_standalone() -> None:
+    est.reset_standalone()
+
+
+@pytest.mark.parametrize("norm", [True, False])
+@pytest.mark.parametrize("rewards", ["binary", "continuous"])
+def test_prompt_gdro_disabled_equals_grpo_bitwise(grpo_batch, norm: bool, rewards: str) -> None:
+    data = grpo_batch(SIZES, seed=1, rewards=rewards)
+    ref = advantages(data, "grpo", norm)
+    got = advantages(data, "gdro_grpo", norm, prompt={"enable": False})
+    assert torch.equal(got, ref)
+    off = advantages(data, "gdro_grpo", norm, enable=False)
+    assert torch.equal(off, ref)
+    assert est.standalone_state()["steps"] == 0  # nothing ran standalone
+
+
+def test_multipliers_one_equal_grpo_bitwise(grpo_batch) -> None:
+    data = grpo_batch(SIZES, seed=2)
+    ref = advantages(data, "grpo")
+    uids = sorted(set(data.non_tensor_batch["uid"].tolist()))
+    with gdro_step({u: 1.0 for u in uids}):
+        got = advantages(data, "gdro_grpo")
+    assert torch.equal(got, ref)
+
+
+def test_known_multipliers_scale_each_group(grpo_batch) -> None:
+    data = grpo_batch(SIZES, seed=3)
+    ref = advantages(data, "grpo")
+    uids = data.non_tensor_batch["uid"]
+    table = {f"g{g}": 0.25 + 0.5 * g for g in range(len(SIZES))}
+    with gdro_step(table):
+        got = advantages(data, "gdro_grpo")
+    per_row = torch.tensor([table[u] for u in uids], dtype=ref.dtype)[:, None]
+    assert torch.equal(got, ref * per_row)
+    # group-relative: within a group the multiplied advantages still sum to ~0 (binary rewards)
+    scalar = (got * data.batch["response_mask"]).sum(-1) / data.batch["response_mask"].sum(-1)
+    for g in range(len(SIZES)):
+        rows = np.flatnonzero(uids == f"g{g}")
+        assert abs(float(scalar[rows].sum())) < 1e-4
+
+
+def test_singleton_groups_get_zero_advantage(grpo_batch) -> None:
+    data = grpo_batch([1, 4, 1, 3], seed=4)
+    ref = advantages(data, "grpo")
+    got = advantages(data, "gdro_grpo", prompt={"enable": False})
+    uids = data.non_tensor_batch["uid"]
+    single = np.isin(uids, ["g0", "g2"])
+    # verl's grpo gives a singleton its raw reward (mean 0, std 1): not group-relative
+    assert torch.count_nonzero(ref[torch.as_tensor(single)]) > 0
+    assert torch.count_nonzero(got[torch.as_tensor(single)]) == 0
+    assert torch.equal(got[torch.as_tensor(~single)], ref[torch.as_tensor(~single)])
+
+
+def test_padding_rows_get_multiplier_one_and_zero_advantage(grpo_batch) -> None:
+    data = grpo_batch([3, 4], seed=5, pad_rows=3)
+    with gdro_step({"g0": 2.0, "g1": 0.5}):  # the pad uid is not listed: it must not raise
+        got = advantages(data, "gdro_grpo")
+    assert torch.count_nonzero(got[-3:]) == 0
+
+
+def test_unplanned_uid_inside_a_step_raises(grpo_batch) -> None:
+    data = grpo_batch([3, 4], seed=6)
+    with gdro_step({"g0": 2.0}), pytest.raises(KeyError, match="no Prompt-GDRO multiplier for uid 'g1'"):
+        advantages(data, "gdro_grpo")
+
+
+def test_v1_multi_trajectory_path_matches_grpo(grpo_batch) -> None:
+    """The V1 trainer calls compute_advantage_for_multi_trajectories; single-output sessions agree."""
+    data = grpo_batch(SIZES, seed=7)
+    uids = data.non_tensor_batch["uid"].tolist()
+    counters: dict[str, int] = {}
+    keys = []
+    for u in uids:
+        keys.append(f"{u}_{counters.get(u, 0)}_0")
+        counters[u] = counters.get(u, 0) + 1
+    ref = compute_advantage_for_multi_trajectories(copy.deepcopy(data), keys, "grpo", config=algo_cfg("grpo"))
+    got = compute_advantage_for_multi_trajectories(
+        copy.deepcopy(data), keys, "gdro_grpo", config=algo_cfg("gdro_grpo", prompt={"enable": False})
+    )
+    assert torch.allclose(got.batch["advantages"], ref.batch["advantages"], atol=1e-6)
+
+
+def test_standalone_reweights_like_prompt_gdro_over_steps(grpo_batch, caplog) -> None:
+    """Standalone: bins from each group's own correctness, Prompt-GDRO state kept across steps."""
+    edges = np.arange(1, 10) / 10
+    shadow = PromptGDRO(10)
+    caplog.set_level(logging.WARNING, logger="verl_gdro.integration.estimator")
+    for step in range(4):
+        data = grpo_batch(SIZES, seed=10 + step)
+        ref = advantages(data, "grpo")
+        got = advantages(data, "gdro_grpo")
+        uids = data.non_tensor_batch["uid"]
+        scores = data.batch["token_level_rewards"].sum(-1).numpy()
+        groups = [f"g{g}" for g in range(len(SIZES))]
+        rate = np.array([(scores[uids == g] > 0).mean() for g in groups])
+        bins = np.searchsorted(edges, rate, side="right")
+        row_bins = bins[[groups.index(u) for u in uids]]
+        expected = shadow.multipliers(row_bins)
+        shadow.update(bins, 1.0 - rate)
+        expected_adv = ref * torch.tensor(expected, dtype=ref.dtype)[:, None]
+        assert torch.allclose(got, expected_adv, rtol=1e-6, atol=1e-7), step
+        assert np.allclose(est.standalone_state()["prompt"]["scores"], shadow.scores)
+        if step > 0:
+            assert not np.allclose(expected, 1.0)  # the weights really move
+    assert est.standalone_state()["steps"] == 4
+    standalone_logs = [r for r in caplog.records if "STANDALONE" in r.getMessage()]
+    assert len(standalone_logs) == 1
+
+
+def test_standalone_threshold_is_configurable(grpo_batch) -> None:
+    data = grpo_batch([4, 4, 4], seed=20, rewards="continuous")
+    advantages(data, "gdro_grpo", prompt={"standalone_correct_threshold": 10.0})
+    last = est.standalone_state()["last"]
+    assert np.all(last["group_success_rate"] == 0.0)  # nothing beats 10: every group in bin 0
+    assert np.all(last["group_bins"] == 0)
+
+
+def test_standalone_refuses_trainer_only_features(grpo_batch) -> None:
+    data = grpo_batch([3, 3], seed=21)
+    with pytest.raises(ValueError, match=r"^gdro.rollout.enable=True is invalid for the standalone"):
+        advantages(data, "gdro_grpo", rollout={"enable": True})
+    with pytest.raises(ValueError, match=r"^gdro.prompt.mode=resample is invalid for the standalone"):
+        advantages(data, "gdro_grpo", prompt={"mode": "resample"})
+
+
+def test_bad_gdro_key_in_algorithm_group_is_refused(grpo_batch) -> None:
+    data = grpo_batch([3, 3], seed=22)
+    with pytest.raises(ValueError, match=r"^gdro.prompt.etaa is not a known key"):
+        advantages(data, "gdro_grpo", prompt={"etaa": 1.0})

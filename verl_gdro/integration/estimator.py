@@ -1,0 +1,199 @@
+"""The ``gdro_grpo`` advantage estimator: verl's GRPO per uid, times the Prompt-GDRO multipliers.
+
+Registered with ``verl.trainer.ppo.core_algos.register_adv_est`` (through the ``verl.plugins``
+entry point), selected with ``algorithm.adv_estimator=gdro_grpo``. verl calls it from
+``compute_advantage`` in the trainer process as
+``fn(token_level_rewards=..., response_mask=..., config=<algorithm cfg>, index=uid)``.
+
+1. GRPO outcome advantages per uid over each group's *actual* size, computed by verl's own
+   ``compute_grpo_outcome_advantage`` (so the math, epsilon and ``norm_adv_by_std_in_grpo`` are
+   verl's). Rollout-GDRO gives prompts different group sizes; verl's function already groups by
+   uid, whatever the size.
+2. Singleton groups get advantage 0. verl's GRPO gives a group of one its raw reward (mean 0,
+   std 1 for a singleton), which is not a group-relative advantage; a singleton only appears here
+   when generation failed for the other rollouts of a prompt (n >= 2 is enforced).
+3. Prompt-GDRO multipliers (Eq. 16):
+   - inside a :func:`verl_gdro.integration.context.gdro_step` (the GDRO trainer, the CPU demo): the
+     per-uid multipliers of the step, computed from the classifier's bins and S_{t-1};
+   - otherwise **standalone** (any recipe that keeps its own trainer): each group is binned by its
+     own correctness this step (outcome reward > ``gdro.prompt.standalone_correct_threshold``),
+     Prompt-GDRO's state lives in this process across steps, and the loss signal is the failure
+     rate (an estimator sees no log-probs). Logged once.
+
+With Prompt-GDRO disabled (or multipliers all exactly 1) the result equals verl's ``grpo`` bit for
+bit on every group of two or more responses.
+
+Settings come from ``config["gdro"]`` (i.e. ``algorithm.gdro``; the GDRO trainer copies the
+top-level ``gdro`` group there). Missing keys take the package defaults.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+import torch
+from verl.trainer.ppo import core_algos
+
+from verl_gdro.integration.config import ESTIMATOR_NAME, GDROSettings, resolve_gdro
+from verl_gdro.integration.context import current_step, is_padding_uid
+from verl_gdro.prompt_gdro import PromptGDRO
+
+__all__ = ["ESTIMATOR_NAME", "compute_gdro_grpo_advantage", "reset_standalone", "standalone_state"]
+
+logger = logging.getLogger(__name__)
+
+
+class _Standalone:
+    """Prompt-GDRO state kept in the trainer process when no GDRO trainer drives the estimator."""
+
+    def __init__(self) -> None:
+        self.settings: GDROSettings | None = None
+        self.prompt: PromptGDRO | None = None
+        self.steps = 0
+        self.logged = False
+        self.last: dict[str, Any] = {}
+
+    def controller(self, settings: GDROSettings) -> PromptGDRO:
+        if self.prompt is None or self.settings != settings:
+            if self.prompt is not None:
+                logger.warning("gdro_grpo (standalone): gdro settings changed; Prompt-GDRO state restarts")
+            self.settings = settings
+            self.prompt = PromptGDRO(**settings.prompt.kwargs(settings.num_bins))
+            self.steps = 0
+        return self.prompt
+
+
+_STANDALONE = _Standalone()
+
+
+def standalone_state() -> dict[str, Any]:
+    """Introspection of standalone mode: the Prompt-GDRO state, steps run, and the last step's bins."""
+    return {
+        "steps": _STANDALONE.steps,
+        "prompt": None if _STANDALONE.prompt is None else _STANDALONE.prompt.state_dict(),
+        "last": dict(_STANDALONE.last),
+    }
+
+
+def reset_standalone() -> None:
+    """Forget the standalone state (a new run in the same process; tests)."""
+    global _STANDALONE
+    _STANDALONE = _Standalone()
+
+
+def _settings_from(config: Any) -> GDROSettings:
+    group = None
+    if config is not None:
+        try:
+            group = config.get("gdro", None)
+        except AttributeError:
+            group = getattr(config, "gdro", None)
+    return resolve_gdro(group)
+
+
+def _norm_by_std(config: Any) -> bool:
+    if config is None:
+        return True
+    try:
+        return bool(config.get("norm_adv_by_std_in_grpo", True))
+    except AttributeError:
+        return bool(getattr(config, "norm_adv_by_std_in_grpo", True))
+
+
+def _group_ids(index: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(inverse group id per row, group sizes, is-padding per group) for verl's uid array."""
+    keys = [str(u) for u in index]
+    table: dict[str, int] = {}
+    inverse = np.empty(len(keys), dtype=np.int64)
+    for i, k in enumerate(keys):
+        inverse[i] = table.setdefault(k, len(table))
+    sizes = np.bincount(inverse, minlength=len(table))
+    padding = np.array([is_padding_uid(k) for k in table], dtype=bool)
+    return inverse, sizes, padding
+
+
+def _standalone_multipliers(
+    scores: np.ndarray, inverse: np.ndarray, padding: np.ndarray, settings: GDROSettings
+) -> np.ndarray:
+    """Standalone mode: bin each group by its own correctness this step; multipliers from S_{t-1};
+    then update S with the failure rate (reward-only loss signal)."""
+    if settings.prompt.mode != "reweight":
+        raise ValueError(
+            "gdro.prompt.mode=resample is invalid for the standalone gdro_grpo estimator: only the GDRO trainer's "
+            "sampler can resample; use trainer.v1.trainer_mode=gdro_sync or gdro.prompt.mode=reweight"
+        )
+    if settings.rollout.enable:
+        raise ValueError(
+            "gdro.rollout.enable=True is invalid for the standalone gdro_grpo estimator: Rollout-GDRO chooses "
+            "rollouts before generation; use trainer.v1.trainer_mode=gdro_sync"
+        )
+    if not _STANDALONE.logged:
+        logger.warning(
+            "gdro_grpo runs STANDALONE (no GDRO trainer step open): each prompt is binned by its own group's "
+            "correctness this step (outcome reward > gdro.prompt.standalone_correct_threshold=%s), Prompt-GDRO "
+            "state is kept in this process, loss signal = failure rate. Use trainer.v1.trainer_mode=gdro_sync "
+            "for the online classifier and Rollout-GDRO.",
+            settings.prompt.standalone_correct_threshold,
+        )
+        _STANDALONE.logged = True
+    prompt = _STANDALONE.controller(settings)
+    num_groups = padding.size
+    valid_row = ~padding[inverse]
+    correct = (scores > settings.prompt.standalone_correct_threshold).astype(np.float64)
+    sums = np.bincount(inverse[valid_row], weights=correct[valid_row], minlength=num_groups)
+    counts = np.bincount(inverse[valid_row], minlength=num_groups)
+    real = counts > 0
+    rate = np.divide(sums, counts, out=np.zeros(num_groups), where=real)
+    edges = np.asarray(settings.classifier.inner_edges(), dtype=np.float64)
+    group_bins = np.searchsorted(edges, rate, side="right").astype(np.int64)
+
+    mult = np.ones(scores.shape[0])
+    row_bins = group_bins[inverse[valid_row]]
+    mult[valid_row] = prompt.multipliers(row_bins)
+    prompt.update(group_bins[real], 1.0 - rate[real])
+    _STANDALONE.steps += 1
+    _STANDALONE.last = {"group_bins": group_bins[real].copy(), "group_success_rate": rate[real].copy()}
+    return mult
+
+
+@core_algos.register_adv_est(ESTIMATOR_NAME)
+def compute_gdro_grpo_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: np.ndarray | None = None,
+    config: Any = None,
+    epsilon: float = 1e-6,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GRPO outcome advantage per uid (verl's function), singleton groups zeroed, times the
+    Prompt-GDRO multiplier of each group. Returns ``(advantages, returns)``, both [bs, T], masked.
+    """
+    if index is None:
+        raise ValueError("gdro_grpo needs the per-response uid (verl passes index=uid); got index=None")
+    settings = _settings_from(config)
+    advantages, _ = core_algos.compute_grpo_outcome_advantage(
+        token_level_rewards=token_level_rewards,
+        response_mask=response_mask,
+        index=index,
+        epsilon=epsilon,
+        norm_adv_by_std_in_grpo=_norm_by_std(config),
+        config=config,
+    )
+    inverse, sizes, padding = _group_ids(index)
+    singleton = sizes[inverse] == 1
+    if singleton.any():
+        advantages[torch.as_tensor(singleton)] = 0.0
+
+    step = current_step()
+    mult: np.ndarray | None = None
+    if step is not None:
+        if not step.all_ones():
+            mult = step.lookup(index)
+    elif settings.enable and settings.prompt.enable:
+        scores = token_level_rewards.sum(dim=-1).detach().cpu().double().numpy()
+        mult = _standalone_multipliers(scores, inverse, padding, settings)
+    if mult is not None and not np.all(mult == 1.0):
+        advantages = advantages * torch.as_tensor(mult, dtype=advantages.dtype, device=advantages.device)[:, None]
+    return advantages, advantages

@@ -1,0 +1,60 @@
+"""``verl.plugins`` entry point: registers the ``gdro_grpo`` estimator and the ``gdro_sync`` trainer.
+
+verl imports this module on every ``import verl`` (driver, TaskRunner actor, workers) and swallows
+any exception a plugin raises (logged at DEBUG only). So each registration is attempted on its own,
+a failure is logged at WARNING and recorded in :data:`REGISTRATION_ERRORS`, and the GDRO trainer
+calls :func:`check_registered` at init to turn a silent failure into a loud one.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from verl_gdro.integration.config import ESTIMATOR_NAME, TRAINER_NAME
+
+__all__ = ["REGISTRATION_ERRORS", "check_registered", "register"]
+
+logger = logging.getLogger(__name__)
+
+#: name -> "ExceptionType: message" for every registration that failed in this process.
+REGISTRATION_ERRORS: dict[str, str] = {}
+
+
+def register() -> dict[str, str]:
+    """Import the modules whose decorators register the estimator and the trainer (idempotent)."""
+    try:
+        from verl_gdro.integration import estimator  # noqa: F401  (registers gdro_grpo)
+
+        REGISTRATION_ERRORS.pop(ESTIMATOR_NAME, None)
+    except Exception as e:  # verl would swallow it: record and shout instead
+        REGISTRATION_ERRORS[ESTIMATOR_NAME] = f"{type(e).__name__}: {e}"
+        logger.warning("verl-gdro: registering the %s estimator failed: %s", ESTIMATOR_NAME, e, exc_info=True)
+    try:
+        from verl_gdro.integration import trainer  # noqa: F401  (registers gdro_sync)
+
+        REGISTRATION_ERRORS.pop(TRAINER_NAME, None)
+    except Exception as e:
+        REGISTRATION_ERRORS[TRAINER_NAME] = f"{type(e).__name__}: {e}"
+        logger.warning("verl-gdro: registering the %s trainer failed: %s", TRAINER_NAME, e, exc_info=True)
+    return dict(REGISTRATION_ERRORS)
+
+
+def check_registered() -> None:
+    """Raise RuntimeError unless verl's registries hold verl-gdro's estimator and trainer."""
+    from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY
+    from verl.trainer.ppo.v1.trainer_base import TRAINER_REGISTRY
+
+    problems = []
+    if ESTIMATOR_NAME not in ADV_ESTIMATOR_REGISTRY:
+        problems.append(f"advantage estimator '{ESTIMATOR_NAME}' ({REGISTRATION_ERRORS.get(ESTIMATOR_NAME, 'not imported')})")
+    if TRAINER_NAME not in TRAINER_REGISTRY:
+        problems.append(f"trainer '{TRAINER_NAME}' ({REGISTRATION_ERRORS.get(TRAINER_NAME, 'not imported')})")
+    if problems:
+        raise RuntimeError(
+            "verl-gdro is not registered with verl: " + "; ".join(problems) + ". Is the package installed "
+            "(pip install -e .) so that the verl.plugins entry point loads verl_gdro.integration.plugin, and is "
+            "VERL_USE_EXTERNAL_PLUGINS not 'none'?"
+        )
+
+
+register()
