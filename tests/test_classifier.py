@@ -19,6 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import verl_gdro.classifier as classifier_module
 from verl_gdro.classifier import (
     OnlineDifficultyClassifier,
     any_of_n_rate,
@@ -505,6 +506,39 @@ def test_many_sparse_uids_across_growth_match_reference() -> None:
         ref.observe(uids.tolist(), succ.tolist(), trials.tolist())
     np.testing.assert_allclose(clf.pass_at_k(pool), [ref.estimate(int(u)) for u in pool], atol=1e-12)
     assert clf.num_seen == len(ref.hist)
+
+
+@pytest.mark.parametrize("rounds", [0, 1, 2])
+def test_uid_index_scalar_fallback_paths(monkeypatch: pytest.MonkeyPatch, rounds: int) -> None:
+    """Long probe runs finish in a scalar loop; force it to run for (almost) every key."""
+    monkeypatch.setattr(classifier_module, "_VECTOR_ROUNDS", rounds)
+    rng = np.random.default_rng(rounds)
+    clf = OnlineDifficultyClassifier(window=3)
+    visits: dict[int, int] = {}
+    for step in range(12):
+        if step < 6:
+            uids = rng.choice(2**40, 1500, replace=False).astype(np.int64)
+        else:
+            uids = rng.choice(np.fromiter(visits, dtype=np.int64), 400, replace=False)
+        clf.observe(uids, np.zeros(uids.size, dtype=np.int64), np.full(uids.size, 2))
+        for u in uids.tolist():
+            visits[u] = visits.get(u, 0) + 1
+    keys = np.fromiter(visits, dtype=np.int64)
+    restored = OnlineDifficultyClassifier(window=3)
+    state = clf.state_dict()
+    restored.load_state_dict(state)
+    for c in (clf, restored):
+        assert c.num_seen == keys.size
+        got = c.state_dict()
+        order = {u: i for i, u in enumerate(got["uids"].tolist())}
+        assert [int(got["visits"][order[k]]) for k in keys.tolist()] == [visits[k] for k in keys.tolist()]
+        assert np.isnan(c.pass_at_k([-5, 2**41])).all()  # absent keys stop at an empty cell
+        np.testing.assert_array_equal(c.pass_at_k(keys), np.zeros(keys.size))
+    bad = dict(state)
+    bad["uids"] = state["uids"].copy()
+    bad["uids"][7] = bad["uids"][1200]
+    with pytest.raises(ValueError, match="duplicates"):
+        restored.load_state_dict(bad)
 
 
 # ---------------------------------------------------------------------------------------------

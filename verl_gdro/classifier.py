@@ -134,81 +134,133 @@ def hysteresis_move(
 
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
 _MIX2 = np.uint64(0x94D049BB133111EB)
+# Vectorised probe rounds before the few keys still probing finish in a scalar loop: a batch's
+# cost would otherwise be set by its longest probe sequence (~log n at 1e7 keys).
+_VECTOR_ROUNDS = 6
+# Bulk inserts (checkpoint load, rehash) go in chunks so temporaries stay a few MB.
+_INSERT_CHUNK = 1 << 20
+MAX_PROMPTS = 2**31 - 2  # slots are stored as int32 (slot + 1) in the hash table
 
 
 def _hash_uids(uids: np.ndarray) -> np.ndarray:
-    """splitmix64 finaliser: spreads consecutive dataset indices over the whole table."""
-    x = uids.astype(np.int64, copy=False).view(np.uint64)
-    x = (x ^ (x >> np.uint64(30))) * _MIX1
-    x = (x ^ (x >> np.uint64(27))) * _MIX2
-    return x ^ (x >> np.uint64(31))
+    """splitmix64 finaliser: spreads consecutive dataset indices over the whole table.
+
+    In place on one copy (two temporaries in all), because at 1e6+ keys every fresh temporary
+    costs page faults.
+    """
+    x = np.array(uids, dtype=np.int64).view(np.uint64)
+    t = np.empty_like(x)
+    for shift, mult in ((30, _MIX1), (27, _MIX2)):
+        np.right_shift(x, np.uint64(shift), out=t)
+        x ^= t
+        x *= mult
+    np.right_shift(x, np.uint64(31), out=t)
+    x ^= t
+    return x
 
 
 class _UidIndex:
     """Maps int64 uids to dense slots 0..n-1 (slot order = first-seen order).
 
-    Linear probing with load factor <= 1/2; the table holds slots (int64, -1 = empty) and keys
-    are compared through ``slot_uids``. Lookups and inserts are vectorised over the batch: each
-    probe round touches only the keys still unresolved, so a step costs O(batch) on average
-    whatever the number of stored uids. Growing rehashes everything (amortised by doubling).
+    Linear probing with load factor <= 1/2 in one int32 array holding ``slot + 1`` (0 = empty,
+    so a fresh table is ``np.zeros``); keys are compared through ``slot_uids``. Lookups and
+    inserts are vectorised over the batch: each probe round touches only the keys still
+    unresolved, and after a few rounds the rare long probes finish in a scalar loop, so a step
+    costs O(batch) whatever the number of stored uids. Growing rehashes everything (amortised by
+    doubling). There are no deletions, so a key's probe run never has holes.
     """
 
     def __init__(self, capacity: int = 1024) -> None:
         cap = 1024
         while cap < capacity:
             cap *= 2
-        self.table = np.full(cap, -1, dtype=np.int64)
+        self.table = np.zeros(cap, dtype=np.int32)
         self.size = 0
 
-    @property
-    def mask(self) -> np.uint64:
-        return np.uint64(self.table.size - 1)
+    def _start(self, keys: np.ndarray) -> np.ndarray:
+        return (_hash_uids(keys) & np.uint64(self.table.size - 1)).astype(np.int64)
 
     def lookup(self, keys: np.ndarray, slot_uids: np.ndarray) -> np.ndarray:
         """Slot of each key, -1 where the key is not stored."""
         out = np.full(keys.size, -1, dtype=np.int64)
         if keys.size == 0 or self.size == 0:
             return out
-        pos = _hash_uids(keys) & self.mask
+        mask = self.table.size - 1
+        pos = self._start(keys)
         todo = np.arange(keys.size)
-        while todo.size:
-            s = self.table[pos.astype(np.int64)]
+        for _ in range(_VECTOR_ROUNDS):
+            s = self.table[pos].astype(np.int64) - 1
             empty = s < 0
-            found = ~empty & (slot_uids[np.where(empty, 0, s)] == keys[todo])
+            found = ~empty & (slot_uids[np.maximum(s, 0)] == keys[todo])
             out[todo[found]] = s[found]
             keep = ~(empty | found)
-            todo = todo[keep]
-            pos = (pos[keep] + np.uint64(1)) & self.mask
+            todo, pos = todo[keep], (pos[keep] + 1) & mask
+            if todo.size == 0:
+                return out
+        table = self.table
+        for i, p in zip(todo.tolist(), pos.tolist()):
+            key = int(keys[i])
+            while (s := int(table[p]) - 1) >= 0:
+                if int(slot_uids[s]) == key:
+                    out[i] = s
+                    break
+                p = (p + 1) & mask
         return out
 
-    def insert(self, keys: np.ndarray, slots: np.ndarray) -> None:
-        """Insert keys known to be absent and distinct, with their slots."""
-        if keys.size == 0:
-            return
+    def insert(self, keys: np.ndarray, slots: np.ndarray, slot_uids: np.ndarray | None = None) -> None:
+        """Insert keys known to be absent, with their slots.
+
+        With ``slot_uids`` (the uid of every slot, ``slot_uids[slots] == keys``), a key meeting
+        an equal key on its probe run raises ValueError: the duplicate check of a loaded state,
+        done while building the index instead of with an extra sort.
+        """
         if 2 * (self.size + keys.size) > self.table.size:
             raise AssertionError("_UidIndex.insert needs reserve() first")
-        pos = (_hash_uids(keys) & self.mask).astype(np.int64)
-        pending_slots = slots.astype(np.int64)
-        mask = self.table.size - 1
-        while pending_slots.size:
-            free = self.table[pos] < 0
-            # Keys racing for the same free cell: write all, read back to see who won (whichever
-            # write numpy applied last); the losers see an occupied cell next round and move on.
-            self.table[pos[free]] = pending_slots[free]
-            lost = self.table[pos] != pending_slots
-            pending_slots = pending_slots[lost]
-            pos = (pos[lost] + 1) & mask
+        for start in range(0, keys.size, _INSERT_CHUNK):
+            self._insert_chunk(
+                keys[start : start + _INSERT_CHUNK], slots[start : start + _INSERT_CHUNK], slot_uids
+            )
         self.size += keys.size
+
+    def _insert_chunk(self, keys: np.ndarray, slots: np.ndarray, slot_uids: np.ndarray | None) -> None:
+        mask = self.table.size - 1
+        pos = self._start(keys)
+        value = slots.astype(np.int32) + 1
+        todo = np.arange(keys.size)
+        for _ in range(_VECTOR_ROUNDS):
+            if todo.size == 0:
+                return
+            cur = self.table[pos]
+            free = cur == 0
+            if slot_uids is not None and np.any(~free & (slot_uids[np.maximum(cur, 1) - 1] == keys[todo])):
+                raise ValueError("classifier state 'uids' holds duplicates")
+            # Keys racing for the same free cell: write all, read back to see who won (whichever
+            # write numpy applied last); the losers see an occupied cell and move on.
+            self.table[pos[free]] = value[free]
+            lost = self.table[pos] != value
+            # A key that lost a race re-reads the same cell next round (its winner may be its
+            # duplicate); one that met an occupied cell moves on.
+            step = np.where(free[lost], 0, 1)
+            todo, pos, value = todo[lost], (pos[lost] + step) & mask, value[lost]
+        table = self.table
+        for i, p, v in zip(todo.tolist(), pos.tolist(), value.tolist()):
+            while (cur := int(table[p])) != 0:
+                if slot_uids is not None and int(slot_uids[cur - 1]) == int(keys[i]):
+                    raise ValueError("classifier state 'uids' holds duplicates")
+                p = (p + 1) & mask
+            table[p] = v
 
     def reserve(self, n: int, slot_uids: np.ndarray) -> None:
         """Make room for ``n`` stored keys (load <= 1/2), rehashing ``slot_uids[:size]`` if needed."""
+        if n > MAX_PROMPTS:
+            raise ValueError(f"the classifier holds at most {MAX_PROMPTS} prompts, asked for {n}")
         if 2 * n <= self.table.size:
             return
         cap = self.table.size
         while 2 * n > cap:
             cap *= 2
         old = self.size
-        self.table = np.full(cap, -1, dtype=np.int64)
+        self.table = np.zeros(cap, dtype=np.int32)
         self.size = 0
         self.insert(slot_uids[:old], np.arange(old, dtype=np.int64))
 
@@ -703,8 +755,6 @@ class OnlineDifficultyClassifier:
                     f"{total} entries, got {arr.dtype} of shape {arr.shape}"
                 )
         if n:
-            if _has_duplicates(uids):
-                raise ValueError("classifier state 'uids' holds duplicates")
             if cbin.min() < _NO_BIN or cbin.max() >= self._num_bins:
                 raise ValueError(f"classifier state 'committed_bin' must be in [-1, {self._num_bins - 1}]")
             if trials.min() < 1:
@@ -712,13 +762,19 @@ class OnlineDifficultyClassifier:
             if _any_greater(succ, trials):
                 raise ValueError("classifier state 'successes' exceeds 'trials'")
 
+        # Building the index is the duplicate check; it mutates nothing of ours until it succeeds.
+        if n > MAX_PROMPTS:
+            raise ValueError(f"classifier state holds {n} prompts; at most {MAX_PROMPTS} allowed")
+        index = _UidIndex(2 * n)
+        index.insert(uids, np.arange(n, dtype=np.int64), slot_uids=uids)
+
         self._allocate(n, max(1, int(recorded.max())) if n else 1)
+        self._index = index
         self._n = n
         self._uids[:] = uids
         self._visits[:] = visits
         self._bin[:] = cbin
         _unpack_rows(succ, trials, recorded, self._succ, self._trials)
-        self._index.insert(self._uids[:n], np.arange(n, dtype=np.int64))
 
     def __repr__(self) -> str:
         return (
