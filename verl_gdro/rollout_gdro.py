@@ -665,6 +665,10 @@ class RolloutGDRO:
         self._variance = np.full(self.num_bins, 0.25)  # v_b (neyman)
         self._rng = np.random.Generator(np.random.PCG64(self.seed))
         self._steps = 0
+        # The last sampled draw: (present bins, counts, arms, their conditional marginals). The
+        # marginals are a deterministic function of the scores, counts and budget, so update()
+        # recomputes them when this does not match (e.g. right after a resume): not state.
+        self._last_draw: tuple[bytes, bytes, bytes, np.ndarray] | None = None
 
     # ---- configuration ------------------------------------------------------------------
 
@@ -744,8 +748,9 @@ class RolloutGDRO:
             else:
                 # Draw on a copy so that a failure leaves the generator untouched.
                 rng = deepcopy(self._rng)
-                per_bin, _ = sample_exact_budget(logp, counts, self._arms, budget, rng)
+                per_bin, marg = sample_exact_budget(logp, counts, self._arms, budget, rng)
                 self._rng = rng
+                self._last_draw = (present.tobytes(), counts.tobytes(), per_bin.tobytes(), marg)
         n = per_bin[inverse]
         assert int(n.sum()) == budget, "exact budget violated"
         assert n.min() >= self.n_min and n.max() <= self.n_max
@@ -861,9 +866,13 @@ class RolloutGDRO:
                         f"n must spend the exact budget {budget} under selection='sample' (the "
                         f"importance weight is the marginal conditioned on it), got {int(n_a.sum())}"
                     )
-                logp = exp_weights_arm_log_probs(self._scores[present], self.eta, self.gamma)
-                part = _partition(logp, counts, self._arms, budget)
-                marg_played = part.marginals(arm_idx=arm_idx)
+                key = (present.tobytes(), counts.tobytes(), played.tobytes())
+                if self._last_draw is not None and self._last_draw[:3] == key:
+                    marg_played = self._last_draw[3]
+                else:
+                    logp = exp_weights_arm_log_probs(self._scores[present], self.eta, self.gamma)
+                    part = _partition(logp, counts, self._arms, budget)
+                    marg_played = part.marginals(arm_idx=arm_idx)
                 g_played = g_played / marg_played
                 info["played_marginal"] = dict(zip(present.tolist(), marg_played.tolist(), strict=True))
             rows, cols = present[has], arm_idx[has]
@@ -879,6 +888,7 @@ class RolloutGDRO:
 
         self._scores, self._pass_rate, self._mu = scores, pass_rate, mu
         self._steps += 1
+        self._last_draw = None  # the scores changed: a cached marginal no longer applies
         info.update(
             utility=utility,
             gain=gain,
@@ -928,3 +938,4 @@ class RolloutGDRO:
         self._mu = float(state["mu"])
         self._rng = rng
         self._steps = int(state["steps"])
+        self._last_draw = None
