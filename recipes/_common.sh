@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Shared body of the recipes: verl 0.9.1's own main_ppo on the verl-gdro package config
+# (verl_gdro/config/gdro_trainer.yaml = verl's ppo_trainer + the gdro group) plus one experiment
+# from hydra_configs/experiment/. Sourced by recipes/<experiment>.sh after it sets EXPERIMENT.
+#
+# Environment (defaults in brackets):
+#   DATA_DIR       prepared parquet root, see scripts/prepare_data.sh   [$HOME/data/verl_gdro]
+#   OUTPUT_DIR     checkpoints and validation dumps                     [<repo>/checkpoints]
+#   MODEL_ROOT     hub organisation or local folder with Qwen3-*-Base    [Qwen]
+#   NNODES, GPUS_PER_NODE                                                [recipe's value, 8]
+#   PRESET         robust | paper (GDRO runs)                            [robust]
+#   TEMPLATE       answer | boxed (prompt template + its scorer)         [answer]
+#   SEED           data order, vLLM sampling, Rollout-GDRO sampler       [0]
+#   PROJECT, EXP_NAME, LOGGER (Hydra list, e.g. "[console,wandb]")
+#   PYTHON         interpreter                                           [python3]
+#   DRY_RUN=1      compose + validate + print, no Ray/GPU (verl_gdro.dryrun)
+# Extra Hydra overrides: "$@" (e.g. trainer.total_training_steps=10).
+set -euo pipefail
+
+: "${EXPERIMENT:?set EXPERIMENT (the recipe does)}"
+REPO_DIR=${REPO_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}
+PYTHON=${PYTHON:-python3}
+DATA_DIR=${DATA_DIR:-$HOME/data/verl_gdro}
+OUTPUT_DIR=${OUTPUT_DIR:-$REPO_DIR/checkpoints}
+MODEL_ROOT=${MODEL_ROOT:-Qwen}
+NNODES=${NNODES:-1}
+GPUS_PER_NODE=${GPUS_PER_NODE:-8}
+PRESET=${PRESET:-robust}
+TEMPLATE=${TEMPLATE:-answer}
+SEED=${SEED:-0}
+PROJECT=${PROJECT:-verl_gdro}
+LOGGER=${LOGGER:-[console]}
+if [[ $EXPERIMENT == grpo_* ]]; then
+    # The preset only configures the adversaries, which the baseline turns off.
+    EXP_NAME=${EXP_NAME:-${EXPERIMENT}_${TEMPLATE}_seed${SEED}}
+else
+    EXP_NAME=${EXP_NAME:-${EXPERIMENT}_${PRESET}_${TEMPLATE}_seed${SEED}}
+fi
+
+ARGS=(
+    --config-path="$REPO_DIR/verl_gdro/config"
+    --config-name=gdro_trainer
+    --config-dir="$REPO_DIR/hydra_configs"
+    +experiment="$EXPERIMENT"
+    template="$TEMPLATE"
+    gdro.preset="$PRESET"
+    seed="$SEED"
+    paths.data_dir="$DATA_DIR"
+    paths.output_dir="$OUTPUT_DIR"
+    paths.model_root="$MODEL_ROOT"
+    trainer.nnodes="$NNODES"
+    trainer.n_gpus_per_node="$GPUS_PER_NODE"
+    trainer.project_name="$PROJECT"
+    trainer.experiment_name="$EXP_NAME"
+    trainer.logger="$LOGGER"
+)
+
+if [[ ${DRY_RUN:-0} == 1 ]]; then
+    exec "$PYTHON" -m verl_gdro.dryrun "${ARGS[@]}" "$@"
+fi
+exec "$PYTHON" -m verl.trainer.main_ppo "${ARGS[@]}" "$@"

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# GRPO baseline on Qwen3-4B-Base: DAPO 14.1k, 1000 steps x 256 prompts, n = 4, paper Appendix A
+# (hydra_configs/experiment/grpo_qwen3_4b.yaml). Runs verl's main_ppo on the package config.
+#
+#   DATA_DIR=/data/verl_gdro NNODES=1 GPUS_PER_NODE=8 bash recipes/grpo_qwen3_4b.sh [hydra overrides]
+#   PRESET=paper bash recipes/grpo_qwen3_4b.sh         # the literal reading of the paper
+#   DRY_RUN=1 bash recipes/grpo_qwen3_4b.sh            # compose + validate on a CPU machine
+# All variables: recipes/_common.sh. Multi-node: scripts/slurm/ray_job.sbatch, docs/multinode.md.
+set -euo pipefail
+export EXPERIMENT=grpo_qwen3_4b
+export NNODES=${NNODES:-1}
+export GPUS_PER_NODE=${GPUS_PER_NODE:-8}
+source "$(dirname "${BASH_SOURCE[0]}")/_common.sh" "$@"

@@ -1,0 +1,308 @@
+"""Dry run of a training launch: compose, validate, print, exit; no Ray, no GPU, no model.
+
+``DRY_RUN=1 bash recipes/NAME.sh`` runs ``python -m verl_gdro.dryrun`` with exactly the arguments
+the recipe would give ``python -m verl.trainer.main_ppo`` (``--config-path``, ``--config-name``,
+``--config-dir`` and the Hydra overrides), so what is checked is what would be launched:
+
+1. the Hydra config is composed with the compose API (same search path as main_ppo);
+2. verl's own checks that need no GPU: ``verl.utils.config.validate_config`` (what main_ppo runs
+   before Ray: batch divisibility, actor dataclass and its ``validate``, micro-batch settings), the
+   dataclass conversion of the rollout and checkpoint-engine configs, and loading the custom reward
+   function the config names;
+3. ours: ``verl_gdro.integration.config.validate_gdro_config`` (must be importable: a dry run that
+   skips it would pass configs the trainer refuses);
+4. the prompt template against the data: when the parquet files exist, every row's
+   ``extra_info.template`` must be the config's template and ``extra_info.index`` unique;
+5. the resolved config and the derived quantities (rollouts per step, mini-batches per step,
+   mean budget, arms, steps per epoch) are printed.
+
+Exit status 0 when valid, 1 with ``DRY RUN FAILED: <reason>`` on stderr when not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+DAPO_ROWS = 14116  # open-r1/DAPO-Math-17k-Processed, en (used when the train parquet is absent)
+
+
+class DryRunError(Exception):
+    """A configuration the launch would refuse (or should refuse); the message says why."""
+
+
+@dataclass
+class HydraArgs:
+    """The part of a main_ppo command line that Hydra reads."""
+
+    config_path: str
+    config_name: str
+    config_dirs: list[str] = field(default_factory=list)
+    overrides: list[str] = field(default_factory=list)
+
+
+def parse_hydra_argv(argv: list[str]) -> HydraArgs:
+    """Split ``--config-path/--config-name/--config-dir`` (both ``--k v`` and ``--k=v``) from overrides."""
+    opts: dict[str, Any] = {"config_path": None, "config_name": None, "config_dirs": []}
+    names = {
+        "--config-path": "config_path",
+        "-cp": "config_path",
+        "--config-name": "config_name",
+        "-cn": "config_name",
+        "--config-dir": "config_dirs",
+        "-cd": "config_dirs",
+    }
+    overrides: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        key, value = (arg.split("=", 1) + [None])[:2] if arg.startswith("-") else (arg, None)
+        if key in names:
+            if value is None:
+                if i + 1 >= len(argv):
+                    raise DryRunError(f"{key} needs a value")
+                value = argv[i + 1]
+                i += 1
+            dest = names[key]
+            if dest == "config_dirs":
+                opts[dest].append(value)
+            else:
+                opts[dest] = value
+        elif arg.startswith("-"):
+            raise DryRunError(
+                f"unsupported option {arg!r} (only Hydra's --config-path/--config-name/--config-dir)"
+            )
+        else:
+            overrides.append(arg)
+        i += 1
+    if not opts["config_path"] or not opts["config_name"]:
+        raise DryRunError("--config-path and --config-name are required (as for verl.trainer.main_ppo)")
+    return HydraArgs(opts["config_path"], opts["config_name"], opts["config_dirs"], overrides)
+
+
+def _config_dir(config_path: str) -> str:
+    """A filesystem folder for ``config_path`` (``pkg://a.b`` resolved through the package)."""
+    if config_path.startswith("pkg://"):
+        import importlib
+
+        module = config_path[len("pkg://") :].replace("/", ".")
+        parent, _, leaf = module.rpartition(".")
+        base = importlib.import_module(parent) if parent else None
+        if base is None or not hasattr(base, "__file__"):
+            raise DryRunError(f"--config-path={config_path}: cannot locate package {module!r}")
+        path = Path(base.__file__).parent / leaf
+    else:
+        path = Path(config_path.removeprefix("file://"))
+    if not path.is_dir():
+        raise DryRunError(f"--config-path={config_path}: folder {path} does not exist")
+    return str(path.resolve())
+
+
+def compose_config(args: HydraArgs):
+    """Compose the config as ``main_ppo`` would (``--config-dir`` entries prepended to the search path)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    cdir = _config_dir(args.config_path)
+    overrides = list(args.overrides)
+    if args.config_dirs:
+        primary = Path(cdir) / f"{args.config_name}.yaml"
+        own = (
+            OmegaConf.select(OmegaConf.load(primary), "hydra.searchpath", default=None)
+            if primary.is_file()
+            else None
+        )
+        extra = [f"file://{Path(d).resolve()}" for d in args.config_dirs]
+        for d in args.config_dirs:
+            if not Path(d).is_dir():
+                raise DryRunError(f"--config-dir={d}: folder does not exist")
+        if any(o.startswith("hydra.searchpath=") for o in overrides):
+            raise DryRunError("give either --config-dir or a hydra.searchpath override, not both")
+        overrides.append("hydra.searchpath=[" + ",".join(extra + list(own or [])) + "]")
+    try:
+        with initialize_config_dir(config_dir=cdir, version_base=None):
+            return compose(config_name=args.config_name, overrides=overrides)
+    except (HydraException, OmegaConfBaseException) as e:
+        raise DryRunError(f"Hydra composition failed: {e}") from e
+
+
+def verl_checks(cfg) -> list[str]:
+    """Run verl's GPU-free config checks; return what was checked. Raises DryRunError naming the part."""
+    from verl.trainer.ppo.reward import get_custom_reward_fn
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import omega_conf_to_dataclass, validate_config
+
+    done = []
+    try:
+        validate_config(
+            config=cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg)
+        )
+    except Exception as e:  # verl raises ValueError, AssertionError, ...
+        raise DryRunError(f"verl validate_config: {type(e).__name__}: {e}") from e
+    done.append("verl.utils.config.validate_config")
+    for key in ("actor_rollout_ref.rollout", "actor_rollout_ref.rollout.checkpoint_engine"):
+        from omegaconf import OmegaConf
+
+        node = OmegaConf.select(cfg, key)
+        try:
+            omega_conf_to_dataclass(node)
+        except Exception as e:
+            raise DryRunError(f"{key}: verl dataclass conversion failed: {type(e).__name__}: {e}") from e
+        done.append(f"{key} -> {node.get('_target_', 'dataclass')}")
+    try:
+        fn = get_custom_reward_fn(cfg)
+    except Exception as e:
+        raise DryRunError(f"reward.custom_reward_function: cannot load: {type(e).__name__}: {e}") from e
+    if fn is not None:
+        done.append(f"reward.custom_reward_function {cfg.reward.custom_reward_function.name} loads")
+    return done
+
+
+def gdro_checks(cfg):
+    """Our validation of the ``gdro`` group against the rest of the config. Fails loudly if missing."""
+    try:
+        from verl_gdro.integration.config import validate_gdro_config
+    except ImportError as e:
+        raise DryRunError(f"verl_gdro.integration.config.validate_gdro_config is not importable: {e}") from e
+    try:
+        return validate_gdro_config(cfg)
+    except ValueError as e:
+        raise DryRunError(str(e)) from e
+
+
+def _as_list(v: Any) -> list[str]:
+    if v is None:
+        return []
+    if isinstance(v, str):
+        return [v]
+    return [str(x) for x in v]
+
+
+def data_checks(cfg, require: bool = False) -> tuple[list[str], int | None]:
+    """Template and index checks on the parquet files that exist; returns notes and the train row count."""
+    import pyarrow.parquet as pq
+
+    template = cfg.get("prompt_template", {}).get("name") if "prompt_template" in cfg else None
+    notes, train_rows = [], None
+    for key in ("data.train_files", "data.val_files"):
+        from omegaconf import OmegaConf
+
+        for f in _as_list(OmegaConf.select(cfg, key)):
+            p = Path(os.path.expanduser(f))
+            if not p.is_file():
+                if require:
+                    raise DryRunError(f"{key}: {f} does not exist (run scripts/prepare_data.sh)")
+                notes.append(f"{key}: {f} not found here (checked on the cluster at launch)")
+                continue
+            table = pq.read_table(p, columns=["extra_info"]).column("extra_info").to_pylist()
+            idx = [row.get("index") if row else None for row in table]
+            if any(i is None for i in idx):
+                raise DryRunError(f"{key}: {f} has rows without extra_info.index (the prompt id)")
+            if len(set(idx)) != len(idx):
+                raise DryRunError(f"{key}: {f} has duplicate extra_info.index values")
+            found = {row.get("template") for row in table}
+            if template is not None and found != {template}:
+                raise DryRunError(
+                    f"{key}: {f} was prepared with template {sorted(map(str, found))} but the config's "
+                    f"template is {template!r}: prepare the data with --template {template} or select "
+                    f"template={'/'.join(sorted(map(str, found)))}"
+                )
+            notes.append(f"{key}: {f}: {len(idx)} rows, template {template}, unique indices")
+            if key == "data.train_files":
+                train_rows = (train_rows or 0) + len(idx)
+    return notes, train_rows
+
+
+def derived_quantities(cfg, settings: Any, train_rows: int | None) -> dict[str, Any]:
+    """Rollouts, mini-batches and budget per step, as the trainer will see them."""
+    bs = int(cfg.data.train_batch_size)
+    n = int(cfg.actor_rollout_ref.rollout.n)
+    mini = int(cfg.actor_rollout_ref.actor.ppo_mini_batch_size)
+    epochs = int(cfg.actor_rollout_ref.actor.ppo_epochs)
+    gpus = int(cfg.trainer.nnodes) * int(cfg.trainer.n_gpus_per_node)
+    rows = train_rows if train_rows is not None else DAPO_ROWS
+    steps = cfg.trainer.total_training_steps
+    out: dict[str, Any] = {
+        "prompts per step": bs,
+        "mean budget nbar (rollout.n)": n,
+        "rollouts per step (exact, = batch * nbar)": bs * n,
+        "mini-batches (optimizer steps) per step": (bs // mini) * epochs,
+        "trajectories per mini-batch": mini * n,
+        "GPUs": gpus,
+        "rollouts per GPU per step": (bs * n) / gpus,
+        "steps per epoch": rows // bs,
+        "total steps": steps,
+        "epochs over the training set": round(int(steps) * bs / rows, 2) if steps else None,
+        "validation samples per prompt": int(cfg.actor_rollout_ref.rollout.val_kwargs.n),
+    }
+    if settings is not None:
+        out["gdro preset"] = settings.preset
+        out["Prompt-GDRO"] = (
+            f"on ({settings.prompt.mode}, loss_signal={settings.prompt.loss_signal})"
+            if settings.prompt.enable and settings.enable
+            else "off"
+        )
+        if settings.enable and settings.rollout.enable:
+            r = settings.rollout
+            out["Rollout-GDRO"] = (
+                f"on (allocator={r.allocator}, arm_utility={r.arm_utility}, selection={r.selection})"
+            )
+            out["rollout arms per prompt"] = f"[{r.n_min}, {r.n_max}], mean exactly {n}"
+        else:
+            out["Rollout-GDRO"] = f"off (every prompt gets n={n})"
+        out["bins"] = settings.num_bins
+    if "prompt_template" in cfg:
+        out["prompt template / scorer"] = f"{cfg.prompt_template.name} / {cfg.prompt_template.scorer}"
+    return out
+
+
+def dry_run(argv: list[str], require_data: bool = False, print_config: bool = True, out=sys.stdout) -> int:
+    """Compose and validate; print the config and derived quantities. Returns the exit status."""
+    from omegaconf import OmegaConf
+
+    try:
+        args = parse_hydra_argv(argv)
+        cfg = compose_config(args)
+        try:
+            resolved = OmegaConf.to_container(cfg, resolve=True)
+        except Exception as e:
+            raise DryRunError(f"config does not resolve: {e}") from e
+        checks = verl_checks(cfg)
+        settings = gdro_checks(cfg)
+        checks.append("verl_gdro.integration.config.validate_gdro_config")
+        notes, train_rows = data_checks(cfg, require=require_data)
+        derived = derived_quantities(cfg, settings, train_rows)
+    except DryRunError as e:
+        print(f"DRY RUN FAILED: {e}", file=sys.stderr)
+        return 1
+    if print_config:
+        print("=== resolved config ===", file=out)
+        print(OmegaConf.to_yaml(OmegaConf.create(resolved)), file=out)
+    print("=== checks passed ===", file=out)
+    for c in checks + notes:
+        print(f"  {c}", file=out)
+    print("=== derived quantities ===", file=out)
+    for k, v in derived.items():
+        print(f"  {k}: {v}", file=out)
+    print(f"DRY RUN OK: {args.config_name} {' '.join(args.overrides)}".rstrip(), file=out)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m verl_gdro.dryrun [--require-data] [--quiet] --config-path=... --config-name=... [overrides]``."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--require-data", action="store_true")
+    parser.add_argument("--quiet", action="store_true", help="do not print the resolved config")
+    own, rest = parser.parse_known_args(argv)
+    return dry_run(rest, require_data=own.require_data, print_config=not own.quiet)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
