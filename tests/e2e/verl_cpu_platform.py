@@ -29,11 +29,10 @@ from __future__ import annotations
 import os
 import types
 from contextlib import contextmanager
-from typing import Any, Optional
+from typing import Any
 
 import torch
 import torch.distributed
-
 from verl.plugin.platform import PlatformBase, PlatformRegistry
 
 PLATFORM_NAME = "cpu"
@@ -61,7 +60,7 @@ class _CpuStream:
     def wait_event(self, event: Any) -> None:
         """Nothing to wait for on CPU."""
 
-    def record_event(self, event: Any = None) -> "_CpuStream":
+    def record_event(self, event: Any = None) -> _CpuStream:
         """Return an event-like object; CPU work is already complete when this returns."""
         return _CpuStream()
 
@@ -176,7 +175,7 @@ class PlatformCPU(PlatformBase):
     def set_device(self, device_index: int) -> None:
         return None
 
-    def synchronize(self, device_index: Optional[int] = None) -> None:
+    def synchronize(self, device_index: int | None = None) -> None:
         return None
 
     def manual_seed(self, seed: int) -> None:
@@ -192,7 +191,7 @@ class PlatformCPU(PlatformBase):
     def empty_cache(self) -> None:
         return None
 
-    def get_device_capability(self, device_index: int = 0) -> tuple[Optional[int], Optional[int]]:
+    def get_device_capability(self, device_index: int = 0) -> tuple[int | None, int | None]:
         return None, None
 
     def communication_backend_name(self) -> str:
