@@ -869,6 +869,13 @@ class RolloutGDRO:
             gain[rows, cols] = g_played[has]
             scores[rows, cols] = score_ema(scores[rows, cols], g_played[has], self.score_ema)
 
+        if not np.all(np.isfinite(scores)):
+            # Finite losses so large that a gain (or its importance weight) overflows float64:
+            # refuse the step, state untouched, rather than store an infinite arm score (which
+            # would make every later allocation's log-probabilities NaN).
+            raise ValueError(
+                "losses overflow float64 in the arm gains; loss signals must be of moderate magnitude"
+            )
         probs = exp_weights_arm_probs(scores, self.eta, self.gamma)
         preferred = argmax_toward(probs[present], self._arms, self.n_mean)
         qhat = counts / counts.sum()

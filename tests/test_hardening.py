@@ -1,0 +1,401 @@
+"""Faults and bad input (issue 6): property tests over random step sequences.
+
+Every kind of bad input a training run can produce is thrown at the three controllers (and the
+metrics) in between valid steps, and for each one the test checks the contract of issue 6:
+
+- it either raises a ValueError whose message names the offending field, or it is skipped and
+  counted (non-finite losses: ``dropped_nonfinite`` / ``dropped_losses``);
+- a rejected call leaves the controller's ``state_dict()`` exactly as it was (array by array);
+- after any sequence the invariants hold: Prompt-GDRO scores finite, q a distribution with the
+  gamma / B floor, multipliers in (0, max_weight]; allocations exact and within the arms, one n
+  per bin; classifier bins in range; every state survives a save / load round trip.
+
+The sequences mix: prompts seen for the first time mid-run, prompts that disappear, sparse and
+negative int64 ids, empty batches, bins absent from a step, batches entirely in one bin,
+non-finite and huge losses, rewards outside [0, 1] and non-finite rewards.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from verl_gdro.classifier import OnlineDifficultyClassifier
+from verl_gdro.metrics import step_metrics
+from verl_gdro.prompt_gdro import PromptGDRO, failure_rate_loss
+from verl_gdro.rollout_gdro import RolloutGDRO
+
+NUM_BINS = 5
+#: ids a batch draws from: dense small ids, sparse large ones and negative int64s, so that the
+#: classifier's hash index sees collisions, sign bits and ids far apart.
+UID_POOL = list(range(40)) + [2**40 + 7, 2**62, -1, -(2**63), 10**12]
+
+ROLLOUT_CONFIGS: list[dict[str, Any]] = [
+    {"allocator": "bandit", "arm_utility": "expected_informative", "selection": "auto"},
+    {"allocator": "bandit", "arm_utility": "loss", "selection": "map"},  # the paper preset
+    {"allocator": "bandit", "arm_utility": "loss", "selection": "sample"},
+    {"allocator": "bandit", "arm_utility": "informative", "selection": "sample"},
+    {"allocator": "neyman", "arm_utility": "expected_informative", "selection": "auto"},
+]
+
+
+# --------------------------------------------------------------------------------------------
+# Helpers
+# --------------------------------------------------------------------------------------------
+
+
+def assert_same_state(before: Any, after: Any, path: str = "state") -> None:
+    """Deep equality of two state_dicts: same keys, same array dtypes, shapes and values (NaN == NaN)."""
+    if isinstance(before, Mapping):
+        assert isinstance(after, Mapping), f"{path}: mapping became {type(after).__name__}"
+        assert set(before) == set(after), f"{path}: keys {sorted(before)} became {sorted(after)}"
+        for key in before:
+            assert_same_state(before[key], after[key], f"{path}[{key!r}]")
+    elif isinstance(before, np.ndarray) or isinstance(after, np.ndarray):
+        a, b = np.asarray(before), np.asarray(after)
+        assert a.dtype == b.dtype, f"{path}: dtype {a.dtype} became {b.dtype}"
+        assert a.shape == b.shape, f"{path}: shape {a.shape} became {b.shape}"
+        equal_nan = a.dtype.kind in "fc"
+        assert np.array_equal(a, b, equal_nan=equal_nan), f"{path}: values changed"
+    elif isinstance(before, (list, tuple)):
+        assert isinstance(after, (list, tuple)) and len(before) == len(after), f"{path}: sequence changed"
+        for i, (x, y) in enumerate(zip(before, after)):
+            assert_same_state(x, y, f"{path}[{i}]")
+    elif isinstance(before, float) and isinstance(after, float) and math.isnan(before):
+        assert math.isnan(after), f"{path}: NaN became {after!r}"
+    else:
+        assert before == after, f"{path}: {before!r} became {after!r}"
+
+
+def assert_rejected(controller: Any, call: Callable[[], Any], field: str) -> None:
+    """``call`` must raise a ValueError naming ``field`` and leave ``controller`` untouched."""
+    before = copy.deepcopy(controller.state_dict())
+    with pytest.raises(ValueError) as info:
+        call()
+    assert field in str(info.value), f"error {info.value!r} does not name {field!r}"
+    assert_same_state(before, controller.state_dict())
+
+
+def check_prompt_invariants(pg: PromptGDRO, response_bins: np.ndarray) -> None:
+    """Scores finite, q a distribution floored at gamma / B, multipliers in (0, max_weight]."""
+    assert np.all(np.isfinite(pg.scores))
+    q = pg.bin_probs()
+    assert np.all(np.isfinite(q))
+    assert abs(q.sum() - 1.0) < 1e-9
+    assert q.min() >= pg.gamma / pg.num_bins - 1e-15
+    w = pg.multipliers(response_bins)
+    assert w.shape == response_bins.shape
+    if w.size:
+        assert np.all(np.isfinite(w)) and w.min() > 0.0 and w.max() <= pg.max_weight
+        if pg.bin_multipliers(response_bins).max() < pg.max_weight:  # cap not binding: mean one
+            assert abs(w.mean() - 1.0) < 1e-9
+
+
+def check_allocation(rg: RolloutGDRO, bins: np.ndarray, n: np.ndarray) -> None:
+    """Exact budget, every n within the arms, one n per bin."""
+    assert n.shape == bins.shape and n.dtype.kind == "i"
+    assert int(n.sum()) == rg.n_mean * bins.size
+    if n.size:
+        assert n.min() >= rg.n_min and n.max() <= rg.n_max
+    for b in np.unique(bins):
+        assert np.unique(n[bins == b]).size == 1
+
+
+def check_rollout_invariants(rg: RolloutGDRO) -> None:
+    """Finite arm scores, probabilities per bin summing to 1, mu finite and >= 0."""
+    state = rg.state_dict()
+    assert np.all(np.isfinite(state["scores"]))
+    probs = rg.arm_probs()
+    assert np.all(np.isfinite(probs)) and np.allclose(probs.sum(axis=1), 1.0)
+    assert math.isfinite(rg.mu) and rg.mu >= 0.0
+
+
+def roundtrip(controller: Any, factory: Callable[[], Any]) -> None:
+    """state_dict -> fresh controller -> state_dict must be identical (state is loadable)."""
+    fresh = factory()
+    fresh.load_state_dict(copy.deepcopy(controller.state_dict()))
+    assert_same_state(controller.state_dict(), fresh.state_dict())
+
+
+# --------------------------------------------------------------------------------------------
+# Bad calls: each is (controller name, field the error must name, the call)
+# --------------------------------------------------------------------------------------------
+
+
+def bad_calls(
+    clf: OnlineDifficultyClassifier, pg: PromptGDRO, rg: RolloutGDRO, uids: np.ndarray, bins: np.ndarray
+) -> list[tuple[str, str, Callable[[], Any]]]:
+    """Every malformed call a trainer could make with this step's data, with the field to name."""
+    m = max(int(uids.size), 1)
+    u = uids if uids.size else np.array([3], dtype=np.int64)
+    b = bins if bins.size else np.array([0], dtype=np.int64)
+    n_ok = np.full(m, rg.n_mean, dtype=np.int64)
+    s_ok = np.zeros(m, dtype=np.int64)
+    calls: list[tuple[str, str, Callable[[], Any]]] = [
+        # reward counts outside their range
+        ("clf", "successes", lambda: clf.observe(u, np.full(m, 5), np.full(m, 4))),
+        ("clf", "successes", lambda: clf.observe(u, np.full(m, -1), np.full(m, 4))),
+        ("clf", "trials", lambda: clf.observe(u, np.zeros(m, dtype=np.int64), np.zeros(m, dtype=np.int64))),
+        ("clf", "trials", lambda: clf.observe(u, np.zeros(m, dtype=np.int64), np.full(m, 256))),
+        # non-finite rewards reaching the classifier as floats
+        ("clf", "successes", lambda: clf.observe(u, np.full(m, np.nan), np.full(m, 4))),
+        ("clf", "trials", lambda: clf.observe(u, np.zeros(m, dtype=np.int64), np.full(m, np.inf))),
+        ("clf", "uids", lambda: clf.observe(np.concatenate([u, u[:1]]), np.zeros(m + 1, dtype=np.int64),
+                                            np.full(m + 1, 4))),
+        ("clf", "uids", lambda: clf.observe(u.astype(np.float64) + 0.5, s_ok, n_ok)),
+        ("clf", "uids", lambda: clf.bins(np.array([np.nan]))),
+        # Prompt-GDRO
+        ("pg", "bins", lambda: pg.update(np.full(m, NUM_BINS), np.zeros(m))),
+        ("pg", "bins", lambda: pg.update(np.full(m, -1), np.zeros(m))),
+        ("pg", "bins", lambda: pg.update(np.full(m, np.nan), np.zeros(m))),
+        ("pg", "losses", lambda: pg.update(b, np.zeros(b.size + 1))),
+        ("pg", "bins", lambda: pg.multipliers(np.array([NUM_BINS]))),
+        # Rollout-GDRO
+        ("rg", "bins", lambda: rg.allocate(np.full(m, NUM_BINS))),
+        ("rg", "bins", lambda: rg.update(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64),
+                                         np.zeros(0, dtype=np.int64))),
+        ("rg", "n", lambda: rg.update(b, np.full(b.size, rg.n_max + 1), np.zeros(b.size, dtype=np.int64))),
+        ("rg", "n", lambda: rg.update(b, np.full(b.size, 1), np.zeros(b.size, dtype=np.int64))),
+        ("rg", "successes", lambda: rg.update(b, np.full(b.size, rg.n_mean), np.full(b.size, rg.n_mean + 1))),
+        ("rg", "successes", lambda: rg.update(b, np.full(b.size, rg.n_mean), np.full(b.size, -1))),
+        ("rg", "successes", lambda: rg.update(b, np.full(b.size, rg.n_mean), np.full(b.size, np.nan))),
+        ("rg", "successes", lambda: rg.update(b, np.full(b.size, rg.n_mean), np.zeros(b.size + 1, dtype=np.int64))),
+        ("rg", "losses", lambda: rg.update(b, np.full(b.size, rg.n_mean), np.zeros(b.size, dtype=np.int64),
+                                           np.zeros(b.size + 2))),
+    ]
+    if rg.allocator == "bandit" and rg.arm_utility == "loss":
+        # a reward output without the loss signal (e.g. a missing `acc`) must not pass silently
+        calls.append(("rg", "losses", lambda: rg.update(b, np.full(b.size, rg.n_mean),
+                                                        np.zeros(b.size, dtype=np.int64))))
+    return calls
+
+
+# --------------------------------------------------------------------------------------------
+# The random step sequences
+# --------------------------------------------------------------------------------------------
+
+LOSS_FAULTS = st.sampled_from([np.nan, np.inf, -np.inf])
+
+
+@st.composite
+def step_plan(draw: st.DrawFn) -> dict[str, Any]:
+    """One step: which prompts, how their bins are chosen, which faults are injected."""
+    uids = draw(st.lists(st.sampled_from(UID_POOL), min_size=0, max_size=14, unique=True))
+    return {
+        "uids": np.array(uids, dtype=np.int64),
+        # classifier bins, or a batch forced entirely into one bin, or bins skipping most of B
+        "bin_mode": draw(st.sampled_from(["classifier", "one_bin", "two_bins"])),
+        "one_bin": draw(st.integers(0, NUM_BINS - 1)),
+        "seed": draw(st.integers(0, 2**31 - 1)),
+        "loss_faults": draw(st.lists(st.tuples(st.integers(0, 13), LOSS_FAULTS), max_size=4)),
+        "bad_call": draw(st.integers(0, 10_000)),
+        "check_bad": draw(st.booleans()),
+    }
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    plans=st.lists(step_plan(), min_size=1, max_size=8),
+    rollout_cfg=st.sampled_from(ROLLOUT_CONFIGS),
+    window=st.integers(1, 4),
+)
+def test_random_step_sequences_keep_state_valid(
+    plans: list[dict[str, Any]], rollout_cfg: dict[str, Any], window: int
+) -> None:
+    """A whole trainer step, repeated over random batches with faults, through all controllers."""
+    make_clf = lambda: OnlineDifficultyClassifier(num_bins=NUM_BINS, window=window, k=4)  # noqa: E731
+    make_pg = lambda: PromptGDRO(NUM_BINS)  # noqa: E731
+    make_rg = lambda: RolloutGDRO(NUM_BINS, n_min=2, n_max=6, n_mean=4, seed=1, **rollout_cfg)  # noqa: E731
+    clf, pg, rg = make_clf(), make_pg(), make_rg()
+    dropped_total = 0
+    seen: set[int] = set()
+
+    for plan in plans:
+        uids: np.ndarray = plan["uids"]
+        rng = np.random.default_rng(plan["seed"])
+
+        # 1. classify with history up to t-1; unseen prompts get unseen_bin
+        clf_bins = clf.bins(uids)
+        assert clf_bins.dtype.kind == "i" and np.all((clf_bins >= 0) & (clf_bins < NUM_BINS))
+        unseen = np.array([int(x) not in seen for x in uids], dtype=bool)
+        assert np.all(clf_bins[unseen] == clf.unseen_bin)
+        assert np.all(np.isnan(clf.pass_at_k(uids[unseen])))
+        committed = copy.deepcopy(clf.state_dict())
+        np.testing.assert_array_equal(clf.bins(uids), clf_bins)  # twice without a visit: same bins
+        assert_same_state(committed, clf.state_dict())  # ... and nothing more committed
+        if plan["bin_mode"] == "classifier":
+            bins = clf_bins
+        elif plan["bin_mode"] == "one_bin":
+            bins = np.full(uids.size, plan["one_bin"], dtype=np.int64)
+        else:
+            bins = np.where(rng.random(uids.size) < 0.5, 0, NUM_BINS - 1).astype(np.int64)
+
+        # 2. bad calls in between: refused with the field named, state untouched
+        if plan["check_bad"]:
+            calls = bad_calls(clf, pg, rg, uids, bins)
+            name, field, call = calls[plan["bad_call"] % len(calls)]
+            assert_rejected({"clf": clf, "pg": pg, "rg": rg}[name], call, field)
+
+        # 3. allocate, multipliers for every response, generate results
+        n = rg.allocate(bins)
+        check_allocation(rg, bins, n)
+        response_bins = np.repeat(bins, n)
+        check_prompt_invariants(pg, response_bins)
+        successes = rng.binomial(n, rng.random(uids.size)).astype(np.int64) if uids.size else n.copy()
+        acc = np.concatenate([rng.permutation(np.r_[np.ones(s), np.zeros(k - s)]) for s, k in zip(successes, n)]) \
+            if uids.size else np.zeros(0)
+        losses = failure_rate_loss(acc, np.repeat(np.arange(uids.size), n), uids.size)
+        np.testing.assert_allclose(losses, 1.0 - successes / np.maximum(n, 1))
+        for pos, value in plan["loss_faults"]:
+            if pos < uids.size:
+                losses[pos] = value
+        n_bad = int((~np.isfinite(losses)).sum())
+
+        # 4. updates: non-finite losses dropped and counted, never written
+        info = pg.update(bins, losses)
+        assert info["dropped_nonfinite"] == n_bad
+        dropped_total += n_bad
+        assert pg.dropped_nonfinite == dropped_total
+        if uids.size:
+            rinfo = rg.update(bins, n, successes, losses)
+            if rg.allocator == "bandit" and rg.arm_utility == "loss":
+                assert rinfo["dropped_losses"] == n_bad
+        clf.observe(uids, successes, n)
+        seen.update(int(x) for x in uids)
+
+        # 5. metrics of the step are finite and say what was dropped
+        metrics = step_metrics(
+            NUM_BINS, bins, successes, n, n_mean=rg.n_mean,
+            prompt_weights=pg.bin_multipliers(response_bins), q=pg.bin_probs(), scores=pg.scores,
+            omega=pg.omega(), bin_losses=info["mean_losses"], shadow_price=rg.mu,
+            dropped_nonfinite=n_bad, dropped_nonfinite_total=dropped_total,
+        )
+        assert all(math.isfinite(v) for v in metrics.values())
+        assert metrics["gdro/dropped_nonfinite"] == n_bad
+
+        # 6. invariants after the step
+        check_prompt_invariants(pg, response_bins)
+        check_rollout_invariants(rg)
+        est = clf.pass_at_k(uids)
+        assert np.all((est >= 0.0) & (est <= 1.0))
+
+    # a prompt that disappeared keeps its history; every state is loadable as saved
+    roundtrip(clf, make_clf)
+    roundtrip(pg, make_pg)
+    roundtrip(rg, make_rg)
+    if seen:
+        gone = np.array(sorted(seen), dtype=np.int64)
+        fresh = make_clf()
+        fresh.load_state_dict(copy.deepcopy(clf.state_dict()))
+        np.testing.assert_array_equal(fresh.bins(gone), clf.bins(gone))
+
+
+# --------------------------------------------------------------------------------------------
+# Targeted faults
+# --------------------------------------------------------------------------------------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    losses=st.lists(
+        st.floats(allow_nan=True, allow_infinity=True, width=64), min_size=1, max_size=12
+    ),
+    data=st.data(),
+)
+def test_prompt_gdro_any_float_losses_keep_scores_finite(losses: list[float], data: st.DataObject) -> None:
+    """Any float losses (huge, tiny, non-finite): scores stay finite or the call is refused cleanly."""
+    pg = PromptGDRO(NUM_BINS)
+    pg.update(np.arange(NUM_BINS), np.linspace(0.1, 0.9, NUM_BINS))
+    bins = np.array(data.draw(st.lists(st.integers(0, NUM_BINS - 1), min_size=len(losses), max_size=len(losses))))
+    before = copy.deepcopy(pg.state_dict())
+    try:
+        info = pg.update(bins, np.array(losses))
+    except ValueError as err:
+        assert "losses" in str(err)
+        assert_same_state(before, pg.state_dict())
+        return
+    assert info["dropped_nonfinite"] == sum(not math.isfinite(x) for x in losses)
+    check_prompt_invariants(pg, bins)
+    roundtrip(pg, lambda: PromptGDRO(NUM_BINS))
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    losses=st.lists(st.floats(allow_nan=True, allow_infinity=True, width=64), min_size=1, max_size=10),
+    selection=st.sampled_from(["map", "sample"]),
+)
+def test_rollout_gdro_loss_utility_any_float_losses(losses: list[float], selection: str) -> None:
+    """The paper preset's played-arm loss utility with any float losses: next allocation still exact."""
+    rg = RolloutGDRO(NUM_BINS, n_min=2, n_max=6, n_mean=4, arm_utility="loss", selection=selection)
+    bins = np.arange(len(losses)) % NUM_BINS
+    n = rg.allocate(bins)
+    before = copy.deepcopy(rg.state_dict())
+    try:
+        info = rg.update(bins, n, np.zeros(bins.size, dtype=np.int64), np.array(losses))
+    except ValueError as err:
+        assert "losses" in str(err)
+        assert_same_state(before, rg.state_dict())
+        return
+    assert info["dropped_losses"] == sum(not math.isfinite(x) for x in losses)
+    check_rollout_invariants(rg)
+    check_allocation(rg, bins, rg.allocate(bins))
+
+
+def test_failure_rate_rejects_rewards_outside_zero_one() -> None:
+    """`acc` is binary correctness: a shaped score (-1 / +1 or 2.0) passed as acc must be refused,
+    naming `acc`; a NaN acc gives a NaN loss, which Prompt-GDRO drops and counts."""
+    for bad in ([1.0, -1.0, 1.0, 1.0], [0.0, 2.0, 1.0, 0.0]):
+        with pytest.raises(ValueError, match="acc"):
+            failure_rate_loss(np.array(bad), np.array([0, 0, 1, 1]))
+        with pytest.raises(ValueError, match="acc"):
+            failure_rate_loss(np.array(bad))
+    losses = failure_rate_loss(np.array([1.0, np.nan, 1.0, 0.0]), np.array([0, 0, 1, 1]))
+    assert np.isnan(losses[0]) and losses[1] == 0.5
+    pg = PromptGDRO(2)
+    info = pg.update(np.array([0, 1]), losses)
+    assert info["dropped_nonfinite"] == 1 and pg.dropped_nonfinite == 1
+    np.testing.assert_array_equal(pg.observed, [False, True])
+
+
+def test_batch_entirely_in_one_bin_and_absent_bins() -> None:
+    """One bin holds the whole batch: the others keep their state, weights stay normalised."""
+    pg = PromptGDRO(NUM_BINS)
+    rg = RolloutGDRO(NUM_BINS)
+    pg.update(np.arange(NUM_BINS), np.full(NUM_BINS, 0.5))
+    scores_before = pg.scores
+    bins = np.full(16, 2)
+    n = rg.allocate(bins)
+    np.testing.assert_array_equal(n, rg.n_mean)  # one bin must take exactly the mean
+    pg.update(bins, np.full(16, 0.9))
+    rg.update(bins, n, np.full(16, 2), np.full(16, 0.9))
+    after = pg.scores
+    np.testing.assert_array_equal(np.delete(after, 2), np.delete(scores_before, 2))
+    # share normalisation: the whole batch in bin 2 means share 1, so lbar enters undivided
+    assert after[2] == pytest.approx((1 - pg.beta) * scores_before[2] + pg.beta * 0.9)
+    w = pg.multipliers(np.repeat(bins, n))
+    np.testing.assert_allclose(w, 1.0)  # one bin: mean one means every multiplier is 1
+    state = rg.state_dict()
+    assert np.all(state["scores"][[0, 1, 3, 4]] == 0.0)  # absent bins' arm scores untouched
+
+
+def test_empty_batch_is_a_no_op_or_refused() -> None:
+    """An empty step (every row padding) changes no learned quantity."""
+    clf, pg, rg = OnlineDifficultyClassifier(num_bins=NUM_BINS), PromptGDRO(NUM_BINS), RolloutGDRO(NUM_BINS)
+    empty = np.zeros(0, dtype=np.int64)
+    assert clf.bins(empty).size == 0 and rg.allocate(empty).size == 0
+    before = copy.deepcopy(clf.state_dict())
+    clf.observe(empty, empty, empty)
+    assert_same_state(before, clf.state_dict())
+    pg.update(empty, np.zeros(0))
+    np.testing.assert_array_equal(pg.scores, 0.0)
+    assert not pg.observed.any()
+    assert_rejected(rg, lambda: rg.update(empty, empty, empty), "bins")
+    metrics = step_metrics(NUM_BINS, empty, empty, empty)
+    assert all(math.isfinite(v) for v in metrics.values())
