@@ -16,6 +16,10 @@ Why an exact dynamic program rather than greedy marginal allocation: one step of
 count_b budget units, so the problem is a multiple-choice knapsack with an equality constraint;
 greedy is not exact there. The DP is O(bins * arms * budget) and vectorised over the budget axis.
 
+Equation numbers: the spec cites Eqs. 17-21 and 28-31 for this section; the individual numbers
+above follow the order in which the spec describes the steps (the paper text was not at hand to
+check each one), so treat a single number as a pointer into that range.
+
 numpy only: this module must never import verl or torch.
 """
 
@@ -741,8 +745,9 @@ class RolloutGDRO:
                 self._rng = rng
                 self._last_draw = (present.tobytes(), counts.tobytes(), per_bin.tobytes(), marg)
         n = per_bin[inverse]
-        assert int(n.sum()) == budget, "exact budget violated"
-        assert n.min() >= self.n_min and n.max() <= self.n_max
+        # The spec's invariant, checked even under python -O: compute neutrality is the contract.
+        if int(n.sum()) != budget or n.min() < self.n_min or n.max() > self.n_max:
+            raise AssertionError(f"allocation violates the exact budget {budget} or the arm range")
         return n
 
     # ---- update -------------------------------------------------------------------------
