@@ -11,6 +11,7 @@ import itertools
 import subprocess
 import sys
 from collections import deque
+from fractions import Fraction
 from math import comb
 from pathlib import Path
 
@@ -127,13 +128,13 @@ def test_single_bin_and_zero_hysteresis_are_valid() -> None:
 def test_pooled_hand_computed() -> None:
     clf = OnlineDifficultyClassifier(k=8)
     clf.observe([7], [1], [4])  # T = 4 < k: 1 - (1 - 1/4)^8
-    assert clf.pass_at_k([7])[0] == pytest.approx(1 - 0.75**8, abs=1e-15)
+    assert clf.pass_at_k([7])[0] == pytest.approx(1 - 0.75**8, abs=1e-12)
     clf.observe([7], [2], [4])  # S = 3, T = 8 = k: C(5, 8) = 0, so pass@8 = 1
     assert clf.pass_at_k([7])[0] == 1.0
     clf2 = OnlineDifficultyClassifier(k=2)
     clf2.observe([7], [1], [4])
     clf2.observe([7], [2], [4])  # 1 - C(5, 2) / C(8, 2) = 1 - 10/28
-    assert clf2.pass_at_k([7])[0] == pytest.approx(1 - 10 / 28, abs=1e-15)
+    assert clf2.pass_at_k([7])[0] == pytest.approx(1 - 10 / 28, abs=1e-12)
     assert np.isnan(clf2.pass_at_k([8])[0])
 
 
@@ -142,7 +143,7 @@ def test_pooled_window_evicts_old_visits() -> None:
     for s in (4, 0, 1):
         clf.observe([3], [s], [4])
     # Window = visits (0/4, 1/4): S = 1, T = 8 -> 1 - C(7, 2) / C(8, 2) = 1 - 21/28.
-    assert clf.pass_at_k([3])[0] == pytest.approx(1 - 21 / 28, abs=1e-15)
+    assert clf.pass_at_k([3])[0] == pytest.approx(1 - 21 / 28, abs=1e-12)
     clf.observe([3], [0], [4])
     clf.observe([3], [0], [4])
     assert clf.pass_at_k([3])[0] == 0.0
@@ -203,7 +204,7 @@ def test_pooled_is_independent_of_how_trials_are_split() -> None:
     a.observe([1], [3], [12])
     for s, t in ((1, 2), (0, 2), (2, 8)):
         b.observe([1], [s], [t])
-    assert a.pass_at_k([1])[0] == pytest.approx(b.pass_at_k([1])[0], abs=1e-15)
+    assert a.pass_at_k([1])[0] == pytest.approx(b.pass_at_k([1])[0], abs=1e-12)
 
 
 def test_pass_at_k_handles_duplicates_and_unseen() -> None:
@@ -294,6 +295,25 @@ def test_hysteresis_custom_edges_both_directions() -> None:
     assert visit(clf, 1, 0.24) == 0  # raw 1 but below 0.2 + 0.05
 
 
+def test_estimates_exactly_on_an_edge_land_on_it() -> None:
+    """Floating point must not push a mathematically exact edge value into the bin below."""
+    clf = OnlineDifficultyClassifier(k=2)
+    clf.observe([1], [1], [10])  # pass@2 = 1 - C(9,2)/C(10,2) = 1 - 36/45 = 0.2 exactly
+    assert clf.pass_at_k([1])[0] == 0.2
+    assert clf.bins([1]).tolist() == [2]
+    thirds = OnlineDifficultyClassifier(bin_edges=[1 / 3, 2 / 3], k=1, window=1, hysteresis=0.0)
+    thirds.observe([1, 2], [1, 2], [3, 3])
+    assert thirds.bins([1, 2]).tolist() == [1, 2]
+    # Hysteresis thresholds too: from bin 5, 0.63 = 0.6 + 0.03 is enough to move up.
+    clf = exact_classifier()
+    assert visit(clf, 1, 0.55) == 5
+    assert visit(clf, 1, 0.63) == 6
+    assert visit(clf, 1, 0.57) == 6  # 0.57 = 0.6 - 0.03 is not strictly below it: stays
+    assert visit(clf, 1, 0.565) == 5
+    assert visit(clf, 2, 0.45) == 4
+    assert visit(clf, 2, 0.53) == 5  # 0.53 = 0.5 + 0.03: moves up
+
+
 def test_hysteresis_move_function_directly() -> None:
     full = np.array([0.0, 0.25, 0.5, 0.75, 1.0])
     committed = np.array([-1, 2, 2, 2, 2, 0, 3])
@@ -382,6 +402,11 @@ def test_empty_observe_is_a_noop() -> None:
 # ---------------------------------------------------------------------------------------------
 
 
+def grid(x: float) -> float:
+    """The classifier's comparison grid (12 decimals), as numpy rounds it."""
+    return float(np.round(x, 12))
+
+
 class ReferenceClassifier:
     """The spec's rules written the obvious way (dict of deques), to compare against."""
 
@@ -399,15 +424,19 @@ class ReferenceClassifier:
             self.hist.setdefault(u, deque(maxlen=self.window)).append((s, t))
 
     def estimate(self, u: int) -> float:
+        """Exact rational estimate, correctly rounded, then put on the 12-decimal compare grid."""
         if u not in self.hist:
             return float("nan")
         h = self.hist[u]
         if self.estimator == "any_of_n":
-            return sum(s >= 1 for s, _ in h) / len(h)
-        s, t = sum(x for x, _ in h), sum(y for _, y in h)
-        if t >= self.k:
-            return 1 - comb(t - s, self.k) / comb(t, self.k)
-        return 1 - (1 - s / t) ** self.k
+            exact = Fraction(sum(s >= 1 for s, _ in h), len(h))
+        else:
+            s, t = sum(x for x, _ in h), sum(y for _, y in h)
+            if t >= self.k:
+                exact = 1 - Fraction(comb(t - s, self.k), comb(t, self.k))
+            else:
+                exact = 1 - (1 - Fraction(s, t)) ** self.k
+        return grid(float(exact))
 
     def bins(self, uids) -> list[int]:
         out = []
@@ -416,12 +445,12 @@ class ReferenceClassifier:
                 out.append(self.unseen)
                 continue
             p = self.estimate(u)
-            raw = sum(e <= p for e in self.edges)
+            raw = sum(grid(e) <= p for e in self.edges)
             c = self.committed.get(u)
             if (
                 c is None
-                or (raw > c and p >= self.full[c + 1] + self.delta)
-                or (raw < c and p < self.full[c] - self.delta)
+                or (raw > c and p >= grid(self.full[c + 1] + self.delta))
+                or (raw < c and p < grid(self.full[c] - self.delta))
             ):
                 c = raw
             self.committed[u] = c

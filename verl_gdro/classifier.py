@@ -35,10 +35,12 @@ __all__ = [
     "ESTIMATORS",
     "MAX_TRIALS_PER_VISIT",
     "OnlineDifficultyClassifier",
+    "COMPARE_DECIMALS",
     "any_of_n_rate",
     "hysteresis_move",
     "pooled_pass_at_k",
     "raw_bin",
+    "snap",
 ]
 
 ESTIMATORS = ("pooled", "any_of_n")
@@ -96,13 +98,27 @@ def any_of_n_rate(visit_successes: np.ndarray, num_visits: np.ndarray) -> np.nda
         return hits / np.asarray(num_visits, dtype=np.float64)
 
 
+# Estimates, edges and hysteresis thresholds are compared after rounding to 12 decimals, so an
+# estimate that is mathematically on an edge lands on it whatever floating-point path computed
+# it: e.g. pooled pass@2 with S=1, T=10 is exactly 0.2 but the product form gives 0.1999...98,
+# and 0.6 + 0.03 need not equal 0.63. Estimates have denominators far below 1e12, so rounding
+# never merges two distinct values of one comparison.
+COMPARE_DECIMALS = 12
+
+
+def snap(x: Any) -> np.ndarray:
+    """Round to :data:`COMPARE_DECIMALS` decimals (the grid every bin comparison happens on)."""
+    return np.round(np.asarray(x, dtype=np.float64), COMPARE_DECIMALS)
+
+
 def raw_bin(p: np.ndarray, inner_edges: np.ndarray) -> np.ndarray:
     """Raw bin of an estimate (spec section 1): the number of inner edges <= p.
 
     Bin b holds estimates in [a_b, a_{b+1}); 1.0 falls in the last bin because it is >= every
-    inner edge. Estimates must lie in [0, 1] (checked by the caller).
+    inner edge. Estimates must lie in [0, 1] (checked by the caller). Compared on the
+    :func:`snap` grid.
     """
-    return np.searchsorted(np.asarray(inner_edges, dtype=np.float64), p, side="right").astype(np.int64)
+    return np.searchsorted(snap(inner_edges), snap(p), side="right").astype(np.int64)
 
 
 def hysteresis_move(
@@ -113,18 +129,19 @@ def hysteresis_move(
     From committed bin c (edges a_c, a_{c+1}) with raw bin r != c, the prompt moves only when the
     estimate passes the boundary by ``delta``: up needs p >= a_{c+1} + delta, down needs
     p < a_c - delta; a move goes straight to r. ``committed`` < 0 means no bin was committed yet
-    (first classification after the first visit): the raw bin, without hysteresis.
+    (first classification after the first visit): the raw bin, without hysteresis. ``full_edges``
+    are 0, the inner edges, 1. Compared on the :func:`snap` grid.
 
     Both directions are tested with uniform and custom edges: the released patch blocked every
     downward move for uniform edges (spec section 6, defect 4).
     """
     committed = np.asarray(committed, dtype=np.int64)
+    full_edges = np.asarray(full_edges, dtype=np.float64)
+    p = snap(p)
     has_bin = committed >= 0
     c = np.where(has_bin, committed, 0)
-    lower = full_edges[c]
-    upper = full_edges[c + 1]
-    up = (raw > c) & (p >= upper + delta)
-    down = (raw < c) & (p < lower - delta)
+    up = (raw > c) & (p >= snap(full_edges[c + 1] + delta))
+    down = (raw < c) & (p < snap(full_edges[c] - delta))
     return np.where(~has_bin | up | down, raw, c).astype(np.int64)
 
 
@@ -250,6 +267,65 @@ class _UidIndex:
                 p = (p + 1) & mask
             table[p] = v
 
+    @classmethod
+    def build(cls, keys: np.ndarray, capacity: int, check_duplicates: bool = False) -> _UidIndex:
+        """A fresh index holding ``keys[i] -> i``, built by sorting instead of probing.
+
+        Random probes into a table of 1e7+ cells miss cache and TLB on every access; here the
+        keys are sorted by home cell (packed as ``cell << 32 | slot`` in one uint64 sort), and
+        linear probing's placement is then a running maximum, pos_i = max(home_i, pos_{i-1} + 1),
+        written with one monotone scatter. Keys pushed past the end of the table wrap around via
+        the ordinary probing insert. With ``check_duplicates``, equal keys (same home cell, so
+        in the same run of the sorted order) raise ValueError before anything is returned.
+        """
+        index = cls(capacity)
+        n = keys.size
+        if n == 0:
+            return index
+        if 2 * n > index.table.size:
+            raise AssertionError("_UidIndex.build: capacity too small")
+        mask = index.table.size - 1
+        packed = np.empty(n, dtype=np.uint64)
+        for start in range(0, n, _INSERT_CHUNK):
+            stop = min(n, start + _INSERT_CHUNK)
+            home = _hash_uids(keys[start:stop]) & np.uint64(mask)
+            np.left_shift(home, np.uint64(32), out=packed[start:stop])
+            packed[start:stop] |= np.arange(start, stop, dtype=np.uint64)
+        packed.sort()
+        if check_duplicates:
+            cell = packed >> np.uint64(32)
+            low = np.uint64(0xFFFFFFFF)
+            for d in range(1, n):
+                same = np.flatnonzero(cell[d:] == cell[:-d])
+                if same.size == 0:
+                    break
+                a = (packed[same] & low).astype(np.int64)
+                b = (packed[same + d] & low).astype(np.int64)
+                if np.any(keys[a] == keys[b]):
+                    raise ValueError("classifier state 'uids' holds duplicates")
+            del cell
+        carry = np.iinfo(np.int64).min
+        overflow: list[np.ndarray] = []
+        for start in range(0, n, _INSERT_CHUNK):
+            stop = min(n, start + _INSERT_CHUNK)
+            chunk = packed[start:stop]
+            rank = np.arange(start, stop, dtype=np.int64)
+            run = (chunk >> np.uint64(32)).astype(np.int64) - rank
+            run[0] = max(int(run[0]), carry)
+            np.maximum.accumulate(run, out=run)
+            carry = int(run[-1])
+            pos = run + rank
+            slot = (chunk & np.uint64(0xFFFFFFFF)).astype(np.int32)
+            fits = pos <= mask
+            index.table[pos[fits]] = slot[fits] + 1
+            if not fits.all():
+                overflow.append(slot[~fits].astype(np.int64))
+        index.size = n - sum(o.size for o in overflow)
+        if overflow:
+            rest = np.concatenate(overflow)
+            index.insert(keys[rest], rest, slot_uids=keys if check_duplicates else None)
+        return index
+
     def reserve(self, n: int, slot_uids: np.ndarray) -> None:
         """Make room for ``n`` stored keys (load <= 1/2), rehashing ``slot_uids[:size]`` if needed."""
         if n > MAX_PROMPTS:
@@ -259,10 +335,8 @@ class _UidIndex:
         cap = self.table.size
         while 2 * n > cap:
             cap *= 2
-        old = self.size
-        self.table = np.zeros(cap, dtype=np.int32)
-        self.size = 0
-        self.insert(slot_uids[:old], np.arange(old, dtype=np.int64))
+        rebuilt = _UidIndex.build(slot_uids[: self.size], cap)
+        self.table, self.size = rebuilt.table, rebuilt.size
 
 
 # ---------------------------------------------------------------------------------------------
@@ -511,10 +585,13 @@ class OnlineDifficultyClassifier:
         def moved(arr: np.ndarray, fill: int, shape: tuple[int, ...]) -> np.ndarray:
             # np.zeros where possible: the OS hands out zero pages lazily.
             out = np.zeros(shape, dtype=arr.dtype) if fill == 0 else np.full(shape, fill, dtype=arr.dtype)
-            if arr.ndim == 1:
-                out[:n] = arr[:n]
+            if arr.ndim == 1 or shape[1] == w:
+                out[:n] = arr[:n]  # one contiguous block
             else:
-                out[:n, :w] = arr[:n, :w]
+                # Widening: one strided copy per column. A 2-D copy of rows only a few bytes wide
+                # pays numpy's per-row overhead (seconds at 1e7 rows).
+                for j in range(w):
+                    out[:n, j] = arr[:n, j]
             return out
 
         self._succ = moved(self._succ, 0, (capacity, width))
@@ -597,12 +674,15 @@ class OnlineDifficultyClassifier:
         if self._estimator == "pooled":
             s_sum = self._succ[slots].sum(axis=1, dtype=np.int64)
             t_sum = self._trials[slots].sum(axis=1, dtype=np.int64)
-            return pooled_pass_at_k(s_sum, t_sum, self._k)
+            return snap(pooled_pass_at_k(s_sum, t_sum, self._k))
         visits_in_window = np.minimum(self._visits[slots], self._window)
-        return any_of_n_rate(self._succ[slots], visits_in_window)
+        return snap(any_of_n_rate(self._succ[slots], visits_in_window))
 
     def pass_at_k(self, uids: Any) -> np.ndarray:
-        """The spec-1 estimate per uid (``pooled`` or ``any_of_n``); NaN for a uid never observed."""
+        """The spec-1 estimate per uid (``pooled`` or ``any_of_n``); NaN for a uid never observed.
+
+        Rounded to :data:`COMPARE_DECIMALS` decimals, the values the bins are computed from.
+        """
         u = _int_array("uids", uids)
         slots = self._slots(u)
         out = np.full(u.size, np.nan, dtype=np.float64)
@@ -765,8 +845,7 @@ class OnlineDifficultyClassifier:
         # Building the index is the duplicate check; it mutates nothing of ours until it succeeds.
         if n > MAX_PROMPTS:
             raise ValueError(f"classifier state holds {n} prompts; at most {MAX_PROMPTS} allowed")
-        index = _UidIndex(2 * n)
-        index.insert(uids, np.arange(n, dtype=np.int64), slot_uids=uids)
+        index = _UidIndex.build(uids, 2 * n, check_duplicates=True)
 
         self._allocate(n, max(1, int(recorded.max())) if n else 1)
         self._index = index
