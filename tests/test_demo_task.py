@@ -1,0 +1,187 @@
+"""Unit tests of the CPU demo's parts: task, tokenizer, scorer, pass@k, config, sampling layout."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from verl_gdro.demo.config import DEFAULT_METHODS, METHODS, QUICK_METHODS, DemoConfig, method_gdro_group
+from verl_gdro.demo.task import (
+    LEVEL_WEIGHTS,
+    LEVELS,
+    Problem,
+    make_eval_set,
+    make_train_set,
+    pass_at_k,
+    prompt_text,
+    response_text,
+)
+from verl_gdro.demo.tokenizer import CharTokenizer
+
+# ---------------------------------------------------------------------------------------------
+# task
+# ---------------------------------------------------------------------------------------------
+
+
+def test_train_set_is_deterministic_with_stable_row_ids():
+    a = make_train_set(200, seed=0)
+    b = make_train_set(200, seed=0)
+    assert a == b
+    assert [p.uid for p in a] == list(range(200))
+    assert make_train_set(200, seed=1) != a
+
+
+def test_train_set_is_heavy_tailed_and_covers_every_level():
+    train = make_train_set(4000, seed=0)
+    counts = Counter(p.level for p in train)
+    assert set(counts) == set(range(len(LEVELS)))
+    shares = np.array([counts[lv] for lv in range(len(LEVELS))]) / len(train)
+    # most problems easy, a long tail of hard ones, close to the declared mix
+    assert shares[0] > 0.35 and shares[-1] < 0.08
+    assert np.all(np.diff(shares) < 0.02)
+    np.testing.assert_allclose(shares, np.asarray(LEVEL_WEIGHTS) / sum(LEVEL_WEIGHTS), atol=0.03)
+    # even a tiny train set holds every level (the hardest bin must be able to exist in --quick)
+    assert {p.level for p in make_train_set(len(LEVELS), seed=3)} == set(range(len(LEVELS)))
+
+
+def test_operands_match_their_level():
+    for p in make_train_set(500, seed=2):
+        digits = LEVELS[p.level]
+        assert len(p.operands) == len(digits)
+        for x, d in zip(p.operands, digits):
+            assert len(str(x)) == d
+        assert int(p.answer) == sum(p.operands)
+
+
+def test_eval_set_is_stratified_held_out_and_has_distinct_ids():
+    train = make_train_set(300, seed=0)
+    ev = make_eval_set(20, seed=0, exclude=train)
+    counts = Counter(p.level for p in ev)
+    assert all(counts[lv] == 20 for lv in range(len(LEVELS)))
+    train_q = {p.question for p in train}
+    # level 0 has only 100 distinct problems; the harder levels must not overlap the train set
+    assert not any(p.question in train_q for p in ev if p.level > 0)
+    assert len({p.uid for p in ev}) == len(ev)
+    assert min(p.uid for p in ev) >= 1_000_000
+
+
+def test_bad_sizes_are_value_errors():
+    with pytest.raises(ValueError, match="train size"):
+        make_train_set(2)
+    with pytest.raises(ValueError, match="per_level"):
+        make_eval_set(0)
+
+
+# ---------------------------------------------------------------------------------------------
+# pass@k
+# ---------------------------------------------------------------------------------------------
+
+
+def _brute_pass_at_k(n: int, c: int, k: int) -> float:
+    samples = [1] * c + [0] * (n - c)
+    subsets = list(itertools.combinations(range(n), k))
+    return sum(any(samples[i] for i in s) for s in subsets) / len(subsets)
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 8, 10])
+def test_pass_at_k_matches_brute_force(n):
+    for k in range(1, n + 1):
+        for c in range(n + 1):
+            assert math.isclose(pass_at_k(n, c, k), _brute_pass_at_k(n, c, k), abs_tol=1e-12)
+
+
+def test_pass_at_k_rejects_bad_input():
+    with pytest.raises(ValueError):
+        pass_at_k(8, 9, 8)
+    with pytest.raises(ValueError):
+        pass_at_k(4, 1, 8)
+
+
+# ---------------------------------------------------------------------------------------------
+# tokenizer
+# ---------------------------------------------------------------------------------------------
+
+
+def test_tokenizer_round_trip_and_chat_template(tmp_path):
+    tok = CharTokenizer()
+    p = Problem(uid=0, level=2, operands=(47, 8))
+    text = tok.apply_chat_template([{"role": "user", "content": prompt_text(p)}])
+    assert text.startswith("<|im_start|>user\n") and text.endswith("<|im_start|>assistant\n")
+    ids = tok.encode(text)
+    # special markers are single tokens, characters one token each
+    assert ids.count(tok.encode("<|im_start|>")[0]) == 2
+    assert len(ids) == len(text) - 2 * (len("<|im_start|>") - 1) - (len("<|im_end|>") - 1)
+    assert tok.decode(ids, skip_special_tokens=False) == text
+    assert tok.decode(tok.encode(response_text(p)) + [tok.eos_token_id]) == "Answer: 55"
+    tok.save(tmp_path / "tok.json")
+    tok2 = CharTokenizer.load(tmp_path / "tok.json")
+    assert tok2.encode(text) == ids and tok2.vocab_size == tok.vocab_size
+    with pytest.raises(ValueError, match="vocabulary"):
+        tok.encode("é")
+
+
+# ---------------------------------------------------------------------------------------------
+# scorer: the prompt template and verl's math_dapo scorer, tested together (spec defect 5)
+# ---------------------------------------------------------------------------------------------
+
+
+def test_reference_response_scores_correct_with_verls_math_dapo():
+    from verl.utils.reward_score.math_dapo import compute_score
+
+    from verl_gdro.demo.task import score_response
+
+    for p in make_train_set(60, seed=5):
+        assert "Answer: N" in prompt_text(p)
+        out = compute_score(response_text(p), p.answer)
+        assert out["acc"] is True and out["score"] == 1.0
+        assert score_response(response_text(p), p)
+        wrong = f"Answer: {int(p.answer) + 1}"
+        assert not score_response(wrong, p)
+        # the shaped score of a wrong answer is -1: reading `score` as correctness would be wrong
+        assert compute_score(wrong, p.answer)["score"] == -1.0
+    p = Problem(uid=0, level=0, operands=(3, 5))
+    assert not score_response("8", p)  # no Answer: line, no credit
+    assert score_response("let me think\nAnswer: 8", p)
+
+
+# ---------------------------------------------------------------------------------------------
+# config
+# ---------------------------------------------------------------------------------------------
+
+
+def test_methods_map_to_gdro_groups():
+    assert set(DEFAULT_METHODS) <= set(METHODS) and set(QUICK_METHODS) <= set(DEFAULT_METHODS)
+    g = method_gdro_group("grpo")
+    assert g["prompt"]["enable"] is False and g["rollout"]["enable"] is False and g["enable"] is True
+    assert method_gdro_group("prompt_gdro")["prompt"]["enable"] is True
+    assert method_gdro_group("rollout_gdro_paper")["preset"] == "paper"
+    j = method_gdro_group("joint")
+    assert j["prompt"]["enable"] and j["rollout"]["enable"]
+    with pytest.raises(ValueError, match="--methods"):
+        method_gdro_group("ppo")
+
+
+def test_gdro_groups_resolve_in_the_integration_config():
+    from verl_gdro.integration.config import resolve_gdro
+
+    for m in METHODS:
+        s = resolve_gdro(method_gdro_group(m))
+        assert s.rollout.n_min == 2 and s.rollout.n_max == 12
+        assert s.prompt.enable == METHODS[m][1] and s.rollout.enable == METHODS[m][2]
+
+
+def test_config_validation():
+    DemoConfig().validate()
+    DemoConfig.quick().validate()
+    from dataclasses import replace
+
+    with pytest.raises(ValueError, match="n_mean"):
+        replace(DemoConfig(), n_mean=13).validate()
+    with pytest.raises(ValueError, match="batch_prompts"):
+        replace(DemoConfig(), batch_prompts=10_000).validate()
+    with pytest.raises(ValueError, match="--methods"):
+        replace(DemoConfig(), methods=("grpo", "nope")).validate()

@@ -1,0 +1,123 @@
+"""``verl-gdro plot``: the same figures from the demo's metrics.jsonl and from verl's file logger."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from verl_gdro.metrics import metric_keys, step_metrics
+from verl_gdro.plots import HEATMAPS, draw_all, load_series, num_bins_of, series_matrix
+
+B = 5
+
+
+def _rows(steps: int = 6, seed: int = 0) -> list[dict]:
+    """Real step_metrics output for a drifting synthetic curriculum (bin 4 absent at odd steps)."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for t in range(steps):
+        bins = rng.integers(0, B, 16)
+        if t % 2:
+            bins[bins == 4] = 3
+        n = np.full(16, 4)
+        succ = rng.binomial(n, np.clip(0.15 * (bins + 1), 0, 1))
+        m = step_metrics(B, bins, succ, n, n_mean=4.0, shadow_price=0.0, controller_time_s=0.001)
+        rows.append(m)
+    return rows
+
+
+def _write_demo(path, methods=("grpo", "prompt_gdro"), seeds=(0,)):
+    with path.open("w") as fh:
+        for s in seeds:
+            for m in methods:
+                for t, r in enumerate(_rows(seed=hash((m, s)) % 1000)):
+                    fh.write(json.dumps({"method": m, "seed": s, "step": t, **r, "train/reward": 0.1}) + "\n")
+
+
+def _write_verl_file_logger(path, monkeypatch):
+    """Write with verl 0.9.1's own FileLogger, so the format under test is the real one."""
+    from verl.utils.tracking import FileLogger
+
+    monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(path))
+    logger = FileLogger(project_name="p", experiment_name="e")
+    for t, r in enumerate(_rows(seed=7), start=1):
+        logger.log({**r, "actor/pg_loss": 0.5, "val-core/acc": 0.3}, step=t)
+    logger.log({"val-core/acc": 0.4}, step=7)  # a validation-only row carries no gdro/ metric
+    logger.finish()
+
+
+def test_metric_names_are_those_of_the_trainer():
+    rows = _rows()
+    assert set(metric_keys(B)) <= set(rows[0])
+    assert num_bins_of(rows) == B
+
+
+def test_heatmap_matrix_masks_absent_bins():
+    rows = _rows()
+    mat = series_matrix(rows, "prompt_share", B)
+    assert mat.shape == (B, len(rows))
+    assert np.all(np.isnan(mat[4, 1::2]))  # bin 4 absent at odd steps
+    np.testing.assert_allclose(np.nansum(mat, axis=0), 1.0)
+    # Prompt-GDRO state is defined for every bin: never masked
+    assert not np.isnan(series_matrix(rows, "prompt_weight", B)).any()
+
+
+def test_demo_jsonl_draws_every_figure(tmp_path):
+    _write_demo(tmp_path / "metrics.jsonl")
+    series = load_series(tmp_path)  # a run directory
+    assert set(series) == {"grpo", "prompt_gdro"}
+    assert [r["step"] for r in series["grpo"]] == list(range(6))
+    paths = draw_all(series, tmp_path / "plots")
+    names = {p.name for p in paths}
+    for m in series:
+        for stem in HEATMAPS:
+            assert f"{m}_{stem}.png" in names
+    assert {"lead_lag.png", "wse.png"} <= names
+    for p in paths:
+        assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 2000
+
+
+def test_several_seeds_are_separate_series(tmp_path):
+    _write_demo(tmp_path / "metrics.jsonl", methods=("grpo",), seeds=(0, 1))
+    assert set(load_series(tmp_path / "metrics.jsonl")) == {"grpo/seed0", "grpo/seed1"}
+
+
+def test_verl_file_logger_jsonl(tmp_path, monkeypatch):
+    path = tmp_path / "run.jsonl"
+    _write_verl_file_logger(path, monkeypatch)
+    first = json.loads(path.read_text().splitlines()[0])
+    assert set(first) == {"step", "data"}  # verl's layout: {"step": N, "data": {...}}
+    series = load_series(path)
+    assert list(series) == ["verl"]
+    rows = series["verl"]
+    assert [r["step"] for r in rows] == list(range(1, 7))  # the validation-only row is skipped
+    expected = _rows(seed=7)
+    for name in ("prompt_share", "acc", "rollout_n"):
+        np.testing.assert_allclose(
+            np.nan_to_num(series_matrix(rows, name, B), nan=-1), np.nan_to_num(series_matrix(expected, name, B), nan=-1)
+        )
+    assert load_series(path, name="mine").keys() == {"mine"}
+
+
+def test_cli_plot_from_verl_jsonl(tmp_path, monkeypatch):
+    from verl_gdro.cli import main
+
+    path = tmp_path / "run.jsonl"
+    _write_verl_file_logger(path, monkeypatch)
+    assert main(["plot", str(path), "--out", str(tmp_path / "figs")]) == 0
+    assert (tmp_path / "figs" / "verl_bin_share.png").exists()
+    assert (tmp_path / "figs" / "wse.png").exists()
+
+
+def test_bad_inputs_are_value_errors(tmp_path):
+    with pytest.raises(ValueError, match="RUN_OR_JSONL"):
+        load_series(tmp_path / "missing.jsonl")
+    p = tmp_path / "x.jsonl"
+    p.write_text('{"step": 1, "data": {"actor/pg_loss": 1.0}}\n')
+    with pytest.raises(ValueError, match="no rows with gdro/"):
+        load_series(p)
+    p.write_text("not json\n")
+    with pytest.raises(ValueError, match="not a JSON line"):
+        load_series(p)

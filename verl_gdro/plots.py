@@ -1,0 +1,223 @@
+"""The curriculum figures of ALGORITHM.md section 4, from the demo's ``metrics.jsonl`` or verl's
+``file`` logger JSONL: ``verl-gdro plot RUN_OR_JSONL [--out DIR]``.
+
+Both inputs carry the same ``gdro/`` metric names (``verl_gdro.metrics``), so a cluster user gets
+the paper's figures from their own GPU run. The two row layouts:
+
+- the demo's ``metrics.jsonl``: flat rows ``{"method": ..., "seed": ..., "step": ..., "gdro/...": x}``;
+- verl 0.9.1's ``FileLogger`` (``trainer.logger=[file]``, ``verl/utils/tracking.py``): one row per
+  step ``{"step": N, "data": {"gdro/...": x, ...}}``; such a run is one series named ``verl``
+  (or ``--name``).
+
+Figures, per series: bin share, Prompt-GDRO weight, reward (mean correctness) per bin and
+rollouts per prompt per bin, each a bins x steps heatmap with bins absent from a step masked; and,
+over all series: the lead-lag mu_weight - mu_data (Eq. 32) and the WSE proxy against its
+compute-matched uniform baseline (Eq. 33).
+
+Only numpy, json and matplotlib (imported inside the drawing functions, Agg backend): no torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "HEATMAPS",
+    "add_arguments",
+    "draw_all",
+    "load_series",
+    "main",
+    "num_bins_of",
+    "series_matrix",
+]
+
+#: heatmap file stem -> (per-bin metric name, title, colour-bar label)
+HEATMAPS: dict[str, tuple[str, str, str]] = {
+    "bin_share": ("prompt_share", "prompt share per bin", "share of the step's prompts"),
+    "prompt_weight": ("prompt_weight", "Prompt-GDRO advantage weight per bin", "multiplier w(b)"),
+    "reward_per_bin": ("acc", "reward (mean correctness) per bin", "accuracy"),
+    "rollouts_per_bin": ("rollout_n", "rollouts per prompt per bin", "n_b"),
+}
+
+_BIN_RE = re.compile(r"^gdro/prompt_share/bin_(\d+)$")
+
+
+def _rows_of(path: Path) -> list[dict[str, Any]]:
+    rows = []
+    with path.open() as fh:
+        for i, line in enumerate(fh):
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{i + 1} is not a JSON line: {e}") from e
+    return rows
+
+
+def load_series(path: str | Path, name: str | None = None) -> dict[str, list[dict[str, Any]]]:
+    """Read a run directory, a demo ``metrics.jsonl`` or a verl file-logger JSONL.
+
+    Returns ``{series name: rows sorted by step}``, each row a flat dict with ``step`` and the
+    metrics. Demo series are named ``method`` (or ``method/seed<s>`` when several seeds exist);
+    verl rows that carry no ``gdro/`` metric (e.g. validation-only rows) are skipped.
+    """
+    p = Path(path)
+    if p.is_dir():
+        p = p / "metrics.jsonl"
+    if not p.exists():
+        raise ValueError(f"RUN_OR_JSONL={str(path)!r}: no such file (expected a run directory or a .jsonl file)")
+    rows = _rows_of(p)
+    series: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    seeds = {r.get("seed") for r in rows if "data" not in r}
+    for r in rows:
+        if "data" in r and isinstance(r["data"], Mapping):  # verl FileLogger
+            flat = dict(r["data"])
+            flat["step"] = int(r["step"])
+            key = name or "verl"
+        else:
+            flat = dict(r)
+            key = str(flat.get("method", name or "run"))
+            if len(seeds) > 1:
+                key = f"{key}/seed{flat.get('seed')}"
+        if not any(k.startswith("gdro/") for k in flat):
+            continue
+        series[key].append(flat)
+    if not series:
+        raise ValueError(f"{p}: no rows with gdro/ metrics (is this a GDRO run's metrics file?)")
+    out = {}
+    for key, rs in series.items():
+        # a resumed run may have re-logged a step: keep the last row of each step
+        by_step = {int(r["step"]): r for r in rs}
+        out[key] = [by_step[s] for s in sorted(by_step)]
+    return out
+
+
+def num_bins_of(rows: Iterable[Mapping[str, Any]]) -> int:
+    """Number of bins, from the ``gdro/prompt_share/bin_<b>`` keys present."""
+    bins = [int(m.group(1)) for r in rows for k in r for m in [_BIN_RE.match(k)] if m]
+    if not bins:
+        raise ValueError("no gdro/prompt_share/bin_<b> metric found")
+    return max(bins) + 1
+
+
+def series_matrix(rows: Sequence[Mapping[str, Any]], metric: str, num_bins: int, mask_absent: bool = True) -> np.ndarray:
+    """[num_bins, steps] matrix of per-bin ``metric``; NaN where missing or (masked) the bin was absent."""
+    mat = np.full((num_bins, len(rows)), np.nan)
+    for j, r in enumerate(rows):
+        for b in range(num_bins):
+            v = r.get(f"gdro/{metric}/bin_{b}")
+            if v is None:
+                continue
+            count = r.get(f"gdro/count/bin_{b}")
+            if mask_absent and count is not None and float(count) == 0 and metric not in ("prompt_weight", "q", "score", "omega"):
+                continue
+            mat[b, j] = float(v)
+    return mat
+
+
+def _scalar(rows: Sequence[Mapping[str, Any]], key: str) -> np.ndarray:
+    return np.array([float(r[key]) if key in r and r[key] is not None else np.nan for r in rows])
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
+
+
+def draw_all(series: Mapping[str, Sequence[Mapping[str, Any]]], out_dir: str | Path) -> list[Path]:
+    """Draw every figure into ``out_dir``; returns the PNG paths written."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    for name, rows in series.items():
+        if not rows:
+            continue
+        nb = num_bins_of(rows)
+        steps = [int(r["step"]) for r in rows]
+        for stem, (metric, title, label) in HEATMAPS.items():
+            mat = series_matrix(rows, metric, nb)
+            fig, ax = plt.subplots(figsize=(7, 3.6))
+            cmap = matplotlib.colormaps["viridis"].copy()
+            cmap.set_bad("#dddddd")
+            im = ax.imshow(
+                np.ma.masked_invalid(mat),
+                aspect="auto",
+                origin="lower",
+                interpolation="nearest",
+                cmap=cmap,
+                extent=(steps[0] - 0.5, steps[-1] + 0.5, -0.5, nb - 0.5),
+            )
+            ax.set_xlabel("step")
+            ax.set_ylabel("bin (0 = hardest)")
+            ax.set_title(f"{name}: {title}")
+            fig.colorbar(im, ax=ax, label=label)
+            fig.tight_layout()
+            path = out / f"{_safe(name)}_{stem}.png"
+            fig.savefig(path, dpi=90)
+            plt.close(fig)
+            written.append(path)
+
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    for name, rows in series.items():
+        ax.plot([r["step"] for r in rows], _scalar(rows, "gdro/lead_lag"), label=name)
+    ax.axhline(0.0, color="k", lw=0.5)
+    ax.set_xlabel("step")
+    ax.set_ylabel("mu_weight - mu_data")
+    ax.set_title("lead-lag of the weighted bin index (Eq. 32)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = out / "lead_lag.png"
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    written.append(path)
+
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    for i, (name, rows) in enumerate(series.items()):
+        color = f"C{i % 10}"
+        x = [r["step"] for r in rows]
+        ax.plot(x, _scalar(rows, "gdro/wse"), color=color, label=f"{name}: WSE")
+        ax.plot(x, _scalar(rows, "gdro/wse_uniform"), color=color, ls="--", label=f"{name}: uniform n (compute-matched)")
+    ax.set_xlabel("step")
+    ax.set_ylabel("sum_b qhat(b) sigma_b / sqrt(n_b)")
+    ax.set_title("weighted standard error proxy vs uniform allocation (Eq. 33)")
+    ax.legend(fontsize=6)
+    fig.tight_layout()
+    path = out / "wse.png"
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    written.append(path)
+    return written
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("source", metavar="RUN_OR_JSONL", help="a demo run directory, its metrics.jsonl, or verl's file-logger JSONL")
+    parser.add_argument("--out", default=None, help="output folder (default: <run>/plots, or next to the JSONL)")
+    parser.add_argument("--name", default=None, help="series name for a verl file-logger JSONL (default: verl)")
+
+
+def main(args: argparse.Namespace) -> int:
+    src = Path(args.source)
+    series = load_series(src, args.name)
+    if args.out:
+        out = Path(args.out)
+    elif src.is_dir():
+        out = src / "plots"
+    else:
+        out = src.parent / f"{src.stem}_plots"
+    paths = draw_all(series, out)
+    print(f"wrote {len(paths)} figures for {len(series)} series to {out}")
+    return 0
