@@ -164,6 +164,30 @@ def verl_checks(cfg) -> list[str]:
     return done
 
 
+def batch_checks(cfg) -> list[str]:
+    """Batch arithmetic verl leaves unchecked under dynamic batch size (the paper's setting).
+
+    With ``use_dynamic_bsz`` verl's ``validate_config`` skips the divisibility checks, yet a batch
+    that does not split into whole mini-batches gives a ragged last optimizer step, and rollouts
+    that do not split over the data-parallel ranks make ``_balance_batch`` pad the batch.
+    """
+    bs = int(cfg.data.train_batch_size)
+    mini = int(cfg.actor_rollout_ref.actor.ppo_mini_batch_size)
+    n = int(cfg.actor_rollout_ref.rollout.n)
+    gpus = int(cfg.trainer.nnodes) * int(cfg.trainer.n_gpus_per_node)
+    if mini < 1 or bs % mini:
+        raise DryRunError(
+            f"actor_rollout_ref.actor.ppo_mini_batch_size={mini} is invalid: data.train_batch_size={bs} must be "
+            "a whole multiple of it (one optimizer step per mini-batch)"
+        )
+    if gpus < 1 or (bs * n) % gpus:
+        raise DryRunError(
+            f"trainer.nnodes * trainer.n_gpus_per_node = {gpus} is invalid: the {bs * n} rollouts per step "
+            "(data.train_batch_size * actor_rollout_ref.rollout.n) must split evenly over the GPUs"
+        )
+    return ["batch: mini-batches and GPUs divide the rollouts per step"]
+
+
 def gdro_checks(cfg):
     """Our validation of the ``gdro`` group against the rest of the config. Fails loudly if missing."""
     try:
@@ -262,10 +286,11 @@ def derived_quantities(cfg, settings: Any, train_rows: int | None) -> dict[str, 
     return out
 
 
-def dry_run(argv: list[str], require_data: bool = False, print_config: bool = True, out=sys.stdout) -> int:
+def dry_run(argv: list[str], require_data: bool = False, print_config: bool = True, out: Any = None) -> int:
     """Compose and validate; print the config and derived quantities. Returns the exit status."""
     from omegaconf import OmegaConf
 
+    out = sys.stdout if out is None else out  # looked up per call (pytest's capsys swaps it)
     try:
         args = parse_hydra_argv(argv)
         cfg = compose_config(args)
@@ -274,6 +299,7 @@ def dry_run(argv: list[str], require_data: bool = False, print_config: bool = Tr
         except Exception as e:
             raise DryRunError(f"config does not resolve: {e}") from e
         checks = verl_checks(cfg)
+        checks += batch_checks(cfg)
         settings = gdro_checks(cfg)
         checks.append("verl_gdro.integration.config.validate_gdro_config")
         notes, train_rows = data_checks(cfg, require=require_data)

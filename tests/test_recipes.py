@@ -1,0 +1,219 @@
+"""Every recipe composes and validates (dry run); the GRPO baseline differs only in gdro keys."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from omegaconf import OmegaConf
+
+from verl_gdro.data.prepare import prepare_all
+from verl_gdro.dryrun import compose_config, dry_run, parse_hydra_argv
+
+REPO = Path(__file__).resolve().parent.parent
+RECIPES = sorted(p.name for p in (REPO / "recipes").glob("*.sh") if not p.name.startswith("_"))
+METHODS = ("grpo", "prompt_gdro", "rollout_gdro", "joint")
+MODELS = ("1.7b", "4b", "8b")
+
+
+def recipe_argv(
+    tmp_path: Path, recipe: str, env: dict[str, str] | None = None, args: tuple[str, ...] = ()
+) -> list[str]:
+    """The argv a recipe passes to its interpreter, captured with a stub PYTHON (no verl import)."""
+    out = tmp_path / f"{recipe}.argv"
+    stub = tmp_path / "stub_python"
+    stub.write_text('#!/bin/sh\nfor a in "$@"; do printf "%s\\n" "$a"; done > "$ARGV_OUT"\n')
+    stub.chmod(0o755)
+    full_env = {
+        **os.environ,
+        "PYTHON": str(stub),
+        "ARGV_OUT": str(out),
+        "DATA_DIR": str(tmp_path / "data"),
+        **(env or {}),
+    }
+    subprocess.run(["bash", str(REPO / "recipes" / recipe), *args], check=True, env=full_env)
+    return out.read_text().splitlines()
+
+
+def compose(argv: list[str]):
+    return compose_config(parse_hydra_argv(argv))
+
+
+def flat(cfg) -> dict[str, object]:
+    """Leaf key -> value of the UNRESOLVED config (interpolations compared as written)."""
+    out: dict[str, object] = {}
+
+    def walk(node, prefix):
+        if isinstance(node, dict):
+            for k, v in node.items():
+                walk(v, f"{prefix}.{k}" if prefix else str(k))
+        else:
+            out[prefix] = node
+
+    walk(OmegaConf.to_container(cfg, resolve=False), "")
+    return out
+
+
+def test_one_recipe_per_method_and_model():
+    assert RECIPES == sorted(f"{m}_qwen3_{s}.sh" for m in METHODS for s in MODELS)
+    experiments = sorted(p.stem for p in (REPO / "hydra_configs" / "experiment").glob("*.yaml"))
+    assert experiments == sorted(r[:-3] for r in RECIPES)
+
+
+def test_recipe_calls_verl_main_ppo_and_dry_run_with_the_same_arguments(tmp_path):
+    launch = recipe_argv(tmp_path, "prompt_gdro_qwen3_4b.sh", args=("trainer.total_training_steps=7",))
+    dry = recipe_argv(
+        tmp_path, "prompt_gdro_qwen3_4b.sh", env={"DRY_RUN": "1"}, args=("trainer.total_training_steps=7",)
+    )
+    assert launch[:2] == ["-m", "verl.trainer.main_ppo"]
+    assert dry[:2] == ["-m", "verl_gdro.dryrun"]
+    assert launch[2:] == dry[2:]
+    assert "--config-name=gdro_trainer" in launch and "+experiment=prompt_gdro_qwen3_4b" in launch
+    assert launch[-1] == "trainer.total_training_steps=7"  # "$@" passed through, last wins
+    env = recipe_argv(tmp_path, "grpo_qwen3_8b.sh", env={"NNODES": "4", "GPUS_PER_NODE": "4", "SEED": "3"})
+    assert {"trainer.nnodes=4", "trainer.n_gpus_per_node=4", "seed=3"} <= set(env)
+    assert "trainer.experiment_name=grpo_qwen3_8b_answer_seed3" in env
+
+
+def test_appendix_a_settings(tmp_path):
+    cfg = compose(recipe_argv(tmp_path, "prompt_gdro_qwen3_4b.sh")[2:])
+    a, r = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout
+    assert cfg.data.train_batch_size == 256 and cfg.trainer.total_training_steps == 1000
+    assert a.optim.lr == 1e-6 and a.ppo_mini_batch_size == 128
+    assert a.use_kl_loss and a.kl_loss_coef == 0.001 and a.kl_loss_type == "low_var_kl"
+    assert (a.clip_ratio_low, a.clip_ratio_high) == (0.2, 0.28) and a.strategy == "fsdp"
+    assert r.name == "vllm" and r.n == 4 and r.temperature == 1.0 and r.tensor_model_parallel_size == 1
+    assert r.dtype == "bfloat16"
+    v = r.val_kwargs
+    assert (v.n, v.temperature, v.top_p, v.top_k, v.do_sample) == (8, 0.6, 0.8, 20, True)
+    assert (cfg.data.max_prompt_length, cfg.data.max_response_length) == (3200, 4096)
+    assert cfg.actor_rollout_ref.model.enable_gradient_checkpointing
+    assert cfg.actor_rollout_ref.model.path == "Qwen/Qwen3-4B-Base"
+    assert cfg.algorithm.adv_estimator == "gdro_grpo" and cfg.trainer.v1.trainer_mode == "gdro_sync"
+    assert cfg.gdro.prompt.kl_coef == a.kl_loss_coef  # one beta_KL
+    assert cfg.reward.custom_reward_function.name == "compute_score_answer"
+    assert cfg.data.train_files == f"{tmp_path / 'data'}/answer/train.parquet"
+    assert cfg.trainer.validation_data_dir.endswith("/val_generations")
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_grpo_differs_from_gdro_runs_only_in_gdro_keys(tmp_path, model):
+    base = flat(compose(recipe_argv(tmp_path, f"grpo_qwen3_{model}.sh", env={"EXP_NAME": "x"})[2:]))
+    assert base["gdro.prompt.enable"] is False and base["gdro.rollout.enable"] is False
+    for method in METHODS[1:]:
+        other = flat(compose(recipe_argv(tmp_path, f"{method}_qwen3_{model}.sh", env={"EXP_NAME": "x"})[2:]))
+        assert set(other) == set(base)
+        diff = {k for k in base if base[k] != other[k]}
+        assert diff and all(k.startswith("gdro.") for k in diff), diff
+    # Without EXP_NAME pinned, the only other difference is the run's name.
+    a = flat(compose(recipe_argv(tmp_path, f"grpo_qwen3_{model}.sh")[2:]))
+    b = flat(compose(recipe_argv(tmp_path, f"rollout_gdro_qwen3_{model}.sh")[2:]))
+    assert {k for k in a if a[k] != b[k] and not k.startswith("gdro.")} == {"trainer.experiment_name"}
+
+
+def test_preset_and_template_are_one_variable_each(tmp_path):
+    robust = compose(recipe_argv(tmp_path, "joint_qwen3_1.7b.sh")[2:])
+    paper = compose(recipe_argv(tmp_path, "joint_qwen3_1.7b.sh", env={"PRESET": "paper"})[2:])
+    assert robust.gdro.preset == "robust" and paper.gdro.preset == "paper"
+    assert flat(paper)["trainer.experiment_name"] == "joint_qwen3_1.7b_paper_answer_seed0"
+    from verl_gdro.integration.config import validate_gdro_config
+
+    assert validate_gdro_config(robust).prompt.loss_signal == "failure_rate"
+    s = validate_gdro_config(paper)
+    assert s.prompt.loss_signal == "surrogate_kl" and s.rollout.arm_utility == "loss"
+    boxed = compose(recipe_argv(tmp_path, "grpo_qwen3_1.7b.sh", env={"TEMPLATE": "boxed"})[2:])
+    assert boxed.reward.custom_reward_function.name == "compute_score_boxed"
+    assert boxed.prompt_template.scorer == "math_verify"
+    assert boxed.data.val_files.endswith("/boxed/val.parquet")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_dry_run_every_recipe(tmp_path, recipe, capsys):
+    argv = recipe_argv(tmp_path, recipe, env={"DRY_RUN": "1"})
+    assert argv[:2] == ["-m", "verl_gdro.dryrun"]
+    assert dry_run(argv[2:], print_config=True) == 0
+    out = capsys.readouterr().out
+    assert "=== resolved config ===" in out and "DRY RUN OK" in out
+    assert "rollouts per step (exact, = batch * nbar): 1024" in out
+    assert "mini-batches (optimizer steps) per step: 2" in out
+    assert "mean budget nbar (rollout.n): 4" in out
+    if recipe.startswith(("rollout_gdro", "joint")):
+        assert "rollout arms per prompt: [2, 12], mean exactly 4" in out
+    else:
+        assert "Rollout-GDRO: off (every prompt gets n=4)" in out
+
+
+@pytest.mark.parametrize(
+    ("recipe", "override", "key"),
+    [
+        ("rollout_gdro_qwen3_1.7b.sh", "gdro.rollout.n_min=1", "gdro.rollout.n_min"),
+        ("rollout_gdro_qwen3_1.7b.sh", "actor_rollout_ref.rollout.n=13", "actor_rollout_ref.rollout.n"),
+        ("prompt_gdro_qwen3_1.7b.sh", "data.dataloader_num_workers=4", "data.dataloader_num_workers"),
+        ("prompt_gdro_qwen3_1.7b.sh", "gdro.prompt.etaa=1", "gdro.prompt.etaa"),
+        ("grpo_qwen3_1.7b.sh", "template=latex", "template"),
+        ("grpo_qwen3_1.7b.sh", "actor_rollout_ref.actor.ppo_mini_batch_size=100", "ppo_mini_batch_size"),
+    ],
+)
+def test_invalid_override_fails_naming_the_key(tmp_path, capsys, recipe, override, key):
+    argv = recipe_argv(tmp_path, recipe, env={"DRY_RUN": "1"}, args=(override,))
+    assert dry_run(argv[2:], print_config=False) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("DRY RUN FAILED:") and key in err, err
+
+
+def test_data_prepared_with_another_template_is_refused(tmp_path, capsys):
+    from test_data import loader  # the fixture tables of tests/test_data.py
+
+    prepare_all(tmp_path / "data", template="answer", loader=loader)
+    argv = recipe_argv(tmp_path, "grpo_qwen3_1.7b.sh", env={"DRY_RUN": "1"})[2:]
+    assert dry_run(argv, print_config=False) == 0
+    out = capsys.readouterr().out
+    assert "data.train_files" in out and "3 rows, template answer, unique indices" in out
+    assert "steps per epoch: 0" in out  # 3 fixture rows < one batch of 256
+    # Boxed-prepared rows placed where the answer template's data is expected (defect 5).
+    prepare_all(tmp_path / "boxed_data", template="boxed", loader=loader)
+    (tmp_path / "data" / "answer" / "val.parquet").unlink()
+    pd.read_parquet(tmp_path / "boxed_data" / "boxed" / "val.parquet").to_parquet(
+        tmp_path / "data" / "answer" / "val.parquet"
+    )
+    assert dry_run(argv, print_config=False) == 1
+    err = capsys.readouterr().err
+    assert "data.val_files" in err and "template ['boxed']" in err and "'answer'" in err
+    os.remove(tmp_path / "data" / "answer" / "train.parquet")
+    assert (
+        dry_run(argv + ["template=boxed", "paths.data_dir=" + str(tmp_path / "nowhere")], require_data=True)
+        == 1
+    )
+    assert "does not exist" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_dry_run_through_bash_end_to_end(tmp_path):
+    """The literal user command: DRY_RUN=1 bash recipes/NAME.sh, in a fresh process."""
+    env = {**os.environ, "DRY_RUN": "1", "PYTHON": sys.executable, "DATA_DIR": str(tmp_path)}
+    ok = subprocess.run(
+        ["bash", "recipes/rollout_gdro_qwen3_4b.sh", "--quiet"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    assert "DRY RUN OK" in ok.stdout and "rollouts per step (exact, = batch * nbar): 1024" in ok.stdout
+    bad = subprocess.run(
+        ["bash", "recipes/rollout_gdro_qwen3_4b.sh", "--quiet", "gdro.rollout.n_max=3"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert (
+        bad.returncode == 1 and "DRY RUN FAILED" in bad.stderr and "actor_rollout_ref.rollout.n" in bad.stderr
+    )
