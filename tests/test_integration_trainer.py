@@ -332,12 +332,14 @@ def test_paper_preset_reads_log_probs_for_the_surrogate_kl_signal(tmp_path: Path
     shadow.advantage_multipliers(g)
     width = max(truth["mask"])
 
+    # float32 like the trainer hands over (verl's log-probs are float32; the loss signals
+    # accumulate in float64 themselves): the same bits in, so the same loss out
     def padded(rows: list[torch.Tensor]) -> np.ndarray:
-        return np.array([np.pad(r.numpy().astype(np.float64), (0, width - r.numel())) for r in rows])
+        return np.array([np.pad(r.numpy().astype(np.float32), (0, width - r.numel())) for r in rows])
 
     real_keys = [k for k, tag in zip(out["meta"].keys, out["meta"].tags) if not tag.get("is_padding")]
     adv = padded([fake_tq.rows[("train", k)]["advantages"] for k in real_keys])
-    mask = np.array([[1.0] * n + [0.0] * (width - n) for n in truth["mask"]])
+    mask = np.array([[1.0] * n + [0.0] * (width - n) for n in truth["mask"]], dtype=np.float32)
     expected = shadow.after_advantage(g, np.array(truth["acc"], dtype=float), response_mask=mask,
                                       old_log_probs=padded(truth["old"]), ref_log_probs=padded(truth["ref"]),
                                       advantages=adv)

@@ -62,10 +62,23 @@ def _as_list(value: Any) -> list[Any]:
 
 
 def _padded_numpy(value: torch.Tensor, rows: np.ndarray) -> np.ndarray:
-    """A (possibly nested/jagged) per-token field as a zero-padded float64 array of the given rows."""
+    """A (possibly nested/jagged) per-token field as a zero-padded float array of the given rows.
+
+    float32 / float64 stay as they are and other dtypes (the int64 mask, bf16) become float32:
+    the loss signals accumulate their sums in float64 themselves. Without padding rows (the usual
+    case under the exact budget) the tensor's memory is returned without a copy. Converting every
+    [N, T] field to float64 and fancy-indexing it cost ~1 s per step at 512 x 4 x 4096, more than
+    the whole GRPO advantage stage (benchmarks/overhead.py).
+    """
     if getattr(value, "is_nested", False):
         value = value.to_padded_tensor(0.0)
-    return value.detach().to(torch.float64).cpu().numpy()[rows]
+    value = value.detach().cpu()
+    if value.dtype not in (torch.float32, torch.float64):
+        value = value.to(torch.float32)
+    out = value.numpy()
+    if rows.size == out.shape[0] and np.array_equal(rows, np.arange(out.shape[0])):
+        return out
+    return out[rows]
 
 
 @register_trainer(TRAINER_NAME)
