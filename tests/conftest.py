@@ -53,3 +53,15 @@ def grpo_batch() -> Callable[..., object]:
         )
 
     return make
+
+
+@pytest.fixture
+def fake_tq(monkeypatch: pytest.MonkeyPatch) -> object:
+    """TransferQueue's kv_batch_get/kv_batch_put replaced by an in-memory store (integration_harness)."""
+    import transfer_queue
+    from integration_harness import FakeTQ
+
+    store = FakeTQ()
+    monkeypatch.setattr(transfer_queue, "kv_batch_get", store.get)
+    monkeypatch.setattr(transfer_queue, "kv_batch_put", store.put)
+    return store

@@ -1,0 +1,177 @@
+"""Helpers for the verl-integration tests: an in-memory TransferQueue, a tiny dataset, a real
+GDROTrainerSync built from the package config, and a rollout simulated the way verl's agent loop
+writes trajectories. Not a test module (imported by test_integration_trainer/sampler)."""
+
+from __future__ import annotations
+
+import copy
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+from hydra import compose, initialize_config_module
+from tensordict import NonTensorData, NonTensorStack, TensorDict
+from transfer_queue import KVBatchMeta
+
+from verl_gdro.integration.trainer import ROLLOUT_N_KEY, GDROTrainerSync
+
+
+class FakeTQ:
+    """In-memory stand-in for TransferQueue's ``kv_batch_get`` / ``kv_batch_put``.
+
+    Same contract as the real client for what the trainer uses: per-token fields come back as
+    jagged nested tensors, other values as a NonTensorStack; requested fields that no key has are
+    left out, a field that only some keys have is an error ("not ready").
+    """
+
+    def __init__(self) -> None:
+        self.rows: dict[tuple[str, str], dict[str, Any]] = {}
+        self.tags: dict[tuple[str, str], dict] = {}
+
+    def put(self, keys: list[str], partition_id: str, fields: TensorDict | None = None, tags: list | None = None,
+            **_: Any) -> KVBatchMeta:
+        for i, key in enumerate(keys):
+            row = self.rows.setdefault((partition_id, key), {})
+            if fields is not None:
+                for name in fields.keys():
+                    value = fields[name]
+                    row[name] = value[i].clone() if isinstance(value, torch.Tensor) else list(value)[i]
+            if tags is not None:
+                self.tags[(partition_id, key)] = dict(tags[i])
+        return KVBatchMeta(keys=list(keys), tags=[self.tags.get((partition_id, k), {}) for k in keys],
+                           partition_id=partition_id)
+
+    def get(self, keys: list[str], partition_id: str, select_fields: list[str] | None = None) -> TensorDict:
+        rows = [self.rows[(partition_id, k)] for k in keys]
+        names = select_fields if select_fields is not None else list(rows[0])
+        out: dict[str, Any] = {}
+        for name in names:
+            have = [name in r for r in rows]
+            if not any(have):
+                continue
+            if not all(have):
+                raise ValueError("Some fields are not ready in all the requested keys!")
+            values = [r[name] for r in rows]
+            if all(isinstance(v, torch.Tensor) and v.dim() >= 1 for v in values):
+                out[name] = torch.nested.as_nested_tensor(values, layout=torch.jagged)
+            elif all(isinstance(v, torch.Tensor) for v in values):
+                out[name] = torch.stack(values)
+            else:
+                out[name] = NonTensorStack.from_list([NonTensorData(v) for v in values])
+        return TensorDict(out, batch_size=[len(keys)])
+
+
+def write_dataset(path: Path, num_rows: int, index: Any = "sparse") -> str:
+    rows = []
+    for i in range(num_rows):
+        extra: dict[str, Any] = {"split": "train"}
+        if index == "sparse":
+            extra["index"] = 1000 + 7 * i  # stable ids need not be dense
+        elif isinstance(index, list):
+            if index[i] is not None:
+                extra["index"] = index[i]
+        rows.append({
+            "data_source": "toy",
+            "prompt": [{"role": "user", "content": f"What is {i} + {i}?"}],
+            "reward_model": {"style": "rule", "ground_truth": str(2 * i)},
+            "extra_info": extra,
+        })
+    file = path / "train.parquet"
+    pd.DataFrame(rows).to_parquet(file)
+    return str(file)
+
+
+def make_trainer(tmp_path: Path, *overrides: str, num_rows: int = 24, index: Any = "sparse") -> GDROTrainerSync:
+    data = write_dataset(tmp_path, num_rows, index)
+    base = [
+        f"data.train_files={data}",
+        f"data.val_files={data}",
+        "data.train_batch_size=6",
+        "data.filter_overlong_prompts=false",
+        "data.seed=3",
+        "actor_rollout_ref.rollout.n=4",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=6",
+    ]
+    with initialize_config_module(config_module="verl_gdro.config", version_base=None):
+        cfg = compose(config_name="gdro_trainer", overrides=base + list(overrides))
+    trainer = GDROTrainerSync(cfg)
+    trainer.tokenizer = None  # 0.9.1's dataset only tokenises for the length filter (off here)
+    trainer.processor = None
+    trainer.global_steps = 1
+    trainer._init_dataloader()
+    return trainer
+
+
+def outcome(stable: int, step: int, session: int) -> int:
+    """Deterministic correctness: prompt-dependent difficulty, reproducible across runs."""
+    p = (stable % 5) / 5.0 + 0.1
+    return int(np.random.default_rng([stable, step, session]).random() < p)
+
+
+def agent_loop_rollout_n(batch: TensorDict, n_default: int) -> list[int]:
+    """How verl's agent loop reads the per-prompt n (v1/agent_loop_tq.py: NonTensorStack -> v[i].data,
+    then ``prompt.pop("__rollout_n__", config.n)``)."""
+    out = []
+    for i in range(len(batch)):
+        prompt = {}
+        for k, v in batch.items():
+            if isinstance(v, NonTensorStack):
+                prompt[k] = v[i].data
+            elif isinstance(v, NonTensorData):
+                prompt[k] = v.data
+        out.append(int(prompt.pop(ROLLOUT_N_KEY, n_default)))
+    return out
+
+
+def simulate_rollout(store: FakeTQ, batch: TensorDict, step: int, uid_field: str, n_default: int,
+                     pad: int = 0, drop: set[tuple[int, int]] | None = None) -> tuple[KVBatchMeta, dict]:
+    """Write the step's trajectories like AgentLoopWorkerTQ does; return the batch meta and truth."""
+    uids = list(batch["uid"])
+    stable = [int(s) for s in batch[uid_field]]
+    ns = agent_loop_rollout_n(batch, n_default)
+    keys, tags, fields = [], [], []
+    truth = {"uid": [], "stable": [], "acc": [], "mask": [], "old": [], "ref": []}
+    for p, (uid, sid, n) in enumerate(zip(uids, stable, ns)):
+        for s in range(n):
+            if drop and (p, s) in drop:
+                continue  # a failed session: the group arrives incomplete
+            rng = np.random.default_rng([sid, step, s, 7])
+            length = int(rng.integers(2, 9))
+            acc = outcome(sid, step, s)
+            scores = torch.zeros(length)
+            scores[-1] = 1.0 if acc else -1.0
+            old = torch.tensor(-rng.random(length), dtype=torch.float32)
+            ref = old + torch.tensor(0.1 * rng.standard_normal(length), dtype=torch.float32)
+            keys.append(f"{uid}_{s}_0")
+            tags.append({"status": "success", "seq_len": 10 + length, "min_global_steps": step, "max_global_steps": step})
+            fields.append({
+                "uid": uid, uid_field: sid, "response_mask": torch.ones(length, dtype=torch.int64),
+                "rm_scores": scores, "old_log_probs": old, "ref_log_prob": ref,
+                "extra_fields": {"reward_extra_info": {"acc": float(acc), "score": float(scores[-1])}},
+            })
+            for name, value in (("uid", uid), ("stable", sid), ("acc", acc), ("mask", length), ("old", old),
+                                ("ref", ref)):
+                truth[name].append(value)
+    pad_uid = f"pad{uuid.uuid4().hex}"
+    for j in range(pad):  # verl's _balance_batch: template copied from the first sample, zero mask
+        row = copy.deepcopy(fields[0])
+        row.update(uid=pad_uid, response_mask=torch.zeros(1, dtype=torch.int64), rm_scores=torch.zeros(1),
+                   old_log_probs=torch.zeros(1), ref_log_prob=torch.zeros(1))
+        keys.append(f"{pad_uid}_{j}_0")
+        tags.append({"status": "success", "is_padding": True, "seq_len": 128})
+        fields.append(row)
+    for key, tag, row in zip(keys, tags, fields):
+        store.rows[("train", key)] = row
+        store.tags[("train", key)] = tag
+    return KVBatchMeta(keys=keys, tags=tags, partition_id="train"), truth
+
+
+def run_step(trainer: GDROTrainerSync, store: FakeTQ, step: int, pad: int = 0) -> dict[str, Any]:
+    batch = trainer._next_train_batch()
+    meta, truth = simulate_rollout(store, batch, step, trainer._gdro_uid_field, 4, pad=pad)
+    metrics: dict[str, Any] = {}
+    trainer._compute_advantage(meta, metrics)
+    return {"batch": batch, "meta": meta, "truth": truth, "metrics": metrics}

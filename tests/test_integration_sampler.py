@@ -1,0 +1,131 @@
+"""GDROSampler: epoch semantics, resampling with q_t, and the checkpoint round trip through
+``StatefulDataLoader.state_dict()`` / ``load_state_dict()`` (what verl writes to ``data.pt``)."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from integration_harness import FakeTQ, agent_loop_rollout_n, make_trainer, run_step
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from verl_gdro.integration.config import resolve_gdro
+from verl_gdro.integration.controller import GDROController
+from verl_gdro.integration.sampler import GDROSampler
+
+
+def loader(sampler: GDROSampler, batch_size: int = 4) -> StatefulDataLoader:
+    return StatefulDataLoader(list(range(len(sampler))), batch_size=batch_size, sampler=sampler, num_workers=0,
+                              drop_last=True, collate_fn=lambda xs: list(xs))
+
+
+def controller(**prompt: Any) -> GDROController:
+    return GDROController(resolve_gdro({"prompt": prompt}), rollout_n=4)
+
+
+@pytest.mark.parametrize("mode", ["shuffle", "sequential"])
+def test_every_prompt_once_per_epoch(mode: str) -> None:
+    sampler = GDROSampler(np.arange(100, 120), controller(), mode=mode, seed=1)
+    dl = loader(sampler)
+    for _ in range(2):
+        seen = [i for batch in dl for i in batch]
+        assert sorted(seen) == list(range(20))
+        if mode == "sequential":
+            assert seen == list(range(20))
+    assert sampler.epoch == 2
+
+
+def test_shuffle_is_seeded() -> None:
+    a = [i for b in loader(GDROSampler(np.arange(20), controller(), seed=5)) for i in b]
+    b = [i for b in loader(GDROSampler(np.arange(20), controller(), seed=5)) for i in b]
+    c = [i for b in loader(GDROSampler(np.arange(20), controller(), seed=6)) for i in b]
+    assert a == b and a != c
+
+
+@pytest.mark.parametrize("mode", ["shuffle", "sequential", "resample"])
+def test_loader_state_round_trip_mid_epoch(mode: str) -> None:
+    def make() -> tuple[GDROSampler, StatefulDataLoader]:
+        ctrl = controller(mode="resample") if mode == "resample" else controller()
+        s = GDROSampler(np.arange(50, 80), ctrl, mode=mode, seed=2)
+        return s, loader(s, batch_size=4)
+
+    _, dl = make()
+    it = iter(dl)
+    for _ in range(3):
+        next(it)
+    buf = io.BytesIO()
+    torch.save(dl.state_dict(), buf)  # what verl writes to global_step_N/data.pt
+    rest = [next(it) for _ in range(4)] + [b for b in iter(dl)][:3]  # crosses into the next epoch
+
+    _, dl2 = make()
+    buf.seek(0)
+    dl2.load_state_dict(torch.load(buf, weights_only=False))
+    it2 = iter(dl2)
+    resumed = [next(it2) for _ in range(4)] + [b for b in iter(dl2)][:3]
+    assert resumed == rest
+
+
+def test_resample_draws_bins_with_q() -> None:
+    ctrl = controller(mode="resample", eta=3.0, normalize_by_share=False)
+    uids = np.arange(400)
+    # history: uids < 100 always fail (pass@k 0 -> bin 0), the rest always succeed (bin 9)
+    plan = ctrl.before_generation(uids)
+    g = np.repeat(plan.positions, 4)
+    acc = (uids[g] >= 100).astype(float)
+    for _ in range(3):
+        ctrl.after_advantage(g, acc)
+        ctrl.before_generation(uids)
+    ctrl.after_advantage(g, acc)
+    q = ctrl.bin_probs()
+    expected = q[0] / (q[0] + q[9])  # only bins 0 and 9 hold prompts
+    assert expected > 0.8
+    sampler = GDROSampler(uids, ctrl, mode="resample", seed=0)
+    draws = np.array([i for b in loader(sampler, batch_size=50) for i in b])
+    frac = float(np.mean(draws < 100))
+    assert abs(frac - expected) < 4 * np.sqrt(expected * (1 - expected) / draws.size)
+    assert len(np.unique(draws)) < draws.size  # with replacement: hard prompts repeat
+
+
+def test_state_of_another_training_set_is_refused() -> None:
+    s = GDROSampler(np.arange(20), controller())
+    state = s.state_dict()
+    other = GDROSampler(np.arange(1, 21), controller())
+    with pytest.raises(ValueError, match="different training set"):
+        other.load_state_dict(state)
+    with pytest.raises(ValueError, match="saved under different gdro settings"):
+        GDROSampler(np.arange(20), controller(eta=0.1)).load_state_dict(state)
+
+
+def _record(out: dict[str, Any], store: FakeTQ) -> dict[str, Any]:
+    adv = [store.rows[("train", k)]["advantages"].tolist() for k in out["meta"].keys]
+    metrics = {k: v for k, v in out["metrics"].items() if k != "gdro/controller_time_s"}
+    return {
+        "prompts": [int(s) for s in out["batch"]["index"]],
+        "rollout_n": agent_loop_rollout_n(out["batch"], 4),
+        "advantages": adv,
+        "metrics": metrics,
+    }
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["reweight", "resample"])
+def test_trainer_checkpoint_resume_gives_identical_decisions(tmp_path: Path, fake_tq: FakeTQ, mode: str) -> None:
+    overrides = ("gdro.rollout.enable=true", f"gdro.prompt.mode={mode}")
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    a = make_trainer(tmp_path / "a", *overrides)
+    for step in range(1, 4):
+        run_step(a, fake_tq, step)
+    data_pt = tmp_path / "data.pt"
+    torch.save(a.train_dataloader.state_dict(), data_pt)  # as PPOTrainer._save_checkpoint does
+    uninterrupted = [_record(run_step(a, fake_tq, step), fake_tq) for step in range(4, 9)]  # crosses epochs
+
+    b = make_trainer(tmp_path / "b", *overrides)
+    b.train_dataloader.load_state_dict(torch.load(data_pt, weights_only=False))  # as _load_checkpoint does
+    resumed = [_record(run_step(b, fake_tq, step), fake_tq) for step in range(4, 9)]
+    assert resumed == uninterrupted
+    assert any(len(set(r["rollout_n"])) > 1 for r in resumed)
