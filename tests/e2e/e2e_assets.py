@@ -122,8 +122,13 @@ def build_model(out_dir: Path, seed: int = 0) -> Path:
     return out_dir
 
 
-def build_data(out_dir: Path, n_train: int = 64, n_val: int = 16, seed: int = 0) -> tuple[Path, Path]:
-    """Write train/val parquet in verl's RL format with ``extra_info.index`` = row index."""
+def build_data(out_dir: Path, n_train: int = 8, n_val: int = 8, seed: int = 0) -> tuple[Path, Path]:
+    """Write train/val parquet in verl's RL format with ``extra_info.index`` = row index.
+
+    ``n_train`` defaults to one batch (8 prompts): every step is a new epoch over the same prompts,
+    so from step 2 on the classifier bins prompts by their history and Rollout-GDRO allocates
+    unequal rollouts; with fresh prompts every step, all prompts would sit in the unseen bin.
+    """
     import pandas as pd
 
     problems = _problems()
@@ -151,13 +156,16 @@ def build_data(out_dir: Path, n_train: int = 64, n_val: int = 16, seed: int = 0)
     return train, val
 
 
-def build_all(root: Path, seed: int = 0) -> dict[str, str]:
+ASSETS_VERSION = 2
+
+
+def build_all(root: Path, seed: int = 0, n_train: int = 8) -> dict[str, str]:
     """Build model + data under ``root`` once (a marker file makes it idempotent)."""
-    marker = root / "assets.json"
+    marker = root / f"assets-v{ASSETS_VERSION}-seed{seed}-train{n_train}.json"
     if marker.exists():
         return json.loads(marker.read_text())
     model_dir = build_model(root / "model", seed=seed)
-    train, val = build_data(root / "data", seed=seed)
+    train, val = build_data(root / "data", n_train=n_train, seed=seed)
     paths = {"model": str(model_dir), "train": str(train), "val": str(val)}
     marker.write_text(json.dumps(paths))
     return paths

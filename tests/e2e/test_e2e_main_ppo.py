@@ -1,0 +1,276 @@
+"""verl 0.9.1's real ``main_ppo`` with verl-gdro, on CPU: the e2e tier (``make test-e2e``).
+
+Every test reads a real ``python -m verl.trainer.main_ppo`` process (Ray, TransferQueue, FSDP2
+actor and reference, a vLLM server, the agent loop and the reward loop) running the tiny assets of
+``e2e_assets.py`` in the pinned ``.venv-e2e`` (``setup_env.sh``). Runs are shared: one 3-step GDRO
+run (module fixture) serves the metric, budget, plot and resume checks. See docs/e2e.md.
+
+This module must stay importable in the main environment (no verl/vLLM at import time): ``make
+test`` collects it and deselects it by its ``e2e`` marker.
+"""
+
+from __future__ import annotations
+
+import collections
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from e2e_harness import (  # noqa: E402
+    PLATFORM_MODULE,
+    ROLLOUT_N,
+    TRAIN_BATCH_SIZE,
+    RunResult,
+    cpu_overrides,
+    e2e_env,
+    finite,
+    run_main_ppo,
+)
+
+pytestmark = pytest.mark.e2e
+
+GDRO_CONFIG = ("pkg://verl_gdro.config", "gdro_trainer")
+STEPS = 3
+RESUME_FROM = 2
+# Modules verl imports in every process of the GDRO runs: the platform, the observer of the
+# trainer's decisions and state, and the per-trajectory seeded agent loop.
+GDRO_MODULES = f"{PLATFORM_MODULE},e2e_probe,e2e_seeded_agent"
+
+
+def _in_e2e_env() -> bool:
+    return importlib.util.find_spec("vllm") is not None and importlib.util.find_spec("verl") is not None
+
+
+@pytest.fixture(scope="module")
+def e2e_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if not _in_e2e_env():
+        msg = "the e2e tier runs in .venv-e2e: use `make test-e2e` (tests/e2e/run.sh)"
+        if os.environ.get("E2E_REQUIRED") == "1":
+            pytest.fail(msg)
+        pytest.skip(msg)
+    root = os.environ.get("E2E_WORK_DIR")
+    return Path(root).resolve() if root else tmp_path_factory.mktemp("e2e")
+
+
+@pytest.fixture(scope="module")
+def assets(e2e_root: Path) -> dict[str, str]:
+    from e2e_assets import build_all
+
+    return build_all(e2e_root / "assets")
+
+
+def _gdro_overrides(assets: dict[str, str], out: Path, steps: int) -> list[str]:
+    return cpu_overrides(assets, out, steps) + [
+        # Both adversaries on (joint mode): Prompt-GDRO is on by default in the package config.
+        "gdro.prompt.enable=true",
+        "gdro.rollout.enable=true",
+        "trainer.save_freq=1",
+        "actor_rollout_ref.rollout.agent.default_agent_loop=e2e_seeded_agent",
+    ]
+
+
+def _run_gdro(out: Path, overrides: list[str]) -> RunResult:
+    return run_main_ppo(
+        out,
+        overrides,
+        config=GDRO_CONFIG,
+        env_extra={"VERL_USE_EXTERNAL_MODULES": GDRO_MODULES, "E2E_PROBE_DIR": str(out / "probe")},
+    )
+
+
+@pytest.fixture(scope="module")
+def gdro_run(e2e_root: Path, assets: dict[str, str]) -> RunResult:
+    """The uninterrupted 3-step GDRO run, checkpointing every step (read by tests 1 and 2)."""
+    out = e2e_root / "gdro"
+    return _run_gdro(out, _gdro_overrides(assets, out, STEPS))
+
+
+@pytest.fixture(scope="module")
+def resumed_run(e2e_root: Path, assets: dict[str, str], gdro_run: RunResult) -> RunResult:
+    """A second process resuming from the uninterrupted run's step-2 checkpoint, running step 3."""
+    _assert_ok(gdro_run)
+    ckpt = gdro_run.out_dir / "ckpt" / f"global_step_{RESUME_FROM}"
+    assert ckpt.is_dir(), f"no step-{RESUME_FROM} checkpoint under {ckpt.parent}"
+    out = e2e_root / "gdro_resumed"
+    overrides = _gdro_overrides(assets, out, STEPS) + [
+        "trainer.resume_mode=resume_path",
+        f"trainer.resume_from_path={ckpt}",
+    ]
+    return _run_gdro(out, overrides)
+
+
+def _assert_ok(run: RunResult) -> None:
+    assert run.returncode == 0, f"main_ppo exited {run.returncode} after {run.seconds:.0f}s:\n{run.tail(80)}"
+
+
+def _probe(run: RunResult, name: str) -> list[dict[str, Any]]:
+    path = run.out_dir / "probe" / name
+    assert path.exists(), f"the trainer probe wrote no {name}: was verl_gdro's trainer used?\n{run.tail(40)}"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _train_records(run: RunResult) -> dict[int, dict[str, Any]]:
+    """step -> metrics of the training steps (records that carry the GDRO metrics)."""
+    out: dict[int, dict[str, Any]] = {}
+    for rec in run.metrics():
+        if any(k.startswith("gdro/") for k in rec["data"]):
+            out.setdefault(int(rec["step"]), {}).update(rec["data"])
+    return out
+
+
+# -------------------------------------------------------------------------------------------------
+# 1. the GDRO trainer, both adversaries, 3 steps, checkpoint every step, file logger
+# -------------------------------------------------------------------------------------------------
+
+
+def test_gdro_run_exits_zero_and_checkpoints_every_step(gdro_run: RunResult) -> None:
+    _assert_ok(gdro_run)
+    assert "GDROSampler installed" in gdro_run.log or (gdro_run.out_dir / "probe" / "plan.jsonl").exists()
+    for step in range(1, STEPS + 1):
+        step_dir = gdro_run.out_dir / "ckpt" / f"global_step_{step}"
+        assert (step_dir / "data.pt").exists(), f"no dataloader checkpoint (controller state) at step {step}"
+        assert (step_dir / "actor").is_dir(), f"no actor checkpoint at step {step}"
+
+
+def test_every_gdro_metric_logged_finite_at_every_step(gdro_run: RunResult) -> None:
+    from verl_gdro.metrics import PREFIX, SCALAR_METRICS, metric_keys
+
+    _assert_ok(gdro_run)
+    records = _train_records(gdro_run)
+    assert sorted(records) == list(range(1, STEPS + 1)), f"steps with gdro metrics: {sorted(records)}"
+    num_bins = max(int(k.rsplit("bin_", 1)[1]) for k in records[1] if "/bin_" in k) + 1
+    expected = metric_keys(num_bins)
+    assert len(expected) > len(SCALAR_METRICS)
+    for step, data in records.items():
+        missing = [k for k in expected if k not in data]
+        assert not missing, f"step {step}: gdro metrics missing from the file logger: {missing}"
+        bad = {k: data[k] for k in data if k.startswith(PREFIX) and not finite(data[k])}
+        assert not bad, f"step {step}: non-finite gdro metrics: {bad}"
+        # verl's own stages ran for real: rewards from math_dapo, a policy update.
+        assert finite(data.get("critic/score/mean")), f"step {step}: no reward score logged"
+        assert any(k.startswith("actor/") for k in data), f"step {step}: no actor update metrics"
+
+
+def test_realised_rollouts_equal_the_exact_budget(gdro_run: RunResult) -> None:
+    _assert_ok(gdro_run)
+    budget = TRAIN_BATCH_SIZE * ROLLOUT_N
+    records = _train_records(gdro_run)
+    for step in range(1, STEPS + 1):
+        dumped = gdro_run.rollouts(step)
+        assert len(dumped) == budget, f"step {step}: verl generated {len(dumped)} trajectories, budget {budget}"
+        assert records[step]["gdro/num_rollouts"] == budget
+        assert records[step]["gdro/num_prompts"] == TRAIN_BATCH_SIZE
+        assert records[step]["gdro/mean_n"] == pytest.approx(ROLLOUT_N, abs=1e-12)
+
+
+def test_each_prompt_got_the_rollouts_written_for_it(gdro_run: RunResult) -> None:
+    _assert_ok(gdro_run)
+    plans = {rec["step"]: rec for rec in _probe(gdro_run, "plan.jsonl")}
+    assert sorted(plans) == list(range(1, STEPS + 1)), f"planned steps: {sorted(plans)}"
+    allocations_seen: set[tuple[int, ...]] = set()
+    for step, plan in plans.items():
+        assert plan["rollout_n"] is not None, f"step {step}: __rollout_n__ was not written (Rollout-GDRO off?)"
+        written = dict(zip(plan["uid"], plan["rollout_n"], strict=True))
+        assert sum(written.values()) == TRAIN_BATCH_SIZE * ROLLOUT_N
+        # verl's own dump keys trajectories "{prompt uid}_{session}_{output}".
+        counted = collections.Counter(row["uid"].rsplit("_", 2)[0] for row in gdro_run.rollouts(step))
+        assert dict(counted) == written, f"step {step}: trajectories per prompt {dict(counted)} != written {written}"
+        allocations_seen.add(tuple(sorted(written.values())))
+    assert all(min(a) >= 2 for a in allocations_seen), f"an allocation below gdro.rollout.n_min=2: {allocations_seen}"
+
+
+def test_plot_draws_the_figures_from_the_jsonl(gdro_run: RunResult, tmp_path: Path) -> None:
+    _assert_ok(gdro_run)
+    if importlib.util.find_spec("verl_gdro.plots") is None:
+        pytest.fail("verl_gdro.plots is missing: `verl-gdro plot` cannot be checked")
+    out = tmp_path / "figures"
+    proc = subprocess.run(
+        [str(Path(sys.executable).parent / "verl-gdro"), "plot", str(gdro_run.metrics_path), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=e2e_env(),
+    )
+    assert proc.returncode == 0, f"verl-gdro plot failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    pngs = sorted(out.rglob("*.png"))
+    assert pngs, f"verl-gdro plot wrote no PNG under {out}:\n{proc.stdout[-2000:]}"
+    assert all(p.stat().st_size > 1000 for p in pngs), [(p.name, p.stat().st_size) for p in pngs]
+
+
+# -------------------------------------------------------------------------------------------------
+# 2. resume from the step-2 checkpoint in a second process
+# -------------------------------------------------------------------------------------------------
+
+
+def _assert_same(a: Any, b: Any, path: str = "state") -> None:
+    """Equal structure, equal integers/strings, floats equal to 1e-9 relative (summation order)."""
+    if isinstance(a, dict):
+        assert isinstance(b, dict) and set(a) == set(b), f"{path}: keys {sorted(a)} != {sorted(b)}"
+        for k in a:
+            _assert_same(a[k], b[k], f"{path}.{k}")
+    elif isinstance(a, list):
+        assert isinstance(b, list) and len(a) == len(b), f"{path}: lengths differ"
+        for i, (x, y) in enumerate(zip(a, b)):
+            _assert_same(x, y, f"{path}[{i}]")
+    elif isinstance(a, float) or isinstance(b, float):
+        assert b == pytest.approx(a, rel=1e-9, abs=1e-12), f"{path}: {a!r} != {b!r}"
+    else:
+        assert a == b, f"{path}: {a!r} != {b!r}"
+
+
+def test_resume_from_step_2_reproduces_step_3(gdro_run: RunResult, resumed_run: RunResult) -> None:
+    _assert_ok(resumed_run)
+    resumed_steps = sorted(_train_records(resumed_run))
+    assert resumed_steps == [STEPS], f"the resumed process logged steps {resumed_steps}, expected only {STEPS}"
+    # Decisions made before step 3's generation come from the restored controller and sampler.
+    plan_a = {r["step"]: r for r in _probe(gdro_run, "plan.jsonl")}[STEPS]
+    plan_b = {r["step"]: r for r in _probe(resumed_run, "plan.jsonl")}[STEPS]
+    assert plan_b["index"] == plan_a["index"], "the restored sampler drew other prompts at step 3"
+    assert plan_b["rollout_n"] == plan_a["rollout_n"], "the restored controller allocated other rollouts"
+    # The state after step 3's update.
+    state_a = {r["step"]: r for r in _probe(gdro_run, "state.jsonl")}[STEPS]["state"]
+    state_b = {r["step"]: r for r in _probe(resumed_run, "state.jsonl")}[STEPS]["state"]
+    _assert_same(state_a, state_b)
+
+
+# -------------------------------------------------------------------------------------------------
+# 3. the estimator alone in verl's stock sync trainer
+# -------------------------------------------------------------------------------------------------
+
+
+def test_estimator_alone_in_the_stock_sync_trainer(e2e_root: Path, assets: dict[str, str]) -> None:
+    out = e2e_root / "standalone"
+    overrides = cpu_overrides(assets, out, steps=1) + [
+        "algorithm.adv_estimator=gdro_grpo",
+        "trainer.v1.trainer_mode=sync",
+        "trainer.save_freq=-1",
+    ]
+    run = run_main_ppo(out, overrides)
+    _assert_ok(run)
+    assert "standalone" in run.log.lower(), f"no standalone-mode notice in the log:\n{run.tail(60)}"
+    steps = [r for r in run.metrics() if "critic/advantages/max" in r["data"]]
+    assert steps, "no training step was logged"
+    assert all(finite(r["data"]["critic/advantages/max"]) for r in steps)
+
+
+# -------------------------------------------------------------------------------------------------
+# 4. a bad GDRO config fails before Ray starts, naming the key
+# -------------------------------------------------------------------------------------------------
+
+
+def test_bad_gdro_config_fails_before_ray_starts(e2e_root: Path, assets: dict[str, str]) -> None:
+    out = e2e_root / "bad_config"
+    overrides = _gdro_overrides(assets, out, STEPS) + ["gdro.rollout.n_max=3"]  # rollout.n=4 > n_max
+    run = run_main_ppo(out, overrides, config=GDRO_CONFIG, timeout=300)
+    assert run.returncode != 0, "main_ppo accepted actor_rollout_ref.rollout.n outside [n_min, n_max]"
+    assert "Started a local Ray instance" not in run.log, f"Ray was started before the config was refused:\n{run.tail(40)}"
+    assert "ValueError" in run.log, run.tail(40)
+    assert "n_max" in run.log and "actor_rollout_ref.rollout.n" in run.log, run.tail(40)
