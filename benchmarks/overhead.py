@@ -1,0 +1,406 @@
+"""Driver-side overhead of GDRO against verl's own GRPO advantage stage (issue 6, "Overhead").
+
+The paper's weakest point: on Qwen3-4B its advantage stage took 0.043 s/step for GRPO, 0.355 s for
+Prompt-GDRO and 0.446 s for Rollout-GDRO (8x and 10x). verl-gdro's target is the WHOLE GDRO work
+of a step at most 1.10x verl's ``grpo`` for Prompt-GDRO and 1.25x for Rollout-GDRO, measured side
+by side in one process on the same batches:
+
+- GRPO: ``verl.trainer.ppo.ray_trainer.compute_advantage`` with ``AdvantageEstimator.GRPO`` on a
+  real ``verl.protocol.DataProto``;
+- GDRO: everything the GDRO trainer adds or replaces, through the same public step API the trainer
+  and the CPU demo use (:class:`verl_gdro.integration.controller.GDROController`):
+  classification and the allocation DP (``before_generation``), the Eq. 16 multipliers, the
+  ``gdro_grpo`` estimator through the same ``compute_advantage`` (inside ``gdro_step``), then the
+  per-prompt loss signal from the token arrays, the controller updates and the metrics
+  (``after_advantage``).
+
+Batches have the trainer's layout: int64 ``response_mask`` (verl's V1 ``_lengths_to_mask``),
+float32 ``token_level_rewards`` (the outcome reward on the last response token), float32
+``old_log_probs`` / ``ref_log_prob``, verl ``uid`` strings per prompt group, CPU torch tensors.
+Shapes: 256 x 4 and 512 x 4 responses of 4096 tokens, and 512 prompts with n drawn from 2..12 (the
+same 2048 responses in total). Rollout-GDRO rows use the group sizes its own allocation chose
+(again 4 per prompt on average, so the same total); GRPO is timed on that very batch.
+
+Each repetition is one full step (the controllers' state advances as in training); GRPO and GDRO
+alternate order between repetitions. Times are medians after warm-up. Before timing, the
+classifier is given a full window of history for every prompt of a DAPO-sized dataset, so
+classification runs at its worst case (late training), not on empty rings.
+
+Run: ``python benchmarks/overhead.py`` (``--quick`` for a small smoke run). The last line printed
+is a JSON object with ``prompt_gdro_ratio`` and ``rollout_gdro_ratio`` (the worst ratio over the
+shapes, default ``robust`` preset) and every row. The machine may be shared: the ratios measured
+side by side in one run are what count, not the absolute seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+#: The paper's driver-side advantage-stage times on Qwen3-4B (s/step), for the printed comparison.
+PAPER_SECONDS = {"grpo": 0.043, "prompt": 0.355, "rollout": 0.446}
+TARGETS = {"prompt": 1.10, "rollout": 1.25}
+N_MEAN = 4
+DATASET_PROMPTS = 14_116  # DAPO-Math-17k (en), the paper's training set
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A batch shape: ``prompts`` groups, ``n`` rollouts each (``None``: drawn from 2..12)."""
+
+    name: str
+    prompts: int
+    n: int | None
+
+
+@dataclass
+class Row:
+    """One measured (shape, adversary, preset) combination."""
+
+    shape: str
+    adversary: str  # "prompt" or "rollout"
+    preset: str
+    grpo_s: list[float] = field(default_factory=list)
+    gdro_s: list[float] = field(default_factory=list)
+    parts_s: dict[str, list[float]] = field(default_factory=dict)
+
+    @property
+    def grpo(self) -> float:
+        return statistics.median(self.grpo_s)
+
+    @property
+    def gdro(self) -> float:
+        return statistics.median(self.gdro_s)
+
+    @property
+    def ratio(self) -> float:
+        return self.gdro / self.grpo
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "shape": self.shape,
+            "adversary": self.adversary,
+            "preset": self.preset,
+            "grpo_s": self.grpo,
+            "gdro_s": self.gdro,
+            "ratio": self.ratio,
+            "parts_s": {k: statistics.median(v) for k, v in self.parts_s.items()},
+            "reps": len(self.gdro_s),
+        }
+
+
+# ----------------------------------------------------------------------------------------------
+# Synthetic data (untimed)
+# ----------------------------------------------------------------------------------------------
+
+
+class TokenArrays:
+    """Per-token tensors for ``rows`` responses of ``width`` tokens, built once and reused.
+
+    Every step of a shape has the same number of responses (the exact budget keeps it at
+    ``prompts * 4``), so only the rewards and the grouping change between repetitions.
+    """
+
+    def __init__(self, rows: int, width: int, rng: np.random.Generator) -> None:
+        import torch
+
+        lengths = rng.integers(max(1, width // 16), width + 1, size=rows)
+        self.lengths = torch.as_tensor(lengths, dtype=torch.int64)
+        positions = torch.arange(width).unsqueeze(0)
+        self.response_mask = (positions < self.lengths.unsqueeze(1)).to(torch.int64)  # as verl V1 builds it
+        gen = torch.Generator().manual_seed(int(rng.integers(2**31)))
+        old = -(torch.randn(rows, width, generator=gen).abs() * 0.7) * self.response_mask
+        self.old_log_probs = old.to(torch.float32)
+        self.ref_log_prob = (old + 0.05 * torch.randn(rows, width, generator=gen)) * self.response_mask
+        self.width = width
+
+    def token_level_rewards(self, rewards: np.ndarray) -> Any:
+        """Outcome reward on each response's last valid token (verl's reward manager layout)."""
+        import torch
+
+        out = torch.zeros(self.response_mask.shape, dtype=torch.float32)
+        out[torch.arange(out.shape[0]), self.lengths - 1] = torch.as_tensor(rewards, dtype=torch.float32)
+        return out
+
+
+def random_group_sizes(prompts: int, rng: np.random.Generator, low: int = 2, high: int = 12) -> np.ndarray:
+    """n_i in [low, high] summing exactly to ``N_MEAN * prompts`` (variable-n shape)."""
+    n = np.full(prompts, N_MEAN, dtype=np.int64)
+    for _ in range(prompts * 8):  # move rollouts between random pairs while staying in range
+        i, j = rng.integers(prompts, size=2)
+        k = int(rng.integers(1, 5))
+        if i != j and n[i] + k <= high and n[j] - k >= low:
+            n[i] += k
+            n[j] -= k
+    return n
+
+
+def make_batch(tokens: TokenArrays, group_uids: np.ndarray, group_sizes: np.ndarray, acc: np.ndarray) -> Any:
+    """A verl DataProto as the advantage stage sees it (one verl uid string per prompt group)."""
+    from verl.protocol import DataProto
+
+    traj_uids = np.repeat(group_uids, group_sizes)
+    rewards = np.where(acc > 0.5, 1.0, -1.0)  # the paper's reward in {-1, +1}; acc stays binary
+    data = DataProto.from_dict(
+        tensors={
+            "token_level_rewards": tokens.token_level_rewards(rewards),
+            "response_mask": tokens.response_mask,
+            "old_log_probs": tokens.old_log_probs,
+            "ref_log_prob": tokens.ref_log_prob,
+        },
+        non_tensors={"uid": traj_uids, "acc": acc.astype(np.float64)},
+    )
+    return data
+
+
+def shallow_copy(data: Any) -> Any:
+    """A DataProto sharing the tensors: each estimator writes its own advantages / returns."""
+    from verl.protocol import DataProto
+
+    return DataProto.from_dict(
+        tensors={k: data.batch[k] for k in data.batch.keys()},
+        non_tensors=dict(data.non_tensor_batch),
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# The measured step
+# ----------------------------------------------------------------------------------------------
+
+
+class Bench:
+    """Holds the controller of one (adversary, preset) and runs timed steps on synthetic batches."""
+
+    def __init__(self, adversary: str, preset: str, width: int, rng: np.random.Generator, history: int) -> None:
+        from omegaconf import OmegaConf
+
+        from verl_gdro.integration.controller import GDROController
+
+        group = {
+            "preset": preset,
+            "prompt": {"enable": adversary == "prompt"},
+            "rollout": {"enable": adversary == "rollout"},
+        }
+        self.ctrl = GDROController.from_config(group, rollout_n=N_MEAN)
+        # the `algorithm` group verl hands the estimator; the GDRO trainer mirrors `gdro` into it
+        self.algo_cfg = OmegaConf.create(
+            {"adv_estimator": "gdro_grpo", "norm_adv_by_std_in_grpo": True, "gdro": group}
+        )
+        self.grpo_cfg = OmegaConf.create({"adv_estimator": "grpo", "norm_adv_by_std_in_grpo": True})
+        self.adversary = adversary
+        # the trainer reads the token arrays only for the surrogate loss signals (preset paper)
+        self.needs_log_probs = self.ctrl.settings.prompt.loss_signal != "failure_rate"
+        self.width = width
+        self.rng = rng
+        # heavy-tailed true pass rates: many prompts near 0 or 1, as on DAPO
+        self.true_p = rng.beta(0.35, 0.5, size=DATASET_PROMPTS)
+        self._prefill(history)
+
+    def _prefill(self, history: int) -> None:
+        """Give every dataset prompt ``history`` visits (rings at full width: the worst case)."""
+        clf = self.ctrl.classifier
+        assert clf is not None
+        uids = np.arange(DATASET_PROMPTS, dtype=np.int64)
+        for _ in range(history):
+            succ = self.rng.binomial(N_MEAN, self.true_p)
+            clf.observe(uids, succ, np.full(uids.size, N_MEAN))
+
+    def step(self, shape: Shape, tokens: TokenArrays, grpo_first: bool) -> tuple[float, float, dict[str, float]]:
+        """One training step's advantage stage, GRPO and GDRO on the same batch.
+
+        Returns (grpo seconds, gdro seconds, gdro parts).
+        """
+        from verl.trainer.ppo.core_algos import AdvantageEstimator
+        from verl.trainer.ppo.ray_trainer import compute_advantage
+
+        from verl_gdro.integration.context import gdro_step, is_padding_uid
+        from verl_gdro.integration.trainer import _padded_numpy as read_tokens
+
+        prompt_uids = self.rng.choice(DATASET_PROMPTS, size=shape.prompts, replace=False).astype(np.int64)
+
+        verl_uids = [str(uuid.uuid4()) for _ in range(shape.prompts)]  # verl's uid per prompt group
+        t0 = time.perf_counter()
+        plan = self.ctrl.before_generation(prompt_uids)
+        positions = dict(zip(verl_uids, plan.positions.tolist(), strict=True))  # as _next_train_batch keeps it
+        t_plan = time.perf_counter() - t0
+
+        if self.adversary == "rollout":
+            sizes = plan.rollout_n
+        elif shape.n is None:
+            sizes = random_group_sizes(shape.prompts, self.rng)
+        else:
+            sizes = np.full(shape.prompts, shape.n, dtype=np.int64)
+        assert int(sizes.sum()) == tokens.response_mask.shape[0]
+        group_index = np.repeat(plan.positions, sizes)
+        acc = (self.rng.random(group_index.size) < self.true_p[prompt_uids][np.repeat(np.arange(sizes.size), sizes)])
+        data = make_batch(tokens, np.array(verl_uids, dtype=object), sizes, acc.astype(np.float64))
+        grpo_data, gdro_data = shallow_copy(data), shallow_copy(data)
+
+        def run_grpo() -> float:
+            t = time.perf_counter()
+            compute_advantage(grpo_data, AdvantageEstimator.GRPO, norm_adv_by_std_in_grpo=True, config=self.grpo_cfg)
+            return time.perf_counter() - t
+
+        parts: dict[str, float] = {"plan": t_plan}
+
+        def run_gdro() -> float:
+            # mirrors GDROTrainerSync._compute_advantage: ids and acc per trajectory, padding rows
+            # skipped, multipliers into gdro_step, verl's stage, then the token arrays for the loss
+            # signal read with the trainer's own helper, then update + metrics
+            t = time.perf_counter()
+            uids = [str(u) for u in gdro_data.non_tensor_batch["uid"]]
+            rows = np.flatnonzero(np.array([not is_padding_uid(u) for u in uids], dtype=bool))
+            g = np.array([positions[uids[i]] for i in rows.tolist()], dtype=np.int64)
+            acc_col = gdro_data.non_tensor_batch["acc"]
+            acc_rows = np.asarray([float(acc_col[i]) for i in rows.tolist()], dtype=np.float64)
+            mult = self.ctrl.advantage_multipliers(g)
+            with gdro_step(uids=[uids[i] for i in rows.tolist()], values=mult):
+                t1 = time.perf_counter()
+                compute_advantage(gdro_data, "gdro_grpo", norm_adv_by_std_in_grpo=True, config=self.algo_cfg)
+                t2 = time.perf_counter()
+            extra: dict[str, np.ndarray] = {}
+            if self.needs_log_probs:
+                batch = gdro_data.batch
+                for name, key in (("response_mask", "response_mask"), ("old_log_probs", "old_log_probs"),
+                                  ("advantages", "advantages"), ("ref_log_probs", "ref_log_prob")):
+                    extra[name] = read_tokens(batch[key], rows)
+            t3 = time.perf_counter()
+            self.ctrl.after_advantage(g, acc_rows, **extra)
+            t4 = time.perf_counter()
+            parts.update(multipliers=t1 - t, estimator=t2 - t1, read_tokens=t3 - t2, update_metrics=t4 - t3)
+            return t4 - t
+
+        if grpo_first:
+            grpo_s = run_grpo()
+            gdro_s = run_gdro()
+        else:
+            gdro_s = run_gdro()
+            grpo_s = run_grpo()
+        return grpo_s, t_plan + gdro_s, parts
+
+
+def measure(
+    shape: Shape, adversary: str, preset: str, width: int, reps: int, warmup: int, history: int, seed: int
+) -> Row:
+    rng = np.random.default_rng(seed)
+    bench = Bench(adversary, preset, width, rng, history)
+    tokens = TokenArrays(shape.prompts * N_MEAN, width, rng)
+    row = Row(shape=shape.name, adversary=adversary, preset=preset)
+    for i in range(warmup + reps):
+        grpo_s, gdro_s, parts = bench.step(shape, tokens, grpo_first=i % 2 == 0)
+        if i >= warmup:
+            row.grpo_s.append(grpo_s)
+            row.gdro_s.append(gdro_s)
+            for k, v in parts.items():
+                row.parts_s.setdefault(k, []).append(v)
+    return row
+
+
+# ----------------------------------------------------------------------------------------------
+# CLI
+# ----------------------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="small shapes and few repetitions (smoke run)")
+    p.add_argument("--reps", type=int, default=None, help="timed repetitions per row (default 7; quick 3)")
+    p.add_argument("--warmup", type=int, default=None, help="untimed steps first (default 3; quick 1)")
+    p.add_argument("--tokens", type=int, default=None, help="response length (default 4096; quick 256)")
+    p.add_argument("--presets", default="robust,paper", help="comma-separated presets (default robust,paper)")
+    p.add_argument(
+        "--threads", type=int, default=1,
+        help="torch threads (default 1: verl's TaskRunner is a Ray actor without num_cpus, so Ray sets "
+        "OMP_NUM_THREADS=1 where the advantage stage runs)",
+    )
+    p.add_argument("--shapes", default=None, help="comma-separated shape names to run (default: all)")
+    p.add_argument("--seed", type=int, default=0)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    # importing the estimator registers gdro_grpo with verl (the plugin entry point does the same)
+    import torch
+
+    import verl_gdro.integration.estimator  # noqa: F401
+
+    torch.set_num_threads(args.threads)
+    quick = args.quick
+    width = args.tokens or (256 if quick else 4096)
+    reps = args.reps or (3 if quick else 7)
+    warmup = args.warmup if args.warmup is not None else (1 if quick else 3)
+    history = 3 if quick else 100
+    shapes = (
+        [Shape("32x4", 32, N_MEAN), Shape("32xvar", 32, None)]
+        if quick
+        else [Shape("256x4", 256, N_MEAN), Shape("512x4", 512, N_MEAN), Shape("512xvar", 512, None)]
+    )
+    if args.shapes:
+        wanted = {x.strip() for x in args.shapes.split(",")}
+        shapes = [s for s in shapes if s.name in wanted]
+    presets = [p.strip() for p in args.presets.split(",") if p.strip()]
+
+    print(
+        f"verl-gdro overhead benchmark: {platform.processor() or platform.machine()}, "
+        f"{os.cpu_count()} CPUs, torch {torch.__version__} ({torch.get_num_threads()} threads), "
+        f"responses of {width} tokens, {reps} reps after {warmup} warm-up, median seconds"
+    )
+    rows: list[Row] = []
+    for si, shape in enumerate(shapes):
+        for adversary in ("prompt", "rollout"):
+            if adversary == "rollout" and shape.n is None:
+                continue  # Rollout-GDRO's batches are variable-n by construction (its allocation)
+            for preset in presets:
+                row = measure(shape, adversary, preset, width, reps, warmup, history, args.seed + si)
+                rows.append(row)
+                parts = "  ".join(f"{k}={statistics.median(v):.4f}" for k, v in row.parts_s.items())
+                print(
+                    f"{shape.name:>16}  {adversary + '-GDRO':<12} {preset:<7} grpo {row.grpo:8.4f} s  "
+                    f"gdro {row.gdro:8.4f} s  ratio {row.ratio:5.2f}x  (target {TARGETS[adversary]:.2f}x)  [{parts}]",
+                    flush=True,
+                )
+
+    def worst(adversary: str, preset: str) -> float:
+        vals = [r.ratio for r in rows if r.adversary == adversary and r.preset == preset]
+        return max(vals) if vals else math.nan
+
+    headline = "robust" if "robust" in presets else presets[0]
+    summary = {
+        "prompt_gdro_ratio": worst("prompt", headline),
+        "rollout_gdro_ratio": worst("rollout", headline),
+        "preset": headline,
+        "ratios_by_preset": {p: {"prompt": worst("prompt", p), "rollout": worst("rollout", p)} for p in presets},
+        "targets": TARGETS,
+        "paper_seconds": PAPER_SECONDS,
+        "paper_ratios": {"prompt": PAPER_SECONDS["prompt"] / PAPER_SECONDS["grpo"],
+                         "rollout": PAPER_SECONDS["rollout"] / PAPER_SECONDS["grpo"]},
+        "tokens": width,
+        "torch_threads": torch.get_num_threads(),
+        "quick": quick,
+        "rows": [r.as_dict() for r in rows],
+    }
+    for p in presets:
+        r = summary["ratios_by_preset"][p]
+        print(
+            f"worst ratio, preset {p}: Prompt-GDRO {r['prompt']:.2f}x (target {TARGETS['prompt']}x), "
+            f"Rollout-GDRO {r['rollout']:.2f}x (target {TARGETS['rollout']}x); paper: "
+            f"{summary['paper_ratios']['prompt']:.1f}x and {summary['paper_ratios']['rollout']:.1f}x"
+        )
+    print(json.dumps(summary))
+    return summary
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,54 @@
+"""benchmarks/overhead.py runs end to end and reports its ratios as the last JSON line.
+
+Timing is not a test (the machine is shared and the ratio targets are checked by reading the
+benchmark's output, see docs/benchmarks.md), so this only checks that the benchmark runs the real
+pipeline in ``--quick`` mode and that its machine-readable summary is complete and sane.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_overhead_benchmark_quick_reports_finite_positive_ratios() -> None:
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "overhead.py"), "--quick"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    lines = [line for line in proc.stdout.splitlines() if line.strip()]
+    summary = json.loads(lines[-1])
+
+    for key in ("prompt_gdro_ratio", "rollout_gdro_ratio"):
+        value = summary[key]
+        assert isinstance(value, float) and math.isfinite(value) and value > 0, (key, value)
+    assert summary["quick"] is True
+    # every (shape, adversary, preset) row was measured with positive, finite times
+    rows = summary["rows"]
+    assert {(r["adversary"], r["preset"]) for r in rows} == {
+        ("prompt", "robust"), ("prompt", "paper"), ("rollout", "robust"), ("rollout", "paper")
+    }
+    for row in rows:
+        for key in ("grpo_s", "gdro_s", "ratio"):
+            assert math.isfinite(row[key]) and row[key] > 0, (row["shape"], key, row[key])
+        assert row["ratio"] == pytest.approx(row["gdro_s"] / row["grpo_s"])
+        assert row["reps"] >= 1
+        assert set(row["parts_s"]) >= {"plan", "multipliers", "estimator", "update_metrics"}
+    # the headline ratios are the worst rows of the default preset
+    robust = [r for r in rows if r["preset"] == "robust"]
+    assert summary["prompt_gdro_ratio"] == max(r["ratio"] for r in robust if r["adversary"] == "prompt")
+    assert summary["rollout_gdro_ratio"] == max(r["ratio"] for r in robust if r["adversary"] == "rollout")
+    # one human-readable line per row precedes the JSON
+    assert sum(" grpo " in line and " gdro " in line for line in lines[:-1]) == len(rows)
