@@ -100,6 +100,7 @@ def test_appendix_a_settings(tmp_path):
     assert cfg.trainer.validation_data_dir.endswith("/val_generations")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", MODELS)
 def test_grpo_differs_from_gdro_runs_only_in_gdro_keys(tmp_path, model):
     base = flat(compose(recipe_argv(tmp_path, f"grpo_qwen3_{model}.sh", env={"EXP_NAME": "x"})[2:]))
@@ -166,6 +167,7 @@ def test_invalid_override_fails_naming_the_key(tmp_path, capsys, recipe, overrid
     assert err.startswith("DRY RUN FAILED:") and key in err, err
 
 
+@pytest.mark.slow
 def test_data_prepared_with_another_template_is_refused(tmp_path, capsys):
     from test_data import loader  # the fixture tables of tests/test_data.py
 
@@ -217,3 +219,20 @@ def test_dry_run_through_bash_end_to_end(tmp_path):
     assert (
         bad.returncode == 1 and "DRY RUN FAILED" in bad.stderr and "actor_rollout_ref.rollout.n" in bad.stderr
     )
+
+
+def test_dry_run_cli_namespace_entry(tmp_path, capsys):
+    """The ``add_arguments``/``main(args)`` form a ``verl-gdro dry-run`` subcommand would use."""
+    import argparse
+
+    from verl_gdro import dryrun
+
+    argv = recipe_argv(
+        tmp_path, "rollout_gdro_qwen3_1.7b.sh", env={"DRY_RUN": "1"}, args=("gdro.rollout.n_max=3",)
+    )
+    parser = argparse.ArgumentParser()
+    dryrun.add_arguments(parser)
+    ns = parser.parse_args(["--quiet", *argv[2:]])
+    assert ns.config_name == "gdro_trainer" and ns.config_dir == [str(REPO / "hydra_configs")]
+    assert dryrun.main(ns) == 1
+    assert "gdro.rollout.n_max=3" in capsys.readouterr().err

@@ -320,12 +320,30 @@ def dry_run(argv: list[str], require_data: bool = False, print_config: bool = Tr
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m verl_gdro.dryrun [--require-data] [--quiet] --config-path=... --config-name=... [overrides]``."""
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Arguments for a ``verl-gdro dry-run`` subcommand (same options as main_ppo's Hydra CLI)."""
+    parser.add_argument("--require-data", action="store_true", help="fail when a data file is missing")
+    parser.add_argument("--quiet", action="store_true", help="do not print the resolved config")
+    parser.add_argument("--config-path", "-cp", required=True)
+    parser.add_argument("--config-name", "-cn", required=True)
+    parser.add_argument("--config-dir", "-cd", action="append", default=[])
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides")
+
+
+def main(argv: list[str] | argparse.Namespace | None = None) -> int:
+    """``python -m verl_gdro.dryrun [--require-data] [--quiet] --config-path=... --config-name=... [overrides]``.
+
+    Also accepts the parsed namespace of :func:`add_arguments` (the ``verl-gdro`` CLI convention).
+    """
+    if isinstance(argv, argparse.Namespace):
+        a = argv
+        hydra_argv = [f"--config-path={a.config_path}", f"--config-name={a.config_name}"]
+        hydra_argv += [f"--config-dir={d}" for d in a.config_dir] + list(a.overrides)
+        return dry_run(hydra_argv, require_data=a.require_data, print_config=not a.quiet)
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument("--require-data", action="store_true")
-    parser.add_argument("--quiet", action="store_true", help="do not print the resolved config")
+    parser.add_argument("--quiet", action="store_true")
     own, rest = parser.parse_known_args(argv)
     return dry_run(rest, require_data=own.require_data, print_config=not own.quiet)
 
