@@ -44,6 +44,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=None, help="RL steps per method (overrides the size's default)")
     parser.add_argument("--resume", action="store_true", help="continue a killed run from its checkpoints")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default 1: fastest for this tiny model on a shared 2-core box)")
+    parser.add_argument(
+        "--set",
+        nargs="+",
+        default=None,
+        metavar="KEY=VALUE",
+        help="override any DemoConfig field (verl_gdro/demo/config.py), e.g. --set lr=3e-4 train_size=128",
+    )
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG figures")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar (plain log lines)")
 
@@ -57,6 +64,13 @@ def _config_from_args(args: argparse.Namespace) -> DemoConfig:
         over["steps"] = int(args.steps)
     if args.threads is not None:
         over["threads"] = int(args.threads)
+    for item in args.set or []:
+        key, sep, value = item.partition("=")
+        fields = DemoConfig.__dataclass_fields__
+        if not sep or key not in fields or key in ("methods", "seeds"):
+            raise ValueError(f"--set {item!r}: expected KEY=VALUE with KEY one of {sorted(set(fields) - {'methods', 'seeds'})}")
+        kind = type(getattr(cfg, key))
+        over[key] = kind(float(value)) if kind is int else kind(value)
     cfg = replace(cfg, **over)
     cfg.validate()
     return cfg

@@ -1,0 +1,155 @@
+"""End-to-end CPU demo runs (slow): ``verl-gdro demo --quick`` as CI runs it, and a SIGKILL + resume.
+
+The warm start is cached per test session in a temporary ``VERL_GDRO_CACHE`` so the runs share
+it (it is a pure function of its settings) without touching the user's cache.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+QUICK_TIMEOUT_S = 900  # generous: the machine running CI may be shared; the budget is measured in docs
+
+
+@pytest.fixture(scope="module")
+def cache_env(tmp_path_factory):
+    env = dict(os.environ)
+    env["VERL_GDRO_CACHE"] = str(tmp_path_factory.mktemp("warm_cache"))
+    env["PYTHONWARNINGS"] = "ignore"
+    return env
+
+
+def _demo(out: Path, env: dict, *extra: str, timeout: int = QUICK_TIMEOUT_S) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "verl_gdro.cli", "demo", "--quick", "--out", str(out), "--no-progress", *extra]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def _rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory, cache_env):
+    out = tmp_path_factory.mktemp("demo_quick")
+    t0 = time.perf_counter()
+    proc = _demo(out, cache_env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return out, time.perf_counter() - t0
+
+
+def test_quick_run_writes_every_output(quick_run):
+    from verl_gdro.demo.config import QUICK_METHODS, DemoConfig
+    from verl_gdro.plots import HEATMAPS
+
+    out, _ = quick_run
+    for name in ("config.json", "tokenizer.json", "warm_start.pt", "metrics.jsonl", "results.json", "results.md"):
+        assert (out / name).is_file(), name
+    cfg = DemoConfig.quick()
+    res = json.loads((out / "results.json").read_text())
+    assert list(res["methods"]) == list(QUICK_METHODS)
+    budget = cfg.steps * cfg.batch_prompts * cfg.n_mean
+    for m, e in res["methods"].items():
+        for key in ("pass@8", "mean@8", "worst_level_acc"):
+            assert isinstance(e[key], float) and 0.0 <= e[key] <= 1.0, (m, key)
+        assert e["rollouts"] == budget  # exactly the same rollouts for every method
+        assert e["worst_level_acc"] == pytest.approx(min(e["level_acc"].values()))
+        assert e["mean@8"] <= e["pass@8"] + 1e-12
+    md = (out / "results.md").read_text()
+    assert all(m in md for m in QUICK_METHODS)
+    pngs = {p.name for p in (out / "plots").glob("*.png")}
+    assert {f"{m}_{stem}.png" for m in QUICK_METHODS for stem in HEATMAPS} | {"lead_lag.png", "wse.png"} <= pngs
+
+
+def test_quick_run_metrics_are_finite_and_the_budget_is_exact(quick_run):
+    from verl_gdro.demo.config import QUICK_METHODS, DemoConfig
+    from verl_gdro.metrics import metric_keys
+
+    out, _ = quick_run
+    cfg = DemoConfig.quick()
+    rows = _rows(out / "metrics.jsonl")
+    assert len(rows) == cfg.steps * len(QUICK_METHODS)
+    for r in rows:
+        assert set(metric_keys(10)) <= set(r)
+        for k, v in r.items():
+            if k not in ("method", "seed", "step"):
+                assert math.isfinite(v), (r["method"], r["step"], k)
+        assert r["gdro/num_rollouts"] == cfg.batch_prompts * cfg.n_mean
+        assert r["gdro/mean_n"] == pytest.approx(cfg.n_mean)
+        per_bin = sum(r[f"gdro/count/bin_{b}"] * r[f"gdro/rollout_n/bin_{b}"] for b in range(10))
+        assert per_bin == pytest.approx(cfg.batch_prompts * cfg.n_mean)
+    by = {m: [r for r in rows if r["method"] == m] for m in QUICK_METHODS}
+    # GRPO: multipliers 1 and n = 4 throughout; the adversaries actually act
+    assert all(r[f"gdro/prompt_weight/bin_{b}"] == 1.0 for r in by["grpo"] for b in range(10))
+    assert any(abs(r[f"gdro/prompt_weight/bin_{b}"] - 1.0) > 1e-6 for r in by["prompt_gdro"] for b in range(10))
+    assert all(r[f"gdro/rollout_n/bin_{b}"] in (0.0, 4.0) for r in by["grpo"] for b in range(10))
+    assert any(r[f"gdro/rollout_n/bin_{b}"] not in (0.0, 4.0) for r in by["rollout_gdro"] for b in range(10))
+
+
+def test_quick_run_training_moves_the_policy(quick_run):
+    import torch
+
+    out, _ = quick_run
+    init = torch.load(out / "warm_start.pt", map_location="cpu", weights_only=False)["state_dict"]
+    for ckpt in sorted((out / "ckpt").glob("*.pt")):
+        state = torch.load(ckpt, map_location="cpu", weights_only=False)["run"]["model"]
+        delta = max(float((state[k].float() - init[k].float()).abs().max()) for k in init)
+        assert delta > 1e-4, ckpt.name
+    rows = _rows(out / "metrics.jsonl")
+    assert any(r["actor/pg_loss"] != 0.0 for r in rows)
+
+
+def _comparable(rows: list[dict]) -> list[dict]:
+    """Rows without wall-clock fields, which legitimately differ between runs."""
+    return [
+        {k: v for k, v in r.items() if not k.startswith("timing/") and k != "gdro/controller_time_s"} for r in rows
+    ]
+
+
+def test_sigkill_and_resume_gives_identical_decisions(tmp_path, cache_env):
+    args = ("--methods", "rollout_gdro", "prompt_gdro", "--steps", "8", "--no-plots")
+    ref_dir, run_dir = tmp_path / "ref", tmp_path / "killed"
+    proc = _demo(ref_dir, cache_env, *args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+    cmd = [sys.executable, "-m", "verl_gdro.cli", "demo", "--quick", "--out", str(run_dir), "--no-progress", *args]
+    p = subprocess.Popen(cmd, env=cache_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    metrics = run_dir / "metrics.jsonl"
+    deadline = time.time() + QUICK_TIMEOUT_S
+    try:
+        # kill in the middle of the second method, with a checkpoint on disk
+        while time.time() < deadline:
+            if metrics.exists() and sum(1 for r in _rows(metrics) if r["method"] == "prompt_gdro") >= 3:
+                break
+            assert p.poll() is None, "the run ended before it could be killed"
+            time.sleep(0.2)
+        os.kill(p.pid, signal.SIGKILL)
+    finally:
+        p.wait(timeout=60)
+    before = _rows(metrics)
+    warm_bytes = (run_dir / "warm_start.pt").read_bytes()
+    done_first = (run_dir / "done" / "rollout_gdro_seed0.json").read_text()
+
+    proc = _demo(run_dir, cache_env, *args, "--resume")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    after = _rows(metrics)
+    ref = _rows(ref_dir / "metrics.jsonl")
+    assert _comparable(after) == _comparable(ref)
+    # nothing earlier in the run directory was lost or rewritten
+    assert _comparable(after[: len(before) - 1]) == _comparable(before[: len(before) - 1])
+    assert (run_dir / "warm_start.pt").read_bytes() == warm_bytes
+    assert (run_dir / "done" / "rollout_gdro_seed0.json").read_text() == done_first
+    res, res_ref = (json.loads((d / "results.json").read_text())["methods"] for d in (run_dir, ref_dir))
+    for m in res_ref:
+        for key in ("pass@8", "mean@8", "worst_level_acc", "rollouts", "level_acc"):
+            assert res[m][key] == res_ref[m][key], (m, key)
