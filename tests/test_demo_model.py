@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
+from verl_gdro.demo.model import build_model, encode_prompts, response_log_probs, sample
+from verl_gdro.demo.tokenizer import CharTokenizer
 
-from verl_gdro.demo.model import build_model, encode_prompts, response_log_probs, sample  # noqa: E402
-from verl_gdro.demo.tokenizer import CharTokenizer  # noqa: E402
+# building a Qwen3 imports transformers (several seconds on a shared 2-core machine)
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")

@@ -129,6 +129,7 @@ def test_tokenizer_round_trip_and_chat_template(tmp_path):
 # ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # imports verl
 def test_reference_response_scores_correct_with_verls_math_dapo():
     from verl.utils.reward_score.math_dapo import compute_score
 

@@ -84,6 +84,7 @@ def test_several_seeds_are_separate_series(tmp_path):
     assert set(load_series(tmp_path / "metrics.jsonl")) == {"grpo/seed0", "grpo/seed1"}
 
 
+@pytest.mark.slow  # imports verl (its FileLogger writes the file under test)
 def test_verl_file_logger_jsonl(tmp_path, monkeypatch):
     path = tmp_path / "run.jsonl"
     _write_verl_file_logger(path, monkeypatch)
@@ -101,6 +102,7 @@ def test_verl_file_logger_jsonl(tmp_path, monkeypatch):
     assert load_series(path, name="mine").keys() == {"mine"}
 
 
+@pytest.mark.slow
 def test_cli_plot_from_verl_jsonl(tmp_path, monkeypatch):
     from verl_gdro.cli import main
 
