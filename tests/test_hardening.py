@@ -399,3 +399,154 @@ def test_empty_batch_is_a_no_op_or_refused() -> None:
     assert_rejected(rg, lambda: rg.update(empty, empty, empty), "bins")
     metrics = step_metrics(NUM_BINS, empty, empty, empty)
     assert all(math.isfinite(v) for v in metrics.values())
+
+
+# --------------------------------------------------------------------------------------------
+# The integration's step object (what the GDRO trainer and the CPU demo drive)
+# --------------------------------------------------------------------------------------------
+
+CONTROLLER_GROUPS: list[dict[str, Any]] = [
+    {"classifier": {"num_bins": NUM_BINS, "window": 3, "k": 4}},  # robust, Prompt-GDRO only
+    {"classifier": {"num_bins": NUM_BINS, "window": 3, "k": 4}, "prompt": {"enable": False},
+     "rollout": {"enable": True, "n_min": 2, "n_max": 6}},
+    {"classifier": {"num_bins": NUM_BINS, "window": 3, "k": 4}, "rollout": {"enable": True, "n_min": 2, "n_max": 6}},
+    {"preset": "paper", "classifier": {"num_bins": NUM_BINS, "window": 3, "k": 4},
+     "rollout": {"enable": True, "n_min": 2, "n_max": 6}},
+]
+
+
+def _controller(group: dict[str, Any]) -> Any:
+    from verl_gdro.integration.controller import GDROController
+
+    return GDROController.from_config(copy.deepcopy(group), rollout_n=4)
+
+
+def _token_arrays(rng: np.random.Generator, rows: int, width: int = 6) -> dict[str, np.ndarray]:
+    mask = (np.arange(width)[None, :] < rng.integers(1, width + 1, size=rows)[:, None]).astype(np.float32)
+    old = (-np.abs(rng.normal(size=(rows, width))) * mask).astype(np.float32)
+    ref = (old + 0.1 * rng.normal(size=(rows, width))).astype(np.float32) * mask
+    adv = (rng.normal(size=(rows, 1)) * mask).astype(np.float32)
+    return {"response_mask": mask, "old_log_probs": old, "ref_log_probs": ref, "advantages": adv}
+
+
+@st.composite
+def controller_step(draw: st.DrawFn) -> dict[str, Any]:
+    return {
+        # repeats allowed: a resampling sampler may draw a prompt twice in one step
+        "uids": draw(st.lists(st.sampled_from(UID_POOL), min_size=1, max_size=10)),
+        "seed": draw(st.integers(0, 2**31 - 1)),
+        # generation failures: some trajectories of a prompt never arrive
+        "lost": draw(st.lists(st.integers(0, 60), max_size=3)),
+        # a non-finite log-prob poisons that trajectory's loss signal (paper preset)
+        "poison": draw(st.lists(st.integers(0, 60), max_size=2)),
+        "bad": draw(st.sampled_from(
+            [None, "acc_nan", "acc_range", "acc_missing", "group_index", "log_probs_missing"]
+        )),
+    }
+
+
+def _strip_time(metrics: Mapping[str, float]) -> dict[str, float]:
+    return {k: v for k, v in metrics.items() if k != "gdro/controller_time_s"}
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(steps=st.lists(controller_step(), min_size=1, max_size=6), group=st.sampled_from(CONTROLLER_GROUPS))
+def test_controller_random_steps_with_faults_match_a_clean_twin(
+    steps: list[dict[str, Any]], group: dict[str, Any]
+) -> None:
+    """Bad input is refused with the field named and changes nothing: a controller that also saw
+    every rejected call ends bit-identical (decisions, metrics, state) to a twin that never did."""
+    ctrl, twin = _controller(group), _controller(group)
+    paper = ctrl.settings.prompt.loss_signal != "failure_rate"
+    for step in steps:
+        rng = np.random.default_rng(step["seed"])
+        uids = np.array(step["uids"], dtype=np.int64)
+        plan, twin_plan = ctrl.before_generation(uids), twin.before_generation(uids)
+        np.testing.assert_array_equal(plan.bins, twin_plan.bins)
+        np.testing.assert_array_equal(plan.rollout_n, twin_plan.rollout_n)
+        assert np.all((plan.bins >= 0) & (plan.bins < NUM_BINS))
+        assert int(plan.rollout_n.sum()) == 4 * uids.size
+        group_index = np.repeat(plan.positions, plan.rollout_n)
+        keep = np.ones(group_index.size, dtype=bool)
+        for i in step["lost"]:
+            if i < keep.size:
+                keep[i] = False
+        group_index = group_index[keep]
+        acc = rng.integers(0, 2, size=group_index.size).astype(np.float64)
+        arrays = _token_arrays(rng, group_index.size) if paper else {}
+        for i in step["poison"]:
+            if paper and i < group_index.size:
+                arrays["old_log_probs"][i, 0] = np.nan
+
+        mult = ctrl.advantage_multipliers(group_index)
+        np.testing.assert_array_equal(mult, twin.advantage_multipliers(group_index))
+        assert np.all(np.isfinite(mult)) and np.all(mult > 0)
+
+        bad = step["bad"]
+        if bad is not None and not (bad == "log_probs_missing" and not paper):
+            before = copy.deepcopy(ctrl.state_dict())
+            bad_acc = acc.copy()
+            kwargs = dict(arrays)
+            g_bad = group_index
+            if bad == "acc_nan" and acc.size:
+                bad_acc[0] = np.nan
+            elif bad == "acc_range" and acc.size:
+                bad_acc[0] = -1.0  # a shaped score in {-1, +1} passed as acc
+            elif bad == "acc_missing":
+                bad_acc = np.zeros(0)  # the reward output had no `acc` for these trajectories
+            elif bad == "group_index":
+                g_bad = np.concatenate([group_index, [uids.size + 3]])
+                bad_acc = np.concatenate([acc, [1.0]])
+            else:
+                kwargs.pop("ref_log_probs")
+            field = {"group_index": "group_index", "log_probs_missing": "ref_log_probs"}.get(bad, "acc")
+            if bad in ("acc_nan", "acc_range") and not acc.size:
+                pass  # nothing to corrupt in an empty step
+            else:
+                with pytest.raises(ValueError) as info:
+                    ctrl.after_advantage(g_bad, bad_acc, **kwargs)
+                assert field in str(info.value), info.value
+                assert_same_state(before, ctrl.state_dict())
+
+        metrics = ctrl.after_advantage(group_index, acc, **arrays)
+        twin_metrics = twin.after_advantage(group_index, acc, **copy.deepcopy(arrays))
+        assert _strip_time(metrics) == _strip_time(twin_metrics)
+        assert all(math.isfinite(v) for v in metrics.values())
+        lost_prompts = uids.size - np.unique(group_index).size
+        incomplete = metrics["gdro/incomplete_groups"]
+        assert incomplete >= lost_prompts
+        if ctrl.rollout is not None:
+            assert metrics["gdro/rollout_update_skipped"] == float(incomplete > 0)
+        if paper and ctrl.prompt is not None:
+            poisoned_prompts = {int(group_index[i]) for i in step["poison"] if i < group_index.size}
+            assert metrics["gdro/dropped_nonfinite"] == len(poisoned_prompts)
+        if ctrl.prompt is not None:
+            check_prompt_invariants(ctrl.prompt, plan.bins)
+        if ctrl.rollout is not None:
+            check_rollout_invariants(ctrl.rollout)
+        assert_same_state(twin.state_dict(), ctrl.state_dict())
+
+    # the saved state resumes into identical decisions
+    resumed = _controller(group)
+    resumed.load_state_dict(copy.deepcopy(ctrl.state_dict()))
+    probe = np.array(UID_POOL[:8], dtype=np.int64)
+    a, b = ctrl.before_generation(probe), resumed.before_generation(probe)
+    np.testing.assert_array_equal(a.bins, b.bins)
+    np.testing.assert_array_equal(a.rollout_n, b.rollout_n)
+
+
+def test_controller_refuses_acc_outside_zero_one() -> None:
+    """A shaped score (e.g. -1 / +1, or 2.0) under the acc key is a configuration error: refused,
+    naming acc, instead of being thresholded into plausible-looking correctness."""
+    ctrl = _controller(CONTROLLER_GROUPS[0])
+    plan = ctrl.before_generation(np.array([1, 2]))
+    g = np.repeat(plan.positions, plan.rollout_n)
+    before = copy.deepcopy(ctrl.state_dict())
+    for bad in (-1.0, 2.0):
+        acc = np.ones(g.size)
+        acc[1] = bad
+        with pytest.raises(ValueError, match="acc"):
+            ctrl.after_advantage(g, acc)
+        assert_same_state(before, ctrl.state_dict())
+    metrics = ctrl.after_advantage(g, np.r_[np.ones(4), np.zeros(4)])
+    assert metrics["gdro/acc/bin_0"] == 0.5

@@ -443,6 +443,12 @@ def _acc_array(acc: ArrayLike, size: int) -> NDArray[np.float64]:
         raise ValueError(f"acc must be 1-D with one value per trajectory ({size}), got shape {a.shape}")
     if a.size and not np.all(np.isfinite(a)):
         raise ValueError("acc must be finite for every trajectory (the reward's correctness, 0 or 1)")
+    if a.size and (a.min() < 0.0 or a.max() > 1.0):
+        # a shaped score (e.g. -1 / +1) under the acc key is a configuration error, not correctness
+        raise ValueError(
+            f"acc must be the binary correctness in [0, 1] (the reward's acc, never the shaped score), "
+            f"got values in [{a.min()}, {a.max()}]"
+        )
     return (a >= 0.5).astype(np.float64)
 
 
