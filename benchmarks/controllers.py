@@ -192,8 +192,15 @@ def dp_benchmark(repeats: int) -> dict[str, Any]:
         n = solve_exact_budget(problems[i], counts, arms, budget)
         assert int((counts * n).sum()) == budget
 
-    ms = median_ms(solve, repeats)
-    return {"bins": NUM_BINS, "arms": int(arms.size), "budget": budget, "ms": ms, "target_ms": DP_TARGET_MS}
+    times = step_times_ms(solve, repeats)
+    return {
+        "bins": NUM_BINS,
+        "arms": int(arms.size),
+        "budget": budget,
+        "ms": float(np.median(times)),
+        "min_ms": float(times.min()),
+        "target_ms": DP_TARGET_MS,
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -353,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
     verdict = "OK" if dp["ms"] < DP_TARGET_MS else "OVER TARGET"
     print(
         f"\nsolve_exact_budget: {dp['bins']} bins x {dp['arms']} arms x budget {dp['budget']}: "
-        f"{dp['ms']:.3f} ms median (target < {DP_TARGET_MS} ms: {verdict})"
+        f"{dp['ms']:.3f} ms median, {dp['min_ms']:.3f} ms min (target < {DP_TARGET_MS} ms for the median: {verdict})"
     )
 
     scale_rows = []

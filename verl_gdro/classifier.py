@@ -275,13 +275,14 @@ class _UidIndex:
         keys are sorted by home cell (packed as ``cell << 32 | slot`` in one uint64 sort), and
         linear probing's placement is then a running maximum, pos_i = max(home_i, pos_{i-1} + 1),
         written with one monotone scatter. Keys pushed past the end of the table wrap around via
-        the ordinary probing insert. With ``check_duplicates``, equal keys (same home cell, so
-        in the same run of the sorted order) raise ValueError before anything is returned.
+        the ordinary probing insert. With ``check_duplicates``, equal keys raise ValueError.
         """
         index = cls(capacity)
         n = keys.size
         if n == 0:
             return index
+        if check_duplicates and _has_duplicates(keys):
+            raise ValueError("classifier state 'uids' holds duplicates")
         if 2 * n > index.table.size:
             raise AssertionError("_UidIndex.build: capacity too small")
         mask = index.table.size - 1
@@ -292,18 +293,6 @@ class _UidIndex:
             np.left_shift(home, np.uint64(32), out=packed[start:stop])
             packed[start:stop] |= np.arange(start, stop, dtype=np.uint64)
         packed.sort()
-        if check_duplicates:
-            cell = packed >> np.uint64(32)
-            low = np.uint64(0xFFFFFFFF)
-            for d in range(1, n):
-                same = np.flatnonzero(cell[d:] == cell[:-d])
-                if same.size == 0:
-                    break
-                a = (packed[same] & low).astype(np.int64)
-                b = (packed[same + d] & low).astype(np.int64)
-                if np.any(keys[a] == keys[b]):
-                    raise ValueError("classifier state 'uids' holds duplicates")
-            del cell
         carry = np.iinfo(np.int64).min
         overflow: list[np.ndarray] = []
         for start in range(0, n, _INSERT_CHUNK):
@@ -558,7 +547,7 @@ class OnlineDifficultyClassifier:
 
     # -- storage ---------------------------------------------------------------------------
 
-    def _allocate(self, capacity: int, width: int = 1) -> None:
+    def _allocate(self, capacity: int, width: int = 1, index: _UidIndex | None = None) -> None:
         """Empty storage for ``capacity`` prompts with ring buffers ``width`` columns wide."""
         self._n = 0
         self._cap = capacity
@@ -568,7 +557,7 @@ class OnlineDifficultyClassifier:
         self._trials = np.zeros((capacity, width), dtype=np.uint8)
         self._visits = np.zeros(capacity, dtype=np.int64)
         self._bin = np.full(capacity, _NO_BIN, dtype=np.int8)
-        self._index = _UidIndex(2 * capacity)
+        self._index = _UidIndex(2 * capacity) if index is None else index
 
     def _resize(self, capacity: int, width: int) -> None:
         """Reallocate to ``capacity`` rows of ``width`` ring columns, keeping the contents.
@@ -849,8 +838,7 @@ class OnlineDifficultyClassifier:
             raise ValueError(f"classifier state holds {n} prompts; at most {MAX_PROMPTS} allowed")
         index = _UidIndex.build(uids, 2 * n, check_duplicates=True)
 
-        self._allocate(n, max(1, int(recorded.max())) if n else 1)
-        self._index = index
+        self._allocate(n, max(1, int(recorded.max())) if n else 1, index)
         self._n = n
         self._uids[:] = uids
         self._visits[:] = visits
