@@ -570,6 +570,29 @@ def test_uid_index_scalar_fallback_paths(monkeypatch: pytest.MonkeyPatch, rounds
         restored.load_state_dict(bad)
 
 
+def test_uid_index_probe_runs_wrap_around_the_table_end(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every uid hashed to the last cell: probe runs wrap to cell 0, in inserts, lookups, the
+    sort-based bulk build of a load and the rehash on growth."""
+    monkeypatch.setattr(
+        classifier_module, "_hash_uids", lambda uids: np.full(np.size(uids), 2**64 - 1, dtype=np.uint64)
+    )
+    clf = OnlineDifficultyClassifier(window=2, k=1)
+    uids = np.arange(700, dtype=np.int64) * 3 - 50
+    for start in range(0, 700, 100):  # grows past the initial 1024-cell table (rehash via build)
+        part = uids[start : start + 100]
+        clf.observe(part, part % 5, np.full(part.size, 4))
+    expected = (uids % 5) / 4
+    np.testing.assert_array_equal(clf.pass_at_k(uids), expected)
+    restored = OnlineDifficultyClassifier(window=2, k=1)
+    restored.load_state_dict(clf.state_dict())
+    np.testing.assert_array_equal(restored.pass_at_k(uids), expected)
+    assert np.isnan(restored.pass_at_k([2, 10**6])).all()
+    bad = clf.state_dict()
+    bad["uids"][650] = bad["uids"][3]
+    with pytest.raises(ValueError, match="duplicates"):
+        restored.load_state_dict(bad)
+
+
 # ---------------------------------------------------------------------------------------------
 # State: save/load, resume, config mismatch, corrupted state, memory
 # ---------------------------------------------------------------------------------------------

@@ -228,8 +228,7 @@ class _UidIndex:
         """Insert keys known to be absent, with their slots.
 
         With ``slot_uids`` (the uid of every slot, ``slot_uids[slots] == keys``), a key meeting
-        an equal key on its probe run raises ValueError: the duplicate check of a loaded state,
-        done while building the index instead of with an extra sort.
+        an equal key on its probe run raises ValueError (a safety net for :meth:`build`).
         """
         if 2 * (self.size + keys.size) > self.table.size:
             raise AssertionError("_UidIndex.insert needs reserve() first")
