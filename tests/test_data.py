@@ -261,6 +261,7 @@ def _load_configured_fn(template: str):
     return load_extern_object(module_path=cfg.path, object_name=cfg.name)
 
 
+@pytest.mark.slow  # imports verl (math_dapo and verl's loader): ~20 s on a loaded machine
 def test_answer_template_scores_every_benchmark():
     fn = _load_configured_fn("answer")
     assert fn is compute_score_answer
@@ -292,6 +293,18 @@ def test_boxed_template_scores_every_benchmark():
         fn("math500", "Answer: \\frac{14}{3}", "\\frac{14}{3}", extra_info={"template": "boxed"})["acc"]
         == 0.0
     )
+
+
+def test_boxed_equivalence_in_process():
+    """The math-verify check itself (no pool): symbolic equality, not string equality."""
+    pytest.importorskip("math_verify")
+    from verl_gdro.data.boxed_verify import verify_boxed
+
+    assert verify_boxed("\\frac{14}{3}", "so \\boxed{\\dfrac{28}{6}}")
+    assert verify_boxed("0.5", "hence \\boxed{\\frac{1}{2}}")
+    assert verify_boxed("204", "\\boxed{204}")
+    assert not verify_boxed("204", "\\boxed{205}")
+    assert not verify_boxed("\\frac{14}{3}", "\\boxed{\\frac{3}{14}}")
 
 
 def test_template_mismatch_is_refused_not_scored_minus_one():

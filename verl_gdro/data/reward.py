@@ -6,8 +6,10 @@ The template group (``verl_gdro/config/template/*.yaml``) names the function:
 
 - ``compute_score_answer`` (template ``answer``): verl's ``math_dapo`` reads the last "Answer:"
   line; GPQA is graded by the letter on that line.
-- ``compute_score_boxed`` (template ``boxed``): verl's ``math_verify`` checks the last
-  ``\\boxed{}`` symbolically; GPQA is graded by the boxed letter.
+- ``compute_score_boxed`` (template ``boxed``): math-verify checks the answer symbolically
+  (configured as verl's ``math_verify`` scorer, in a warmed process pool:
+  :mod:`verl_gdro.data.boxed_verify` says why); a response without ``\\boxed{}`` is wrong; GPQA is
+  graded by the boxed letter.
 
 Both return ``score`` in {-1, +1} (the paper's reward), ``acc`` in {0.0, 1.0} (raw correctness:
 the GDRO classifier, Prompt-GDRO and pass@k read this, never the shaped score), ``pred`` and
@@ -108,19 +110,18 @@ def _require_math_verify() -> None:
 def compute_score_boxed(
     data_source: str, solution_str: str, ground_truth: str, extra_info: Any = None, **kwargs: Any
 ) -> dict[str, Any]:
-    """Score a response to the boxed template (verl's math_verify; GPQA by boxed letter)."""
+    """Score a response to the boxed template (math-verify; GPQA by boxed letter)."""
     _check_template(extra_info, "boxed")
     boxed = last_boxed(solution_str)
     if _kind(data_source) == "choice":
         pred = extract_letter(boxed)
         return _result(pred is not None and pred == str(ground_truth).strip().upper(), pred, data_source)
     _require_math_verify()
-    from verl.utils.reward_score import math_verify
+    from verl_gdro.data.boxed_verify import is_equivalent
 
     if boxed is None:  # the template asks for \boxed{}; math-verify alone would also accept bare text
         return _result(False, None, data_source)
-    score = math_verify.compute_score(solution_str, str(ground_truth))
-    return _result(float(score) > 0.5, boxed, data_source)
+    return _result(is_equivalent(str(ground_truth), solution_str), boxed, data_source)
 
 
 # verl's default function name: the "answer" template is the default.
