@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -126,7 +127,7 @@ def agent_loop_rollout_n(batch: TensorDict, n_default: int) -> list[int]:
     return out
 
 
-def simulate_rollout(store: FakeTQ, batch: TensorDict, step: int, uid_field: str, n_default: int,
+def simulate_rollout(store: Any, batch: TensorDict, step: int, uid_field: str, n_default: int,
                      pad: int = 0, drop: set[tuple[int, int]] | None = None) -> tuple[KVBatchMeta, dict]:
     """Write the step's trajectories like AgentLoopWorkerTQ does; return the batch meta and truth."""
     uids = list(batch["uid"])
@@ -163,15 +164,52 @@ def simulate_rollout(store: FakeTQ, batch: TensorDict, step: int, uid_field: str
         keys.append(f"{pad_uid}_{j}_0")
         tags.append({"status": "success", "is_padding": True, "seq_len": 128})
         fields.append(row)
-    for key, tag, row in zip(keys, tags, fields):
-        store.rows[("train", key)] = row
-        store.tags[("train", key)] = tag
+    if isinstance(store, FakeTQ):
+        for key, tag, row in zip(keys, tags, fields):
+            store.rows[("train", key)] = row
+            store.tags[("train", key)] = tag
+    else:  # the real TransferQueue client module: write as AgentLoopWorkerTQ does
+        from verl.utils.tensordict_utils import list_of_dict_to_tensordict
+
+        real = len(keys) - pad
+        store.kv_batch_put(keys=keys[:real], partition_id="train", fields=list_of_dict_to_tensordict(fields[:real]),
+                           tags=tags[:real])
+        if pad:
+            store.kv_batch_put(keys=keys[real:], partition_id="train",
+                               fields=list_of_dict_to_tensordict(fields[real:]), tags=tags[real:])
     return KVBatchMeta(keys=keys, tags=tags, partition_id="train"), truth
 
 
-def run_step(trainer: GDROTrainerSync, store: FakeTQ, step: int, pad: int = 0) -> dict[str, Any]:
+def run_step(trainer: GDROTrainerSync, store: Any, step: int, pad: int = 0) -> dict[str, Any]:
     batch = trainer._next_train_batch()
     meta, truth = simulate_rollout(store, batch, step, trainer._gdro_uid_field, 4, pad=pad)
     metrics: dict[str, Any] = {}
     trainer._compute_advantage(meta, metrics)
     return {"batch": batch, "meta": meta, "truth": truth, "metrics": metrics}
+
+
+def stored_field(store: Any, keys: list[str], name: str) -> list[torch.Tensor]:
+    """One per-token field of the given trajectories, from the fake or the real store."""
+    if isinstance(store, FakeTQ):
+        return [store.rows[("train", k)][name] for k in keys]
+    data = store.kv_batch_get(keys=keys, partition_id="train", select_fields=[name])
+    return list(data[name].unbind())
+
+
+def start_real_tq() -> Iterator[Any]:
+    """TransferQueue for real: Ray with 8 logical CPUs and one storage unit (VERL.md: on a 2-core
+    machine tq.init() otherwise waits forever). ~30 s to start; module-scoped."""
+    import tempfile
+
+    import ray
+    import transfer_queue as tq
+    from omegaconf import OmegaConf
+
+    ray.init(num_cpus=8, include_dashboard=False, object_store_memory=200 * 1024**2,
+             _temp_dir=tempfile.mkdtemp(prefix="gdro-ray-"))
+    try:
+        tq.init(OmegaConf.create({"backend": {"SimpleStorage": {"num_data_storage_units": 1}}}))
+        yield tq
+        tq.close()
+    finally:
+        ray.shutdown()

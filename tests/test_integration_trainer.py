@@ -11,13 +11,22 @@ prompt columns copied onto each trajectory, ``acc`` inside ``extra_fields.reward
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
-from integration_harness import FakeTQ, agent_loop_rollout_n, make_trainer, run_step, simulate_rollout
+from integration_harness import (
+    FakeTQ,
+    agent_loop_rollout_n,
+    make_trainer,
+    run_step,
+    simulate_rollout,
+    start_real_tq,
+    stored_field,
+)
 from verl import DataProto
 from verl.trainer.ppo.ray_trainer import compute_advantage
 
@@ -102,10 +111,25 @@ def test_no_rollout_n_without_rollout_gdro(tmp_path: Path, fake_tq: FakeTQ) -> N
 
 
 def test_advantage_stage_matches_direct_controllers_and_skips_padding(tmp_path: Path, fake_tq: FakeTQ) -> None:
+    check_advantage_stage(tmp_path, fake_tq, steps=4)
+
+
+@pytest.fixture(scope="module")
+def real_tq() -> Iterator[Any]:
+    yield from start_real_tq()
+
+
+@pytest.mark.slow
+def test_advantage_stage_on_real_transfer_queue(tmp_path: Path, real_tq: Any) -> None:
+    """The same checks with TransferQueue itself (Ray with enough logical CPUs, one storage unit)."""
+    check_advantage_stage(tmp_path, real_tq, steps=3)
+
+
+def check_advantage_stage(tmp_path: Path, store: Any, steps: int) -> None:
     trainer = make_trainer(tmp_path, "gdro.rollout.enable=true")
     shadow = GDROController(trainer.gdro_settings, rollout_n=4)
-    for step in range(1, 5):
-        out = run_step(trainer, fake_tq, step, pad=3)
+    for step in range(1, steps + 1):
+        out = run_step(trainer, store, step, pad=3)
         truth = out["truth"]
         # the same decisions and updates, computed directly on the same data
         stable_batch = np.array([int(s) for s in out["batch"]["index"]])
@@ -126,7 +150,7 @@ def test_advantage_stage_matches_direct_controllers_and_skips_padding(tmp_path: 
 
         # advantages written back = verl's grpo per uid x the prompt's multiplier; padding zero
         real_keys = [k for k, tag in zip(out["meta"].keys, out["meta"].tags) if not tag.get("is_padding")]
-        stored = [fake_tq.rows[("train", k)]["advantages"] for k in real_keys]
+        stored = stored_field(store, real_keys, "advantages")
         lengths = truth["mask"]
         width = max(lengths)
         mask = torch.tensor([[1.0] * n + [0.0] * (width - n) for n in lengths])
@@ -141,8 +165,8 @@ def test_advantage_stage_matches_direct_controllers_and_skips_padding(tmp_path: 
         for i, adv in enumerate(stored):
             expected = ref[i, : lengths[i]] * torch.tensor(mult[i], dtype=torch.float32)
             assert torch.allclose(adv, expected, atol=1e-6), (step, i)
-        pads = [fake_tq.rows[("train", k)]["advantages"] for k, tag in zip(out["meta"].keys, out["meta"].tags)
-                if tag.get("is_padding")]
+        pads = stored_field(store, [k for k, t in zip(out["meta"].keys, out["meta"].tags) if t.get("is_padding")],
+                            "advantages")
         assert len(pads) == 3 and all(torch.count_nonzero(p) == 0 for p in pads)
     assert _state_equal(trainer.gdro.state_dict(), shadow.state_dict())
     assert trainer.gdro.prompt is not None and np.any(trainer.gdro.prompt.scores != 0)
