@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from verl_gdro.classifier import OnlineDifficultyClassifier
+from verl_gdro.classifier import MAX_TRIALS_PER_VISIT, OnlineDifficultyClassifier
 from verl_gdro.integration.config import GDROSettings, resolve_gdro
 from verl_gdro.metrics import PREFIX, step_metrics
 from verl_gdro.prompt_gdro import PromptGDRO, failure_rate_loss, surrogate_kl_loss, surrogate_loss
@@ -251,8 +251,10 @@ class GDROController:
         assert self.classifier is not None
         self.classifier.observe(
             uniq,
-            np.bincount(inverse, weights=succ_p, minlength=uniq.size).astype(np.int64),
-            np.bincount(inverse, weights=trials_p, minlength=uniq.size).astype(np.int64),
+            *_fit_visit(
+                np.bincount(inverse, weights=succ_p, minlength=uniq.size).astype(np.int64),
+                np.bincount(inverse, weights=trials_p, minlength=uniq.size).astype(np.int64),
+            ),
         )
 
         prompt_info: dict[str, Any] = {}
@@ -450,6 +452,21 @@ def _acc_array(acc: ArrayLike, size: int) -> NDArray[np.float64]:
             f"got values in [{a.min()}, {a.max()}]"
         )
     return (a >= 0.5).astype(np.float64)
+
+
+def _fit_visit(successes: NDArray[np.int64], trials: NDArray[np.int64]) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    """Scale a pooled visit down to the classifier's per-visit cap, keeping its success rate.
+
+    Only reachable when a resampling sampler draws one prompt many times in a step (e.g. 22 draws
+    x 12 rollouts > 255 trials); the window then records the rate, not every trial.
+    """
+    over = trials > MAX_TRIALS_PER_VISIT
+    if not over.any():
+        return successes, trials
+    s, t = successes.copy(), trials.copy()
+    s[over] = np.rint(s[over] * MAX_TRIALS_PER_VISIT / t[over]).astype(np.int64)
+    t[over] = MAX_TRIALS_PER_VISIT
+    return s, t
 
 
 def _bin_mean(bins: NDArray[np.int64], values: NDArray[np.float64], num_bins: int) -> NDArray[np.float64]:
