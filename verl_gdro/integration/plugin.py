@@ -36,6 +36,14 @@ def register() -> dict[str, str]:
     except Exception as e:
         REGISTRATION_ERRORS[TRAINER_NAME] = f"{type(e).__name__}: {e}"
         logger.warning("verl-gdro: registering the %s trainer failed: %s", TRAINER_NAME, e, exc_info=True)
+    try:
+        # Added by the e2e tier (issue 7): refuse a bad gdro config in the main_ppo driver, before
+        # Ray starts (verl_gdro/integration/driver.py). Not a registration: failure only warns.
+        from verl_gdro.integration.driver import install_driver_validation
+
+        install_driver_validation()
+    except Exception as e:
+        logger.warning("verl-gdro: driver-side config validation not installed: %s", e, exc_info=True)
     return dict(REGISTRATION_ERRORS)
 
 

@@ -1,0 +1,51 @@
+"""Validate the ``gdro`` config in the ``main_ppo`` driver, before Ray starts.
+
+The GDRO trainer validates its config at init (:func:`validate_gdro_config`), but verl constructs
+the trainer inside the ``TaskRunner`` Ray actor: a bad key would only be reported after Ray, its
+dashboard and the TaskRunner have started (about a minute on a small machine, longer on a busy
+cluster head). verl 0.9.1's ``main_ppo.main`` calls ``verl.utils.config.validate_config(config=...)``
+in the driver right before ``run_ppo`` starts Ray, and ``main_ppo`` imports that name only after
+``import verl`` has loaded the ``verl.plugins`` entry points. So the plugin wraps
+``verl.utils.config.validate_config``: the wrapper runs verl-gdro's validation first whenever the
+run uses the GDRO trainer, then verl's own checks. Every other caller is unaffected.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from verl_gdro.integration.config import TRAINER_NAME, validate_gdro_config
+
+__all__ = ["install_driver_validation", "uses_gdro_trainer"]
+
+_MARK = "_verl_gdro_driver_validation"
+
+
+def uses_gdro_trainer(config: Any) -> bool:
+    """True when the config selects ``trainer.v1.trainer_mode=gdro_sync`` (the trainer validates the rest)."""
+    try:
+        mode = config.trainer.v1.trainer_mode
+    except Exception:  # not a PPO trainer config (or a partial one): nothing to validate here
+        return False
+    return mode == TRAINER_NAME
+
+
+def install_driver_validation() -> bool:
+    """Wrap ``verl.utils.config.validate_config`` once; returns True when the wrapper is in place."""
+    import verl.utils.config as verl_config
+
+    original = verl_config.validate_config
+    if getattr(original, _MARK, False):
+        return True
+
+    @functools.wraps(original)
+    def validate_config(*args: Any, **kwargs: Any) -> Any:
+        config = kwargs.get("config", args[0] if args else None)
+        if config is not None and uses_gdro_trainer(config):
+            validate_gdro_config(config)
+        return original(*args, **kwargs)
+
+    setattr(validate_config, _MARK, True)
+    verl_config.validate_config = validate_config
+    return True
