@@ -16,6 +16,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "plot": ("verl_gdro.plots", "redraw the curriculum figures from metrics.jsonl or verl's file-logger JSONL"),
     "simulate": ("verl_gdro.simulate", "controller-only simulation printing bins, weights and allocations"),
     "eval": ("verl_gdro.eval.cli", "mean@k / pass@k tables from validation generations"),
+    "dry-run": ("verl_gdro.dryrun", "compose and validate a main_ppo command line without Ray or a model"),
 }
 
 
