@@ -136,7 +136,11 @@ def run_demo(cfg: DemoConfig, out: Path, resume: bool = False, plots: bool = Tru
     _atomic_write(cfg_path, json.dumps(cfg.to_dict(), indent=1))
 
     def log(msg: str) -> None:
-        tqdm.write(msg) if progress else print(msg, flush=True)
+        if progress:
+            tqdm.write(msg)
+            sys.stdout.flush()
+        else:
+            print(msg, flush=True)
 
     tok = CharTokenizer()
     tok.save(out / "tokenizer.json")

@@ -24,7 +24,6 @@ import json
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +35,7 @@ from .model import build_model, encode_prompts, response_log_probs, sample
 from .task import LEVELS, Problem, draw_operands, pass_at_k, prompt_text, response_text, score_response
 from .tokenizer import CharTokenizer
 
-__all__ = ["MethodRun", "evaluate", "warm_start"]
+__all__ = ["MethodRun", "evaluate", "warm_start", "warm_start_cache_dir"]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -190,12 +189,6 @@ def evaluate(
 # ------------------------------------------------------------------------------------------------
 
 
-@dataclass
-class StepResult:
-    step: int
-    metrics: dict[str, float]
-
-
 class MethodRun:
     """One method x seed: policy, frozen reference, optimizer, GDRO controller and RNG streams.
 
@@ -275,9 +268,7 @@ class MethodRun:
         ro = sample(self.model, ids, mask, cfg.max_new_tokens, tok.eos_token_id, tok.pad_token_id, self.gen, cfg.temperature)
         t_gen = time.perf_counter() - t0
 
-        scores = [
-            _score(tok.decode(ro.responses[i]), p) for i, p in enumerate(rows)
-        ]
+        scores = [_score(tok.decode(ro.responses[i]), p) for i, p in enumerate(rows)]
         acc = np.array([s[1] for s in scores], dtype=np.float64)
         reward = torch.tensor([s[0] for s in scores], dtype=torch.float32)
         resp_mask = ro.response_mask.float()
@@ -393,5 +384,3 @@ def _score(response: str, problem: Problem) -> tuple[float, float]:
     out = compute_score(response, problem.answer)
     return float(out["score"]), float(bool(out["acc"]))
 
-
-__all__ += ["StepResult", "score_response"]
