@@ -51,7 +51,9 @@ def test_driver_validation_refuses_bad_gdro_config_and_leaves_other_trainers_alo
     cases = [
         ["gdro.rollout.enable=true", "gdro.rollout.n_max=3"],  # rollout.n=4 outside [2, 3]
         ["gdro.rollout.enable=true"],  # a good config
-        ["trainer.v1.trainer_mode=sync", "gdro.rollout.n_max=3"],  # verl's trainer: not ours to check
+        ["trainer.v1.trainer_mode=sync", "gdro.rollout.n_max=3"],  # estimator alone, Rollout-GDRO off: fine
+        ["trainer.v1.trainer_mode=sync", "gdro.rollout.enable=true"],  # estimator alone cannot allocate rollouts
+        ["trainer.v1.trainer_mode=sync", "algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=1"],  # not ours
     ]
     proc = subprocess.run(
         [sys.executable, "-c", SCRIPT, json.dumps([BASE + c for c in cases])],
@@ -62,8 +64,10 @@ def test_driver_validation_refuses_bad_gdro_config_and_leaves_other_trainers_alo
     )
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULTS=")]
     assert proc.returncode == 0 and lines, proc.stdout + proc.stderr
-    bad, good, other = json.loads(lines[0][len("RESULTS=") :])
+    bad, good, alone, alone_bad, other = json.loads(lines[0][len("RESULTS=") :])
     assert bad.startswith("REFUSED"), bad
     assert "actor_rollout_ref.rollout.n=4" in bad and "gdro.rollout.n_max=3" in bad, bad
     assert good == "ACCEPTED", good
+    assert alone == "ACCEPTED", alone
+    assert alone_bad.startswith("REFUSED: gdro.rollout.enable=True is invalid"), alone_bad
     assert other == "ACCEPTED", other

@@ -7,7 +7,7 @@ cluster head). verl 0.9.1's ``main_ppo.main`` calls ``verl.utils.config.validate
 in the driver right before ``run_ppo`` starts Ray, and ``main_ppo`` imports that name only after
 ``import verl`` has loaded the ``verl.plugins`` entry points. So the plugin wraps
 ``verl.utils.config.validate_config``: the wrapper runs verl-gdro's validation first whenever the
-run uses the GDRO trainer, then verl's own checks. Every other caller is unaffected.
+run uses the GDRO trainer or the ``gdro_grpo`` estimator, then verl's own checks. Every other caller is unaffected.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from verl_gdro.integration.config import TRAINER_NAME, validate_gdro_config
+from verl_gdro.integration.config import ESTIMATOR_NAME, TRAINER_NAME, validate_gdro_config
 
-__all__ = ["install_driver_validation", "uses_gdro_trainer"]
+__all__ = ["install_driver_validation", "uses_gdro", "uses_gdro_trainer"]
 
 _MARK = "_verl_gdro_driver_validation"
 
@@ -31,6 +31,17 @@ def uses_gdro_trainer(config: Any) -> bool:
     return mode == TRAINER_NAME
 
 
+def uses_gdro(config: Any) -> bool:
+    """True for the GDRO trainer or the ``gdro_grpo`` estimator alone (whose group checks, e.g.
+    ``rollout.n >= 2`` or Rollout-GDRO without the trainer, also belong before Ray)."""
+    if uses_gdro_trainer(config):
+        return True
+    try:
+        return config.algorithm.adv_estimator == ESTIMATOR_NAME
+    except Exception:
+        return False
+
+
 def install_driver_validation() -> bool:
     """Wrap ``verl.utils.config.validate_config`` once; returns True when the wrapper is in place."""
     import verl.utils.config as verl_config
@@ -42,7 +53,7 @@ def install_driver_validation() -> bool:
     @functools.wraps(original)
     def validate_config(*args: Any, **kwargs: Any) -> Any:
         config = kwargs.get("config", args[0] if args else None)
-        if config is not None and uses_gdro_trainer(config):
+        if config is not None and uses_gdro(config):
             validate_gdro_config(config)
         return original(*args, **kwargs)
 
