@@ -21,6 +21,11 @@ Shapes: 256 x 4 and 512 x 4 responses of 4096 tokens, and 512 prompts with n dra
 same 2048 responses in total). Rollout-GDRO rows use the group sizes its own allocation chose
 (again 4 per prompt on average, so the same total); GRPO is timed on that very batch.
 
+For context each row also times verl's GRPO as its V1 trainer actually runs it
+(``compute_advantage_for_multi_trajectories``: a ``select_idxs`` copy of the batch, grpo, a scatter
+and a second mask pass); for any other estimator, ``gdro_grpo`` included, that function calls
+``compute_advantage`` directly, so this is what the GDRO trainer's stage replaces in a V1 run.
+
 Each repetition is one full step (the controllers' state advances as in training); GRPO and GDRO
 alternate order between repetitions. Times are medians after warm-up (the ratio of
 the minima is printed beside: on a shared machine noise only ever adds time). Before timing, the
@@ -73,6 +78,7 @@ class Row:
     adversary: str  # "prompt" or "rollout"
     preset: str
     grpo_s: list[float] = field(default_factory=list)
+    v1_grpo_s: list[float] = field(default_factory=list)
     gdro_s: list[float] = field(default_factory=list)
     parts_s: dict[str, list[float]] = field(default_factory=dict)
 
@@ -89,6 +95,11 @@ class Row:
         return self.gdro / self.grpo
 
     @property
+    def ratio_v1(self) -> float:
+        """Against verl's GRPO as its V1 trainer runs it (compute_advantage_for_multi_trajectories)."""
+        return self.gdro / statistics.median(self.v1_grpo_s)
+
+    @property
     def ratio_min(self) -> float:
         """Ratio of the fastest repetitions: on a shared machine, noise only ever adds time."""
         return min(self.gdro_s) / min(self.grpo_s)
@@ -102,6 +113,8 @@ class Row:
             "gdro_s": self.gdro,
             "ratio": self.ratio,
             "ratio_min": self.ratio_min,
+            "v1_grpo_s": statistics.median(self.v1_grpo_s),
+            "ratio_v1": self.ratio_v1,
             "parts_s": {k: statistics.median(v) for k, v in self.parts_s.items()},
             "reps": len(self.gdro_s),
         }
@@ -223,13 +236,16 @@ class Bench:
             succ = self.rng.binomial(N_MEAN, self.true_p)
             clf.observe(uids, succ, np.full(uids.size, N_MEAN))
 
-    def step(self, shape: Shape, tokens: TokenArrays, grpo_first: bool) -> tuple[float, float, dict[str, float]]:
+    def step(
+        self, shape: Shape, tokens: TokenArrays, grpo_first: bool
+    ) -> tuple[float, float, float, dict[str, float]]:
         """One training step's advantage stage, GRPO and GDRO on the same batch.
 
-        Returns (grpo seconds, gdro seconds, gdro parts).
+        Returns (grpo seconds, gdro seconds, verl V1 grpo-path seconds, gdro parts).
         """
         from verl.trainer.ppo.core_algos import AdvantageEstimator
         from verl.trainer.ppo.ray_trainer import compute_advantage
+        from verl.trainer.ppo.v1.utils import compute_advantage_for_multi_trajectories
 
         from verl_gdro.integration.context import gdro_step, is_padding_uid
         from verl_gdro.integration.trainer import _padded_numpy as read_tokens
@@ -252,11 +268,23 @@ class Bench:
         group_index = np.repeat(plan.positions, sizes)
         acc = (self.rng.random(group_index.size) < self.true_p[prompt_uids][np.repeat(np.arange(sizes.size), sizes)])
         data = make_batch(tokens, np.array(verl_uids, dtype=object), sizes, acc.astype(np.float64))
-        grpo_data, gdro_data = shallow_copy(data), shallow_copy(data)
+        grpo_data, gdro_data, v1_data = shallow_copy(data), shallow_copy(data), shallow_copy(data)
+        # TransferQueue keys of the V1 agent loop: {uid}_{session_id}_{output index}
+        v1_keys = [f"{u}_{j}_0" for u, k in zip(verl_uids, sizes.tolist()) for j in range(k)]
 
         def run_grpo() -> float:
             t = time.perf_counter()
             compute_advantage(grpo_data, AdvantageEstimator.GRPO, norm_adv_by_std_in_grpo=True, config=self.grpo_cfg)
+            return time.perf_counter() - t
+
+        def run_v1_grpo() -> float:
+            # what verl's V1 trainer runs for grpo (select_idxs copy, grpo, scatter); for any other
+            # estimator, gdro_grpo included, it calls compute_advantage directly
+            t = time.perf_counter()
+            compute_advantage_for_multi_trajectories(
+                v1_data, batch_keys=v1_keys, adv_estimator=AdvantageEstimator.GRPO, num_repeat=N_MEAN,
+                norm_adv_by_std_in_grpo=True, config=self.grpo_cfg,
+            )
             return time.perf_counter() - t
 
         parts: dict[str, float] = {"plan": t_plan}
@@ -291,10 +319,12 @@ class Bench:
         if grpo_first:
             grpo_s = run_grpo()
             gdro_s = run_gdro()
+            v1_s = run_v1_grpo()
         else:
+            v1_s = run_v1_grpo()
             gdro_s = run_gdro()
             grpo_s = run_grpo()
-        return grpo_s, t_plan + gdro_s, parts
+        return grpo_s, t_plan + gdro_s, v1_s, parts
 
 
 def measure(
@@ -305,9 +335,10 @@ def measure(
     tokens = TokenArrays(shape.prompts * N_MEAN, width, rng)
     row = Row(shape=shape.name, adversary=adversary, preset=preset)
     for i in range(warmup + reps):
-        grpo_s, gdro_s, parts = bench.step(shape, tokens, grpo_first=i % 2 == 0)
+        grpo_s, gdro_s, v1_s, parts = bench.step(shape, tokens, grpo_first=i % 2 == 0)
         if i >= warmup:
             row.grpo_s.append(grpo_s)
+            row.v1_grpo_s.append(v1_s)
             row.gdro_s.append(gdro_s)
             for k, v in parts.items():
                 row.parts_s.setdefault(k, []).append(v)
@@ -376,7 +407,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 print(
                     f"{shape.name:>16}  {adversary + '-GDRO':<12} {preset:<7} grpo {row.grpo:8.4f} s  "
                     f"gdro {row.gdro:8.4f} s  ratio {row.ratio:5.2f}x (of minima {row.ratio_min:5.2f}x, "
-                    f"target {TARGETS[adversary]:.2f}x)  [{parts}]",
+                    f"target {TARGETS[adversary]:.2f}x; vs verl V1 grpo path {row.ratio_v1:5.2f}x)  [{parts}]",
                     flush=True,
                 )
 

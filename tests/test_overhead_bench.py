@@ -41,7 +41,7 @@ def test_overhead_benchmark_quick_reports_finite_positive_ratios() -> None:
         ("prompt", "robust"), ("prompt", "paper"), ("rollout", "robust"), ("rollout", "paper")
     }
     for row in rows:
-        for key in ("grpo_s", "gdro_s", "ratio"):
+        for key in ("grpo_s", "gdro_s", "ratio", "ratio_min", "v1_grpo_s", "ratio_v1"):
             assert math.isfinite(row[key]) and row[key] > 0, (row["shape"], key, row[key])
         assert row["ratio"] == pytest.approx(row["gdro_s"] / row["grpo_s"])
         assert row["reps"] >= 1
