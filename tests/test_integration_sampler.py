@@ -111,7 +111,6 @@ def _record(out: dict[str, Any], store: FakeTQ) -> dict[str, Any]:
     }
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["reweight", "resample"])
 def test_trainer_checkpoint_resume_gives_identical_decisions(tmp_path: Path, fake_tq: FakeTQ, mode: str) -> None:
     overrides = ("gdro.rollout.enable=true", f"gdro.prompt.mode={mode}")
