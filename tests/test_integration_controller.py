@@ -157,3 +157,28 @@ def test_bad_group_index_is_refused() -> None:
     c.before_generation(np.arange(3))
     with pytest.raises(ValueError, match=r"group_index must hold plan positions in \[0, 3\)"):
         c.advantage_multipliers(np.array([0, 3]))
+
+
+@pytest.mark.parametrize("utility", ["expected_informative", "loss"])
+def test_joint_mode_matches_the_three_controllers_called_directly(utility: str) -> None:
+    from verl_gdro.rollout_gdro import RolloutGDRO
+
+    c = ctrl(rollout={"enable": True, "arm_utility": utility})
+    cls, prompt = OnlineDifficultyClassifier(), PromptGDRO(10)
+    alloc = RolloutGDRO(10, arm_utility=utility, selection="auto")
+    for step in range(12):
+        uids = np.random.default_rng(step).choice(40, size=16, replace=False)
+        plan = c.before_generation(uids)
+        bins = cls.bins(uids)
+        n = alloc.allocate(bins)
+        assert plan.bins.tolist() == bins.tolist() and plan.rollout_n.tolist() == n.tolist()
+        g, acc = outcomes(uids, n, step)
+        assert np.array_equal(c.advantage_multipliers(g), prompt.multipliers(bins[g]))
+        c.after_advantage(g, acc)
+        succ = np.bincount(g, weights=acc).astype(int)
+        loss = 1.0 - succ / n
+        prompt.update(bins, loss)
+        alloc.update(bins, n, succ, loss)
+        cls.observe(uids, succ, n)
+    assert c.rollout.mu == alloc.mu and np.array_equal(c.rollout.arm_probs(), alloc.arm_probs())
+    assert np.array_equal(c.prompt.scores, prompt.scores)
