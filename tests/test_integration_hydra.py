@@ -76,3 +76,24 @@ def test_every_experiment_config_composes_and_validates(experiment: str) -> None
     assert settings.prompt.eta == 0.5
     if experiment.startswith(("rollout_gdro", "joint")):
         assert settings.rollout.enable
+
+
+@pytest.mark.slow
+def test_main_ppo_entry_point_composes_the_package_config() -> None:
+    """The real command line: ``main_ppo --config-path=pkg://verl_gdro.config`` (``--cfg job`` prints
+    the composed config and exits before main runs, so no Ray)."""
+    import os
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "verl.trainer.main_ppo", "--config-path=pkg://verl_gdro.config",
+         "--config-name=gdro_trainer", "--cfg", "job", "--resolve",
+         "gdro.rollout.enable=true", "gdro.prompt.eta=0.4", "actor_rollout_ref.rollout.n=6"],
+        capture_output=True, text=True, timeout=300, cwd="/", env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    cfg = OmegaConf.create(proc.stdout[proc.stdout.index("actor_rollout_ref:"):])
+    assert cfg.trainer.v1.trainer_mode == "gdro_sync" and cfg.algorithm.adv_estimator == "gdro_grpo"
+    assert cfg.algorithm.gdro.prompt.eta == 0.4 and cfg.gdro.rollout.enable is True
+    assert validate_gdro_config(cfg).rollout.enable
