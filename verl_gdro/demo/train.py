@@ -170,9 +170,10 @@ def evaluate(
     per_problem = correct.reshape(len(problems), k)
     c = per_problem.sum(1).astype(int)
     levels = np.array([p.level for p in problems])
-    level_acc = {int(lv): float(per_problem[levels == lv].mean()) for lv in sorted(set(levels.tolist()))}
+    # level keys are strings, as they are after a JSON round trip (a resumed run reads them back)
+    level_acc = {str(lv): float(per_problem[levels == lv].mean()) for lv in sorted(set(levels.tolist()))}
     level_pass = {
-        int(lv): float(np.mean([pass_at_k(k, int(ci), 8) for ci in c[levels == lv]])) for lv in sorted(set(levels.tolist()))
+        str(lv): float(np.mean([pass_at_k(k, int(ci), 8) for ci in c[levels == lv]])) for lv in sorted(set(levels.tolist()))
     }
     return {
         "pass@8": float(np.mean([pass_at_k(k, int(ci), 8) for ci in c])),
@@ -180,7 +181,7 @@ def evaluate(
         "level_acc": level_acc,
         "level_pass@8": level_pass,
         "worst_level_acc": float(min(level_acc.values())),
-        "worst_level": int(min(level_acc, key=level_acc.get)),
+        "worst_level": int(min(level_acc, key=level_acc.__getitem__)),
     }
 
 
