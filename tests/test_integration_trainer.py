@@ -125,6 +125,16 @@ def test_advantage_stage_on_real_transfer_queue(tmp_path: Path, real_tq: Any) ->
     check_advantage_stage(tmp_path, real_tq, steps=3)
 
 
+@pytest.mark.slow
+def test_missing_acc_on_real_transfer_queue(tmp_path: Path, real_tq: Any) -> None:
+    """The fallback read of a top-level reward field must fail fast (not hang) on the real store."""
+    trainer = make_trainer(tmp_path, "gdro.acc_key=correct")
+    batch = trainer._next_train_batch()
+    meta, _ = simulate_rollout(real_tq, batch, 1, "index", 4)
+    with pytest.raises(ValueError, match=r"^gdro.acc_key='correct' is missing .* keys: \['acc', 'score'\]"):
+        trainer._compute_advantage(meta, {})
+
+
 def check_advantage_stage(tmp_path: Path, store: Any, steps: int) -> None:
     trainer = make_trainer(tmp_path, "gdro.rollout.enable=true")
     shadow = GDROController(trainer.gdro_settings, rollout_n=4)
