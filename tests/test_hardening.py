@@ -20,6 +20,7 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -436,6 +437,8 @@ def controller_step(draw: st.DrawFn) -> dict[str, Any]:
     return {
         # repeats allowed: a resampling sampler may draw a prompt twice in one step
         "uids": draw(st.lists(st.sampled_from(UID_POOL), min_size=1, max_size=10)),
+        # verl may fetch a step's prompts in several calls (refills): plans accumulate
+        "split": draw(st.integers(0, 10)),
         "seed": draw(st.integers(0, 2**31 - 1)),
         # generation failures: some trajectories of a prompt never arrive
         "lost": draw(st.lists(st.integers(0, 60), max_size=3)),
@@ -445,6 +448,15 @@ def controller_step(draw: st.DrawFn) -> dict[str, Any]:
             [None, "acc_nan", "acc_range", "acc_missing", "group_index", "log_probs_missing"]
         )),
     }
+
+
+@dataclass(frozen=True)
+class StepPlanView:
+    """The concatenated plans of one step's before_generation calls."""
+
+    positions: np.ndarray
+    bins: np.ndarray
+    rollout_n: np.ndarray
 
 
 def _strip_time(metrics: Mapping[str, float]) -> dict[str, float]:
@@ -463,11 +475,21 @@ def test_controller_random_steps_with_faults_match_a_clean_twin(
     for step in steps:
         rng = np.random.default_rng(step["seed"])
         uids = np.array(step["uids"], dtype=np.int64)
-        plan, twin_plan = ctrl.before_generation(uids), twin.before_generation(uids)
-        np.testing.assert_array_equal(plan.bins, twin_plan.bins)
-        np.testing.assert_array_equal(plan.rollout_n, twin_plan.rollout_n)
+        chunks = [uids[: step["split"]], uids[step["split"]:]] if 0 < step["split"] < uids.size else [uids]
+        plans = []
+        for chunk in chunks:
+            part, twin_part = ctrl.before_generation(chunk), twin.before_generation(chunk)
+            np.testing.assert_array_equal(part.bins, twin_part.bins)
+            np.testing.assert_array_equal(part.rollout_n, twin_part.rollout_n)
+            assert int(part.rollout_n.sum()) == 4 * chunk.size  # exact budget per call
+            plans.append(part)
+        plan = StepPlanView(
+            positions=np.concatenate([p.positions for p in plans]),
+            bins=np.concatenate([p.bins for p in plans]),
+            rollout_n=np.concatenate([p.rollout_n for p in plans]),
+        )
+        np.testing.assert_array_equal(plan.positions, np.arange(uids.size))
         assert np.all((plan.bins >= 0) & (plan.bins < NUM_BINS))
-        assert int(plan.rollout_n.sum()) == 4 * uids.size
         group_index = np.repeat(plan.positions, plan.rollout_n)
         keep = np.ones(group_index.size, dtype=bool)
         for i in step["lost"]:
@@ -552,3 +574,42 @@ def test_controller_refuses_acc_outside_zero_one() -> None:
         assert_same_state(before, ctrl.state_dict())
     metrics = ctrl.after_advantage(g, np.r_[np.ones(4), np.zeros(4)])
     assert metrics["gdro/acc/bin_0"] == 0.5
+
+
+def test_controller_chunked_plan_with_played_arm_utility_skips_rollout_update() -> None:
+    """Plans fetched in several calls (verl's refills) can give one bin two different n; the
+    played-arm utilities (paper preset: `loss`) need one played arm per bin. The step must not
+    fail half-way (classifier and Prompt-GDRO updated, Rollout-GDRO raising): Rollout-GDRO's update
+    is skipped and counted, everything else updates, and the next step runs normally."""
+    group = {"preset": "paper", "rollout": {"enable": True}}
+    ctrl = _controller(group)
+    rng = np.random.default_rng(0)
+
+    def finish(positions: np.ndarray, n: np.ndarray) -> dict[str, float]:
+        g = np.repeat(positions, n)
+        arrays = _token_arrays(rng, g.size)
+        return ctrl.after_advantage(g, rng.integers(0, 2, g.size).astype(np.float64), **arrays)
+
+    for _ in range(30):  # arm scores drift apart, so chunks can disagree
+        plan = ctrl.before_generation(rng.choice(200, 16, replace=False))
+        assert finish(plan.positions, plan.rollout_n)["gdro/rollout_update_skipped"] == 0.0
+    for _ in range(500):
+        a, b = rng.choice(200, 3, replace=False), rng.choice(np.arange(200, 400), 5, replace=False)
+        before = copy.deepcopy(ctrl.state_dict())
+        p1, p2 = ctrl.before_generation(a), ctrl.before_generation(b)
+        bins, n = np.r_[p1.bins, p2.bins], np.r_[p1.rollout_n, p2.rollout_n]
+        clash = any(np.unique(n[bins == x]).size > 1 for x in np.unique(bins))
+        metrics = finish(np.r_[p1.positions, p2.positions], n)
+        after = ctrl.state_dict()
+        if clash:
+            break
+        assert metrics["gdro/rollout_update_skipped"] == 0.0
+    else:
+        pytest.fail("no chunked plan gave one bin two different n; the test needs another seed")
+    assert metrics["gdro/rollout_update_skipped"] == 1.0
+    assert_same_state(before["rollout"], after["rollout"])  # skipped: untouched
+    assert after["prompt"]["num_updates"] == before["prompt"]["num_updates"] + 1
+    assert after["classifier"]["visits"].sum() == before["classifier"]["visits"].sum() + 8
+    assert ctrl.pending_prompts == 0
+    plan = ctrl.before_generation(np.arange(16))  # the next step is normal again
+    assert finish(plan.positions, plan.rollout_n)["gdro/rollout_update_skipped"] == 0.0

@@ -267,8 +267,16 @@ class GDROController:
 
         skipped = 0
         if self.rollout is not None:
-            if incomplete == 0 and bins_p.size:
+            mixed = bins_p.size > 0 and _mixed_arms(self.rollout, bins_p, self._n[present])
+            if incomplete == 0 and bins_p.size and not mixed:
                 self.rollout.update(bins_p, self._n[present], succ_p, loss_p)
+            elif mixed:
+                skipped = 1
+                logger.warning(
+                    "verl-gdro: the step's prompts were planned in several calls that gave one bin different n; "
+                    "Rollout-GDRO's played-arm utility (%s) needs one arm per bin, so it skips this step's update",
+                    self.rollout.arm_utility,
+                )
             else:
                 skipped = 1
                 logger.warning(
@@ -467,6 +475,23 @@ def _fit_visit(successes: NDArray[np.int64], trials: NDArray[np.int64]) -> tuple
     s[over] = np.rint(s[over] * MAX_TRIALS_PER_VISIT / t[over]).astype(np.int64)
     t[over] = MAX_TRIALS_PER_VISIT
     return s, t
+
+
+def _mixed_arms(rollout: RolloutGDRO, bins: NDArray[np.int64], n: NDArray[np.int64]) -> bool:
+    """Whether a played-arm bandit would refuse these per-prompt n (one bin, several n).
+
+    Each before_generation call allocates its own exact budget, so a step planned in several calls
+    can give one bin two arms. RolloutGDRO.update raises on that for its played-arm utilities;
+    checking first keeps after_advantage from failing after the classifier and Prompt-GDRO
+    already took the step.
+    """
+    if rollout.allocator != "bandit" or rollout.arm_utility == "expected_informative":
+        return False
+    lo = np.full(rollout.num_bins, np.iinfo(np.int64).max)
+    hi = np.full(rollout.num_bins, -1)
+    np.minimum.at(lo, bins, n)
+    np.maximum.at(hi, bins, n)
+    return bool(np.any(lo[bins] != hi[bins]))
 
 
 def _bin_mean(bins: NDArray[np.int64], values: NDArray[np.float64], num_bins: int) -> NDArray[np.float64]:
