@@ -613,3 +613,27 @@ def test_controller_chunked_plan_with_played_arm_utility_skips_rollout_update() 
     assert ctrl.pending_prompts == 0
     plan = ctrl.before_generation(np.arange(16))  # the next step is normal again
     assert finish(plan.positions, plan.rollout_n)["gdro/rollout_update_skipped"] == 0.0
+
+
+@pytest.mark.parametrize("group", CONTROLLER_GROUPS, ids=["prompt", "rollout", "joint", "paper-joint"])
+def test_controller_step_where_every_trajectory_is_lost(group: dict[str, Any]) -> None:
+    """All rows padding / every generation failed: counted, nothing learned, metrics finite, and
+    the next step plans from a clean slate."""
+    ctrl = _controller(group)
+    plan = ctrl.before_generation(np.array([5, 6, 7]))
+    before = copy.deepcopy(ctrl.state_dict())
+    none = np.zeros(0, dtype=np.int64)
+    arrays = {k: v[:0] for k, v in _token_arrays(np.random.default_rng(0), 1).items()}
+    metrics = ctrl.after_advantage(none, np.zeros(0), **arrays)
+    assert metrics["gdro/incomplete_groups"] == 3.0 and metrics["gdro/num_prompts"] == 0.0
+    assert metrics["gdro/rollout_update_skipped"] == float(ctrl.rollout is not None)
+    assert all(math.isfinite(v) for v in metrics.values())
+    after = ctrl.state_dict()
+    assert_same_state(before["classifier"], after["classifier"])
+    if ctrl.rollout is not None:
+        assert_same_state(before["rollout"], after["rollout"])
+    if ctrl.prompt is not None:
+        assert_same_state(before["prompt"]["scores"], after["prompt"]["scores"])
+    assert ctrl.pending_prompts == 0
+    again = ctrl.before_generation(np.array([5, 6, 7]))
+    np.testing.assert_array_equal(again.positions, plan.positions)
