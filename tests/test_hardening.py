@@ -28,7 +28,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from verl_gdro.classifier import OnlineDifficultyClassifier
+from verl_gdro.classifier import OnlineDifficultyClassifier, pooled_pass_at_k, snap
 from verl_gdro.metrics import step_metrics
 from verl_gdro.prompt_gdro import PromptGDRO, failure_rate_loss
 from verl_gdro.rollout_gdro import RolloutGDRO
@@ -540,7 +540,12 @@ def test_controller_random_steps_with_faults_match_a_clean_twin(
         incomplete = metrics["gdro/incomplete_groups"]
         assert incomplete >= lost_prompts
         if ctrl.rollout is not None:
-            assert metrics["gdro/rollout_update_skipped"] == float(incomplete > 0)
+            present = np.unique(group_index)
+            played_arm = ctrl.rollout.allocator == "bandit" and ctrl.rollout.arm_utility != "expected_informative"
+            mixed = played_arm and any(
+                np.unique(plan.rollout_n[present][plan.bins[present] == b]).size > 1 for b in np.unique(plan.bins)
+            )
+            assert metrics["gdro/rollout_update_skipped"] == float(incomplete > 0 or mixed)
         if paper and ctrl.prompt is not None:
             poisoned_prompts = {int(group_index[i]) for i in step["poison"] if i < group_index.size}
             assert metrics["gdro/dropped_nonfinite"] == len(poisoned_prompts)
@@ -637,3 +642,114 @@ def test_controller_step_where_every_trajectory_is_lost(group: dict[str, Any]) -
     assert ctrl.pending_prompts == 0
     again = ctrl.before_generation(np.array([5, 6, 7]))
     np.testing.assert_array_equal(again.positions, plan.positions)
+
+
+# --------------------------------------------------------------------------------------------
+# The classifier against a plain-Python model of spec section 1, with bad calls interleaved
+# --------------------------------------------------------------------------------------------
+
+
+class _ReferenceClassifier:
+    """Spec 1 written the obvious way (dicts and lists): window, pooled estimate, hysteresis."""
+
+    def __init__(self, num_bins: int, window: int, k: int, hysteresis: float) -> None:
+        self.full = np.arange(num_bins + 1) / num_bins
+        self.window, self.k, self.delta = window, k, hysteresis
+        self.hist: dict[int, list[tuple[int, int]]] = {}
+        self.committed: dict[int, int] = {}
+
+    def observe(self, uids: np.ndarray, succ: np.ndarray, trials: np.ndarray) -> None:
+        for u, s, t in zip(uids.tolist(), succ.tolist(), trials.tolist()):
+            self.hist.setdefault(u, []).append((s, t))
+            del self.hist[u][: -self.window]
+
+    def estimate(self, u: int) -> float:
+        s = sum(v[0] for v in self.hist[u])
+        t = sum(v[1] for v in self.hist[u])
+        # on the classifier's comparison grid (12 decimals: mathematically equal values compare equal)
+        return float(snap(pooled_pass_at_k(np.array([s]), np.array([t]), self.k))[0])
+
+    def bins(self, uids: np.ndarray) -> list[int]:
+        out = []
+        for u in uids.tolist():
+            if u not in self.hist:
+                out.append(0)
+                continue
+            p = self.estimate(u)
+            raw = int(np.searchsorted(snap(self.full[1:-1]), p, side="right"))
+            c = self.committed.get(u)
+            if c is None or (raw > c and p >= snap(self.full[c + 1] + self.delta)) or (
+                raw < c and p < snap(self.full[c] - self.delta)
+            ):
+                c = raw
+            self.committed[u] = c
+            out.append(c)
+        return out
+
+
+#: enough distinct ids (sparse, negative, huge) to make the classifier's hash index grow and rehash
+BIG_UID_POOL = list(range(0, 1400, 3)) + [2**40 + i for i in range(200)] + [-(i + 1) * 7919 for i in range(150)]
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    steps=st.lists(
+        st.tuples(
+            st.lists(st.sampled_from(BIG_UID_POOL), min_size=0, max_size=120, unique=True),
+            st.integers(0, 2**31 - 1),
+            st.sampled_from([None, "succ_gt_trials", "dup", "trials_zero", "float_uids"]),
+        ),
+        min_size=1,
+        max_size=12,
+    ),
+    window=st.integers(1, 6),
+)
+def test_classifier_matches_plain_model_through_growth_and_rejected_calls(
+    steps: list[tuple[list[int], int, str | None]], window: int
+) -> None:
+    """Ring widening, row growth and hash-table rehashes never lose or mix up a prompt's history,
+    rejected observe() calls leave no trace, and a save / load at any point changes nothing."""
+    _classifier_vs_model(steps, window)
+
+
+def test_classifier_matches_plain_model_at_growth_sizes() -> None:
+    """The same check with batches large enough to force several rehashes and ring widenings."""
+    rng = np.random.default_rng(7)
+    bads: list[str | None] = [None, "succ_gt_trials", "dup", "trials_zero", "float_uids"]
+    steps = [
+        ([int(x) for x in rng.choice(BIG_UID_POOL, size=120, replace=False)], int(rng.integers(2**31)), bads[i % 5])
+        for i in range(12)
+    ]
+    _classifier_vs_model(steps, window=3)
+
+
+def _classifier_vs_model(steps: list[tuple[list[int], int, str | None]], window: int) -> None:
+    clf = OnlineDifficultyClassifier(num_bins=NUM_BINS, window=window, k=4, hysteresis=0.05)
+    ref = _ReferenceClassifier(NUM_BINS, window, 4, 0.05)
+    for uids_list, seed, bad in steps:
+        rng = np.random.default_rng(seed)
+        uids = np.array(uids_list, dtype=np.int64)
+        assert clf.bins(uids).tolist() == ref.bins(uids)
+        trials = rng.integers(1, 13, size=uids.size)
+        succ = rng.binomial(trials, rng.random(uids.size))
+        if bad is not None and uids.size:
+            before = copy.deepcopy(clf.state_dict())
+            args = {
+                "succ_gt_trials": (uids, trials + 1, trials),
+                "dup": (np.r_[uids, uids[:1]], np.r_[succ, succ[:1]], np.r_[trials, trials[:1]]),
+                "trials_zero": (uids, np.zeros_like(succ), np.zeros_like(trials)),
+                "float_uids": (uids + 0.5, succ, trials),
+            }[bad]
+            with pytest.raises(ValueError):
+                clf.observe(*args)
+            assert_same_state(before, clf.state_dict())
+        clf.observe(uids, succ, trials)
+        ref.observe(uids, succ, trials)
+        if seed % 3 == 0:  # resume mid-run from a saved state
+            fresh = OnlineDifficultyClassifier(num_bins=NUM_BINS, window=window, k=4, hysteresis=0.05)
+            fresh.load_state_dict(copy.deepcopy(clf.state_dict()))
+            clf = fresh
+    seen = np.array(sorted(ref.hist), dtype=np.int64)
+    np.testing.assert_allclose(clf.pass_at_k(seen), [ref.estimate(u) for u in seen.tolist()], rtol=0, atol=0)
+    assert clf.bins(seen).tolist() == ref.bins(seen)
+    assert clf.num_seen == len(ref.hist)
