@@ -12,11 +12,13 @@ test`` collects it and deselects it by its ``e2e`` marker.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import importlib.util
 import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -86,8 +88,34 @@ def _run_gdro(out: Path, overrides: list[str]) -> RunResult:
     )
 
 
+def _standalone_overrides(assets: dict[str, str], out: Path) -> list[str]:
+    return cpu_overrides(assets, out, steps=1) + [
+        "algorithm.adv_estimator=gdro_grpo",
+        "trainer.v1.trainer_mode=sync",
+        "trainer.save_freq=-1",
+    ]
+
+
 @pytest.fixture(scope="module")
-def gdro_run(e2e_root: Path, assets: dict[str, str]) -> RunResult:
+def standalone_run(e2e_root: Path, assets: dict[str, str]) -> Iterator[concurrent.futures.Future[RunResult]]:
+    """Test 3's run, started in the background so that it overlaps the GDRO run.
+
+    Most of a main_ppo run on this machine is start-up (process spawns and imports of Ray, FSDP and
+    vLLM workers) that leaves a core idle; two runs side by side take far less than one after the
+    other. ``E2E_SERIAL=1`` runs it in the foreground instead (each run starts its own Ray cluster).
+    """
+    out = e2e_root / "standalone"
+    if os.environ.get("E2E_SERIAL") == "1":
+        done: concurrent.futures.Future[RunResult] = concurrent.futures.Future()
+        done.set_result(run_main_ppo(out, _standalone_overrides(assets, out)))
+        yield done
+        return
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        yield pool.submit(run_main_ppo, out, _standalone_overrides(assets, out))
+
+
+@pytest.fixture(scope="module")
+def gdro_run(e2e_root: Path, assets: dict[str, str], standalone_run: concurrent.futures.Future) -> RunResult:
     """The uninterrupted 3-step GDRO run, checkpointing every step (read by tests 1 and 2)."""
     out = e2e_root / "gdro"
     return _run_gdro(out, _gdro_overrides(assets, out, STEPS))
@@ -246,14 +274,8 @@ def test_resume_from_step_2_reproduces_step_3(gdro_run: RunResult, resumed_run: 
 # -------------------------------------------------------------------------------------------------
 
 
-def test_estimator_alone_in_the_stock_sync_trainer(e2e_root: Path, assets: dict[str, str]) -> None:
-    out = e2e_root / "standalone"
-    overrides = cpu_overrides(assets, out, steps=1) + [
-        "algorithm.adv_estimator=gdro_grpo",
-        "trainer.v1.trainer_mode=sync",
-        "trainer.save_freq=-1",
-    ]
-    run = run_main_ppo(out, overrides)
+def test_estimator_alone_in_the_stock_sync_trainer(standalone_run: concurrent.futures.Future) -> None:
+    run: RunResult = standalone_run.result()
     _assert_ok(run)
     assert "standalone" in run.log.lower(), f"no standalone-mode notice in the log:\n{run.tail(60)}"
     steps = [r for r in run.metrics() if "critic/advantages/max" in r["data"]]
