@@ -4,8 +4,8 @@ Shared by the e2e tests (tests/e2e/test_e2e_main_ppo.py) and usable by hand:
 
     .venv-e2e/bin/python tests/e2e/e2e_harness.py grpo /tmp/e2e_try   # stock GRPO, 2 steps
 
-Every override in ``cpu_overrides`` is one that the measured run of VERL_CPU.md needed; the
-comment beside each names the error it removes. Nothing here is a way to train on CPU: the
+The CPU-specific overrides in ``cpu_overrides`` are those the measured run of VERL_CPU.md
+needed, each with a comment naming the error it removes; the others only size a tiny run. Nothing here is a way to train on CPU: the
 model is random, the batches tiny, and the point is only that verl's orchestration (Ray,
 TransferQueue, FSDP2, vLLM server, agent loop, reward loop, checkpoints) runs our code for real.
 """
