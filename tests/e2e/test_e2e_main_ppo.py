@@ -19,6 +19,7 @@ import os
 import re
 import subprocess
 import sys
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -218,7 +219,11 @@ def test_each_prompt_got_the_rollouts_written_for_it(gdro_run: RunResult) -> Non
         counted = collections.Counter(row["uid"].rsplit("_", 2)[0] for row in gdro_run.rollouts(step))
         assert dict(counted) == written, f"step {step}: trajectories per prompt {dict(counted)} != written {written}"
         allocations_seen.add(tuple(sorted(written.values())))
-    assert all(min(a) >= 2 for a in allocations_seen), f"an allocation below gdro.rollout.n_min=2: {allocations_seen}"
+    assert all(min(a) >= 2 and max(a) <= 12 for a in allocations_seen), f"outside [n_min, n_max]: {allocations_seen}"
+    if all(len(set(a)) == 1 for a in allocations_seen):
+        # Not a failure (the allocation depends on the random model's answers), but the check above
+        # then only saw verl's uniform n: say so in the test report.
+        warnings.warn(f"Rollout-GDRO allocated uniformly at every step: {sorted(allocations_seen)}", stacklevel=1)
 
 
 def test_plot_draws_the_figures_from_the_jsonl(gdro_run: RunResult, tmp_path: Path) -> None:
