@@ -302,12 +302,14 @@ def test_estimator_alone_in_the_stock_sync_trainer(standalone_run: concurrent.fu
 
 def test_bad_gdro_config_fails_before_ray_starts(e2e_root: Path, assets: dict[str, str]) -> None:
     out = e2e_root / "bad_config"
-    overrides = _gdro_overrides(assets, out, STEPS) + ["gdro.rollout.n_max=3"]  # rollout.n=4 > n_max
+    bad_n_max = ROLLOUT_N - 1  # rollout.n above n_max
+    overrides = _gdro_overrides(assets, out, STEPS) + [f"gdro.rollout.n_max={bad_n_max}"]
     run = run_main_ppo(out, overrides, config=GDRO_CONFIG, timeout=300)
     assert run.returncode != 0, "main_ppo accepted actor_rollout_ref.rollout.n outside [n_min, n_max]"
     assert "Started a local Ray instance" not in run.log, f"Ray was started before the config was refused:\n{run.tail(40)}"
     # The error line itself must name both keys (Hydra echoes the overrides elsewhere in the log).
     errors = [line for line in run.log.splitlines() if line.startswith("ValueError:")]
     assert errors, f"no ValueError raised:\n{run.tail(40)}"
-    assert "actor_rollout_ref.rollout.n=4" in errors[-1] and "gdro.rollout.n_max=3" in errors[-1], errors[-1]
+    assert f"actor_rollout_ref.rollout.n={ROLLOUT_N}" in errors[-1], errors[-1]
+    assert f"gdro.rollout.n_max={bad_n_max}" in errors[-1], errors[-1]
     assert not (run.out_dir / "ckpt").exists() and not run.metrics_path.exists(), "the run got past the driver"
