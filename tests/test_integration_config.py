@@ -37,6 +37,7 @@ CASES: list[tuple[str, list[str], str]] = [
     ("enable not a bool", ["gdro.enable=enabled"], "gdro.enable"),
     ("unknown uid key", ["gdro.uid_key=id"], "gdro.uid_key"),
     ("empty acc key", ["gdro.acc_key=''"], "gdro.acc_key"),
+    ("advantage clip not positive", ["gdro.advantage_clip=0"], "gdro.advantage_clip"),
     ("num_bins < 1", ["gdro.classifier.num_bins=0"], "gdro.classifier.num_bins"),
     ("num_bins null without edges", ["gdro.classifier.num_bins=null"], "gdro.classifier.num_bins"),
     ("bins and edges disagree", ["gdro.classifier.bin_edges=[0.2,0.4,0.6,0.8,0.9]"], "gdro.classifier.num_bins"),

@@ -141,6 +141,20 @@ def test_state_from_other_settings_is_refused() -> None:
         ctrl(prompt={"eta": 0.5}).load_state_dict(c.state_dict())
     with pytest.raises(ValueError, match="actor_rollout_ref.rollout.n=4, this run has 8"):
         ctrl(rollout_n=8).load_state_dict(c.state_dict())
+    with pytest.raises(ValueError, match=r"gdro.advantage_clip: saved None vs configured 5.0"):
+        ctrl(advantage_clip=5.0).load_state_dict(c.state_dict())
+
+
+def test_state_saved_before_advantage_clip_existed_resumes_as_no_clip() -> None:
+    c = ctrl()
+    run(c, range(3))
+    old = copy.deepcopy(c.state_dict())
+    del old["settings"]["advantage_clip"]  # the 0.1.0 pre-release state had no such key
+    resumed = ctrl()
+    resumed.load_state_dict(old)
+    assert run(resumed, range(3, 6)) == run(c, range(3, 6))
+    with pytest.raises(ValueError, match=r"gdro.advantage_clip: saved None vs configured 5.0"):
+        ctrl(advantage_clip=5.0).load_state_dict(old)
 
 
 def test_disabled_controller_is_inert() -> None:

@@ -75,6 +75,37 @@ def test_known_multipliers_scale_each_group(grpo_batch) -> None:
         assert abs(float(scalar[rows].sum())) < 1e-4
 
 
+def test_advantage_clip_bounds_the_multiplied_advantages(grpo_batch) -> None:
+    """gdro.advantage_clip (the paper's [-5, 5]) clips after the multipliers, and only there."""
+    data = grpo_batch(SIZES, seed=4)
+    ref = advantages(data, "grpo")
+    uids = data.non_tensor_batch["uid"]
+    table = {f"g{g}": 15.0 if g % 2 else 0.5 for g in range(len(SIZES))}  # capped weights of 15
+    per_row = torch.tensor([table[u] for u in uids], dtype=ref.dtype)[:, None]
+    with gdro_step(table):
+        unclipped = advantages(data, "gdro_grpo")
+    with gdro_step(table):
+        clipped = advantages(data, "gdro_grpo", advantage_clip=5.0)
+    assert float(unclipped.abs().max()) > 5.0  # the case is real: weight 15 pushes past 5
+    assert torch.equal(clipped, (ref * per_row).clamp(-5.0, 5.0))
+    assert torch.equal(clipped == 0, ref == 0)  # the mask and zero advantages survive the clip
+    # a clip no advantage reaches changes nothing: verl's grpo bit for bit with the adversaries off
+    assert torch.equal(advantages(data, "gdro_grpo", prompt={"enable": False}, advantage_clip=100.0), ref)
+
+
+def test_standalone_bins_a_rate_on_an_edge_into_the_upper_bin(grpo_batch) -> None:
+    """A group rate exactly on an inner edge lands in the bin above (the classifier's raw bin, on
+    its 12-decimal grid), whatever the floating-point path that produced the edge."""
+    data = grpo_batch([10], seed=23)
+    rewards = data.batch["token_level_rewards"]
+    rewards.zero_()
+    last_token = data.batch["response_mask"].sum(-1).long() - 1
+    rewards[torch.arange(7), last_token[:7]] = 1.0  # 7 of 10 correct: rate 0.7
+    advantages(data, "gdro_grpo", classifier={"bin_edges": [0.1 * i for i in range(1, 10)], "num_bins": None})
+    assert 0.1 * 7 != 0.7  # the edge as computed is 0.7000000000000001
+    assert est.standalone_state()["last"]["group_bins"].tolist() == [7]
+
+
 def test_singleton_groups_get_zero_advantage(grpo_batch) -> None:
     data = grpo_batch([1, 4, 1, 3], seed=4)
     ref = advantages(data, "grpo")

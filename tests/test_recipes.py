@@ -95,6 +95,7 @@ def test_appendix_a_settings(tmp_path):
     assert cfg.actor_rollout_ref.model.path == "Qwen/Qwen3-4B-Base"
     assert cfg.algorithm.adv_estimator == "gdro_grpo" and cfg.trainer.v1.trainer_mode == "gdro_sync"
     assert cfg.gdro.prompt.kl_coef == a.kl_loss_coef  # one beta_KL
+    assert cfg.gdro.advantage_clip == 5.0  # the paper's advantage clip [-5, 5], every method
     assert cfg.reward.custom_reward_function.name == "compute_score_answer"
     assert cfg.data.train_files == f"{tmp_path / 'data'}/answer/train.parquet"
     assert cfg.trainer.validation_data_dir.endswith("/val_generations")

@@ -189,6 +189,7 @@ class GDROSettings:
     classifier: ClassifierSettings
     prompt: PromptSettings
     rollout: RolloutSettings
+    advantage_clip: float | None = None
 
     @property
     def num_bins(self) -> int:
@@ -468,6 +469,9 @@ def resolve_gdro(group: Any = None) -> GDROSettings:
     if not isinstance(acc_key, str) or not acc_key:
         raise ValueError(f"gdro.acc_key={acc_key!r} is invalid: must be the non-empty name of the reward's correctness key")
     classifier = _resolve_classifier(c["classifier"])
+    advantage_clip = c["advantage_clip"]
+    if advantage_clip is not None:
+        advantage_clip = _float("gdro.advantage_clip", advantage_clip, low=0.0, low_open=True)
     return GDROSettings(
         enable=_bool("gdro.enable", c["enable"]),
         preset=str(preset),
@@ -476,6 +480,7 @@ def resolve_gdro(group: Any = None) -> GDROSettings:
         classifier=classifier,
         prompt=_resolve_prompt(c["prompt"], preset, classifier.num_bins),
         rollout=_resolve_rollout(c["rollout"], preset),
+        advantage_clip=advantage_clip,
     )
 
 

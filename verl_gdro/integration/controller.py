@@ -390,6 +390,9 @@ class GDROController:
         if not isinstance(state, Mapping) or state.get("version") != _STATE_VERSION:
             raise ValueError(f"not a GDROController state of version {_STATE_VERSION}")
         saved = state.get("settings")
+        if isinstance(saved, Mapping) and "advantage_clip" not in saved:
+            # Saved before gdro.advantage_clip existed (verl-gdro 0.1.0 pre-release), which meant no clip.
+            saved = {**saved, "advantage_clip": None}
         mine = self.settings.to_dict()
         if saved != mine:
             diff = _dict_diff(saved or {}, mine)

@@ -20,8 +20,11 @@ entry point), selected with ``algorithm.adv_estimator=gdro_grpo``. verl calls it
      Prompt-GDRO's state lives in this process across steps, and the loss signal is the failure
      rate (an estimator sees no log-probs). Logged once.
 
-With Prompt-GDRO disabled (or multipliers all exactly 1) the result equals verl's ``grpo`` bit for
-bit on every group of two or more responses.
+4. ``gdro.advantage_clip`` (the paper's [-5, 5]; ``null``, the default, is no clip) clips the
+   result to [-c, c].
+
+With Prompt-GDRO disabled (or multipliers all exactly 1) and no advantage clip, the result
+equals verl's ``grpo`` bit for bit on every group of two or more responses.
 
 Settings come from ``config["gdro"]`` (i.e. ``algorithm.gdro``; the GDRO trainer copies the
 top-level ``gdro`` group there). Missing keys take the package defaults.
@@ -36,6 +39,7 @@ import numpy as np
 import torch
 from verl.trainer.ppo import core_algos
 
+from verl_gdro.classifier import raw_bin
 from verl_gdro.integration.config import ESTIMATOR_NAME, GDROSettings, resolve_gdro
 from verl_gdro.integration.context import current_step, is_padding_uid
 from verl_gdro.prompt_gdro import PromptGDRO
@@ -146,8 +150,7 @@ def _standalone_multipliers(
     counts = np.bincount(inverse[valid_row], minlength=num_groups)
     real = counts > 0
     rate = np.divide(sums, counts, out=np.zeros(num_groups), where=real)
-    edges = np.asarray(settings.classifier.inner_edges(), dtype=np.float64)
-    group_bins = np.searchsorted(edges, rate, side="right").astype(np.int64)
+    group_bins = raw_bin(rate, np.asarray(settings.classifier.inner_edges(), dtype=np.float64))
 
     mult = np.ones(scores.shape[0])
     row_bins = group_bins[inverse[valid_row]]
@@ -203,5 +206,9 @@ def compute_gdro_grpo_advantage(
         mult = _standalone_multipliers(scores, inverse, padding, settings)
     if mult is not None and not np.all(mult == 1.0):
         advantages = advantages * torch.as_tensor(mult, dtype=advantages.dtype, device=advantages.device)[:, None]
+    if settings.advantage_clip is not None:
+        # The paper's advantage clip (Appendix A): after the multipliers, so it bounds what a
+        # capped Prompt-GDRO weight can do to one response's gradient.
+        advantages = advantages.clamp(-settings.advantage_clip, settings.advantage_clip)
     advantages = advantages * response_mask
     return advantages, advantages
