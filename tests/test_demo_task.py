@@ -186,3 +186,28 @@ def test_config_validation():
         replace(DemoConfig(), batch_prompts=10_000).validate()
     with pytest.raises(ValueError, match="--methods"):
         replace(DemoConfig(), methods=("grpo", "nope")).validate()
+
+
+def test_gdro_overrides_reach_every_method_and_bad_ones_name_the_key():
+    import argparse
+
+    from verl_gdro.demo.run import _config_from_args, add_arguments
+    from verl_gdro.integration.config import resolve_gdro
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    cfg = _config_from_args(parser.parse_args(["--quick", "--gdro", "prompt.max_weight=3", "gdro.prompt.eta=0.3"]))
+    assert cfg.gdro == (("prompt.max_weight", 3), ("prompt.eta", 0.3))
+    for m in cfg.methods:
+        s = resolve_gdro(method_gdro_group(m, 1, cfg.gdro))
+        assert s.prompt.max_weight == 3.0 and s.prompt.eta == 0.3
+        assert s.prompt.enable == METHODS[m][1] and s.rollout.seed == 1  # the method still decides these
+    assert cfg.to_dict()["gdro"] == [["prompt.max_weight", 3], ["prompt.eta", 0.3]]
+    with pytest.raises(ValueError, match=r"gdro\.prompt\.max_weight"):
+        _config_from_args(parser.parse_args(["--quick", "--gdro", "prompt.max_weight=-1"]))
+    with pytest.raises(ValueError, match=r"prompt\.enable: this key defines the method"):
+        _config_from_args(parser.parse_args(["--quick", "--gdro", "prompt.enable=false"]))
+    with pytest.raises(ValueError, match="expected KEY=VALUE"):
+        _config_from_args(parser.parse_args(["--quick", "--gdro", "prompt.eta"]))
+    with pytest.raises(ValueError, match=r"gdro\.prompt\.nonsense"):
+        _config_from_args(parser.parse_args(["--quick", "--gdro", "prompt.nonsense=1"]))

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-__all__ = ["DEFAULT_METHODS", "METHODS", "QUICK_METHODS", "DemoConfig", "method_gdro_group"]
+__all__ = ["DEFAULT_METHODS", "METHODS", "METHOD_KEYS", "QUICK_METHODS", "DemoConfig", "method_gdro_group"]
 
 #: method -> (preset, Prompt-GDRO on, Rollout-GDRO on). ``grpo`` keeps the classifier and the
 #: metrics on (adversaries off) so its curriculum plots are the baseline of the GDRO ones.
@@ -28,17 +28,40 @@ DEFAULT_METHODS = ("grpo", "prompt_gdro", "rollout_gdro", "prompt_gdro_paper", "
 QUICK_METHODS = ("grpo", "prompt_gdro", "rollout_gdro")
 
 
-def method_gdro_group(method: str, seed: int = 0) -> dict[str, Any]:
-    """The ``gdro`` config group (as the verl trainer reads it) that defines ``method``."""
+#: ``gdro`` keys that define a method; ``--gdro`` may not change them (pick another method instead).
+METHOD_KEYS = ("enable", "preset", "prompt.enable", "rollout.enable", "rollout.seed")
+
+
+def method_gdro_group(
+    method: str, seed: int = 0, overrides: tuple[tuple[str, Any], ...] = ()
+) -> dict[str, Any]:
+    """The ``gdro`` config group (as the verl trainer reads it) that defines ``method``.
+
+    ``overrides`` are ``(dotted key under gdro, value)`` pairs from ``--gdro``, applied to every
+    method alike (e.g. ``("prompt.max_weight", 3.0)``), so an ablation changes one knob and keeps
+    the methods comparable. The keys that define a method (:data:`METHOD_KEYS`) are refused.
+    """
     if method not in METHODS:
         raise ValueError(f"--methods: unknown method {method!r}; allowed: {sorted(METHODS)}")
     preset, prompt_on, rollout_on = METHODS[method]
-    return {
+    group: dict[str, Any] = {
         "enable": True,
         "preset": preset,
         "prompt": {"enable": prompt_on},
         "rollout": {"enable": rollout_on, "n_min": 2, "n_max": 12, "seed": int(seed)},
     }
+    for key, value in overrides:
+        if key in METHOD_KEYS:
+            raise ValueError(f"--gdro {key}: this key defines the method; choose --methods instead")
+        *parents, leaf = key.split(".")
+        node = group
+        for part in parents:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ValueError(f"--gdro {key}: gdro.{part} is not a group")
+            node = child
+        node[leaf] = value
+    return group
 
 
 @dataclass(frozen=True)
@@ -72,12 +95,15 @@ class DemoConfig:
     eval_batch: int = 512
     # run
     methods: tuple[str, ...] = field(default=DEFAULT_METHODS)
+    # (dotted key under gdro, value) pairs applied to every method (``--gdro prompt.max_weight=3``)
+    gdro: tuple[tuple[str, Any], ...] = ()
     seeds: int = 1
     threads: int = 1
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["methods"] = list(self.methods)
+        d["gdro"] = [list(kv) for kv in self.gdro]
         return d
 
     @classmethod
@@ -104,7 +130,9 @@ class DemoConfig:
             raise ValueError(f"n_mean={self.n_mean} must be in [2, 12] (the arms of Rollout-GDRO)")
         if self.eval_samples < 8:
             raise ValueError(f"eval_samples={self.eval_samples} must be >= 8 (pass@8 is reported)")
+        from verl_gdro.integration.config import resolve_gdro
+
         for m in self.methods:
-            method_gdro_group(m)
+            resolve_gdro(method_gdro_group(m, overrides=self.gdro))  # names the bad gdro.* key
         if len(set(self.methods)) != len(self.methods):
             raise ValueError(f"--methods has duplicates: {list(self.methods)}")

@@ -25,6 +25,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from .config import METHODS, DemoConfig
 
 __all__ = ["add_arguments", "main", "run_demo"]
@@ -51,6 +53,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="KEY=VALUE",
         help="override any DemoConfig field (verl_gdro/demo/config.py), e.g. --set lr=3e-4 train_size=128",
     )
+    parser.add_argument(
+        "--gdro",
+        nargs="+",
+        default=None,
+        metavar="KEY=VALUE",
+        help="override a gdro.* key for every method (dotted, YAML value), e.g. --gdro prompt.max_weight=3 prompt.eta=0.3",
+    )
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG figures")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar (plain log lines)")
 
@@ -71,6 +80,15 @@ def _config_from_args(args: argparse.Namespace) -> DemoConfig:
             raise ValueError(f"--set {item!r}: expected KEY=VALUE with KEY one of {sorted(set(fields) - {'methods', 'seeds'})}")
         kind = type(getattr(cfg, key))
         over[key] = kind(float(value)) if kind is int else kind(value)
+    gdro: list[tuple[str, Any]] = []
+    for item in args.gdro or []:
+        key, sep, value = item.partition("=")
+        key = key.strip().removeprefix("gdro.")
+        if not sep or not key:
+            raise ValueError(f"--gdro {item!r}: expected KEY=VALUE with KEY a gdro.* key, e.g. prompt.max_weight=3")
+        gdro.append((key, yaml.safe_load(value)))
+    if gdro:
+        over["gdro"] = tuple(gdro)
     cfg = replace(cfg, **over)
     cfg.validate()
     return cfg

@@ -220,7 +220,7 @@ class MethodRun:
         for p in self.ref.parameters():
             p.requires_grad_(False)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=0.0)
-        self.gdro_group = method_gdro_group(method, seed)
+        self.gdro_group = method_gdro_group(method, seed, cfg.gdro)
         self.ctrl = GDROController.from_config(self.gdro_group, rollout_n=cfg.n_mean)
         # verl's `algorithm` group as the estimator sees it, and the actor's loss settings.
         self.algo_cfg = OmegaConf.create(
