@@ -18,6 +18,7 @@ Two entry points:
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
@@ -26,6 +27,8 @@ from importlib import resources
 from typing import Any
 
 from verl_gdro.presets import LOSS_SIGNALS, PRESETS, resolve_preset
+from verl_gdro.prompt_gdro import PromptGDRO
+from verl_gdro.rollout_gdro import RolloutGDRO
 
 __all__ = [
     "ALLOCATORS",
@@ -68,6 +71,13 @@ SELECTIONS = ("auto", "map", "sample")
 _MAX_EXPONENT = 600.0
 
 _SECTIONS = ("classifier", "prompt", "rollout")
+
+
+def _constructor_kwargs(cls: type, settings: object, **given: Any) -> dict[str, Any]:
+    """``cls``'s constructor arguments: ``given`` first, every other one from the settings field of
+    the same name. Read from the signature, so a controller argument added without its config key
+    fails here (AttributeError) instead of silently taking its default."""
+    return {name: given[name] if name in given else getattr(settings, name) for name in inspect.signature(cls).parameters}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -128,17 +138,7 @@ class PromptSettings:
 
     def kwargs(self, num_bins: int) -> dict[str, Any]:
         """Constructor arguments of :class:`verl_gdro.prompt_gdro.PromptGDRO`."""
-        return {
-            "num_bins": num_bins,
-            "eta": self.eta,
-            "beta": self.beta,
-            "gamma": self.gamma,
-            "max_weight": self.max_weight,
-            "score_clip": self.score_clip,
-            "normalize_by_share": self.normalize_by_share,
-            "share_floor": self.share_floor,
-            "weight_normalization": self.weight_normalization,
-        }
+        return _constructor_kwargs(PromptGDRO, self, num_bins=num_bins)
 
 
 @dataclass(frozen=True)
@@ -162,20 +162,7 @@ class RolloutSettings:
 
         ``n_mean`` is ``actor_rollout_ref.rollout.n``: verl's own GRPO n is the mean budget.
         """
-        return {
-            "num_bins": num_bins,
-            "n_min": self.n_min,
-            "n_max": self.n_max,
-            "n_mean": n_mean,
-            "eta": self.eta,
-            "gamma": self.gamma,
-            "score_ema": self.score_ema,
-            "dual_lr": self.dual_lr,
-            "allocator": self.allocator,
-            "arm_utility": self.arm_utility,
-            "selection": self.selection,
-            "seed": self.seed,
-        }
+        return _constructor_kwargs(RolloutGDRO, self, num_bins=num_bins, n_mean=n_mean)
 
 
 @dataclass(frozen=True)
