@@ -196,3 +196,39 @@ def test_joint_mode_matches_the_three_controllers_called_directly(utility: str) 
         cls.observe(uids, succ, n)
     assert c.rollout.mu == alloc.mu and np.array_equal(c.rollout.arm_probs(), alloc.arm_probs())
     assert np.array_equal(c.prompt.scores, prompt.scores)
+
+
+@pytest.mark.parametrize("failing", ["classifier", "prompt", "rollout"])
+def test_a_refused_step_leaves_every_controller_as_it_was(monkeypatch: pytest.MonkeyPatch, failing: str) -> None:
+    """after_advantage is all or nothing: a refusal by any controller restores the others, and
+    retrying the step then gives exactly the uninterrupted run's decisions."""
+    group = {"rollout": {"enable": True}}
+    reference = ctrl(**group)
+    run(reference, range(3))
+    c = ctrl(**group)
+    run(c, range(2))
+
+    uids = np.random.default_rng(1002).choice(40, size=16, replace=False)  # step 2 of run()
+    plan = c.before_generation(uids)  # commits this step's bins: part of the plan, not the update
+    g, acc = outcomes(uids, plan.rollout_n, 2)
+    c.advantage_multipliers(g)
+    before = copy.deepcopy(c.state_dict())
+    target = getattr(c, failing)
+    method = "observe" if failing == "classifier" else "update"
+    real = getattr(target, method)
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise ValueError(f"{failing} refuses this step")
+
+    monkeypatch.setattr(target, method, refuse)
+    with pytest.raises(ValueError, match=f"{failing} refuses this step"):
+        c.after_advantage(g, acc)
+    monkeypatch.setattr(target, method, real)
+    after = c.state_dict()
+    for name in ("classifier", "prompt", "rollout"):
+        np.testing.assert_equal(after[name], before[name], err_msg=name)
+    assert after["num_steps"] == before["num_steps"]
+
+    c.after_advantage(g, acc)  # the same step again, accepted this time
+    np.testing.assert_equal(c.state_dict(), reference.state_dict())
+    assert run(c, range(3, 6)) == run(reference, range(3, 6))

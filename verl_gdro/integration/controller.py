@@ -246,44 +246,55 @@ class GDROController:
                               log_probs)
         bins_p, trials_p, succ_p, loss_p = self._bins[present], trials[present], successes[present], losses[present]
 
-        # classifier: one visit per distinct stable uid (a prompt drawn twice pools its groups)
-        uniq, inverse = np.unique(self._uids[present], return_inverse=True)
-        assert self.classifier is not None
-        self.classifier.observe(
-            uniq,
-            *_fit_visit(
-                np.bincount(inverse, weights=succ_p, minlength=uniq.size).astype(np.int64),
-                np.bincount(inverse, weights=trials_p, minlength=uniq.size).astype(np.int64),
-            ),
-        )
+        # All or nothing: the adversaries update first from snapshots of their (small, O(B x arms))
+        # states, and the classifier, whose observe() validates before it mutates, goes last. Any
+        # refusal restores the adversaries, so a failed step never leaves the controllers out of
+        # step with one another. The order changes no decision: every update reads this step's
+        # plan (bins fixed before generation), not the classifier's new estimates.
+        snapshots = [(c, c.state_dict()) for c in (self.prompt, self.rollout) if c is not None]
+        try:
+            prompt_info: dict[str, Any] = {}
+            q_used = self._q_used
+            omega_used = self._omega_used
+            if self.prompt is not None:
+                if q_used is None:
+                    q_used, omega_used = self.prompt.bin_probs(), self.prompt.omega()
+                prompt_info = self.prompt.update(bins_p, loss_p)
 
-        prompt_info: dict[str, Any] = {}
-        q_used = self._q_used
-        omega_used = self._omega_used
-        if self.prompt is not None:
-            if q_used is None:
-                q_used, omega_used = self.prompt.bin_probs(), self.prompt.omega()
-            prompt_info = self.prompt.update(bins_p, loss_p)
+            skipped = 0
+            if self.rollout is not None:
+                mixed = bins_p.size > 0 and _mixed_arms(self.rollout, bins_p, self._n[present])
+                if incomplete == 0 and bins_p.size and not mixed:
+                    self.rollout.update(bins_p, self._n[present], succ_p, loss_p)
+                elif mixed:
+                    skipped = 1
+                    logger.warning(
+                        "verl-gdro: the step's prompts were planned in several calls that gave one bin different n; "
+                        "Rollout-GDRO's played-arm utility (%s) needs one arm per bin, so it skips this step's update",
+                        self.rollout.arm_utility,
+                    )
+                else:
+                    skipped = 1
+                    logger.warning(
+                        "verl-gdro: %d planned prompt(s) lack trajectories (generation failures); Rollout-GDRO "
+                        "skips this step's update rather than learn from a partial budget",
+                        incomplete,
+                    )
 
-        skipped = 0
-        if self.rollout is not None:
-            mixed = bins_p.size > 0 and _mixed_arms(self.rollout, bins_p, self._n[present])
-            if incomplete == 0 and bins_p.size and not mixed:
-                self.rollout.update(bins_p, self._n[present], succ_p, loss_p)
-            elif mixed:
-                skipped = 1
-                logger.warning(
-                    "verl-gdro: the step's prompts were planned in several calls that gave one bin different n; "
-                    "Rollout-GDRO's played-arm utility (%s) needs one arm per bin, so it skips this step's update",
-                    self.rollout.arm_utility,
-                )
-            else:
-                skipped = 1
-                logger.warning(
-                    "verl-gdro: %d planned prompt(s) lack trajectories (generation failures); Rollout-GDRO "
-                    "skips this step's update rather than learn from a partial budget",
-                    incomplete,
-                )
+            # classifier: one visit per distinct stable uid (a prompt drawn twice pools its groups)
+            uniq, inverse = np.unique(self._uids[present], return_inverse=True)
+            assert self.classifier is not None
+            self.classifier.observe(
+                uniq,
+                *_fit_visit(
+                    np.bincount(inverse, weights=succ_p, minlength=uniq.size).astype(np.int64),
+                    np.bincount(inverse, weights=trials_p, minlength=uniq.size).astype(np.int64),
+                ),
+            )
+        except BaseException:
+            for controller, state in snapshots:
+                controller.load_state_dict(state)
+            raise
 
         self.num_steps += 1
         self.version += 1
