@@ -274,6 +274,13 @@ def test_answer_template_scores_every_benchmark():
     train = prepare_dapo(dapo_table(), "answer")
     r = fn("math_dapo", "so\nAnswer: 27", "27", extra_info=train["extra_info"][0])
     assert r["acc"] == 1.0
+    # verl 0.9.1's math_dapo falls back to the last \boxed{} when there is no "Answer:" line
+    # (DATA.md says a boxed-only response scores -1; 0.9.1's code credits it). The "Answer:" line
+    # wins when both are present, and a bare number is not an answer.
+    info = {"template": "answer"}
+    assert fn("math_dapo", "so \\boxed{27}", "27", extra_info=info)["acc"] == 1.0
+    assert fn("math_dapo", "so \\boxed{27}\nAnswer: 26", "27", extra_info=info)["acc"] == 0.0
+    assert fn("math_dapo", "so 27", "27", extra_info=info)["acc"] == 0.0
 
 
 @pytest.mark.slow

@@ -5,7 +5,8 @@ a boxed string check whatever the prompt asked for, so the recipes route every d
 The template group (``verl_gdro/config/template/*.yaml``) names the function:
 
 - ``compute_score_answer`` (template ``answer``): verl's ``math_dapo`` reads the last "Answer:"
-  line; GPQA is graded by the letter on that line.
+  line (and, in verl 0.9.1, falls back to the last ``\\boxed{}`` when there is none); GPQA is
+  graded by the letter on that line.
 - ``compute_score_boxed`` (template ``boxed``): math-verify checks the answer symbolically
   (configured as verl's ``math_verify`` scorer, in a warmed process pool:
   :mod:`verl_gdro.data.boxed_verify` says why); a response without ``\\boxed{}`` is wrong; GPQA is
