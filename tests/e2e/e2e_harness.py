@@ -18,6 +18,7 @@ import os
 import subprocess
 import sys
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -168,7 +169,15 @@ def run_main_ppo(
         cmd += [f"--config-path={config[0]}", f"--config-name={config[1]}"]
     cmd += overrides
     (out_dir / "cmd.txt").write_text(" \\\n  ".join(cmd) + "\n")
-    env = e2e_env({"VERL_FILE_LOGGER_PATH": str(out_dir / "metrics.jsonl"), **(env_extra or {})})
+    env = e2e_env(
+        {
+            "VERL_FILE_LOGGER_PATH": str(out_dir / "metrics.jsonl"),
+            # a socket path of its own for verl's weight sync (verl_cpu_platform.py says why); short,
+            # as a Unix socket path must stay under 108 bytes
+            "VERL_GDRO_E2E_RUN_TAG": uuid.uuid4().hex[:8],
+            **(env_extra or {}),
+        }
+    )
     log_path = out_dir / "main_ppo.log"
     t0 = time.monotonic()
     with open(log_path, "w") as log:

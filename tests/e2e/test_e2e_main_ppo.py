@@ -313,3 +313,45 @@ def test_bad_gdro_config_fails_before_ray_starts(e2e_root: Path, assets: dict[st
     assert f"actor_rollout_ref.rollout.n={ROLLOUT_N}" in errors[-1], errors[-1]
     assert f"gdro.rollout.n_max={bad_n_max}" in errors[-1], errors[-1]
     assert not (run.out_dir / "ckpt").exists() and not run.metrics_path.exists(), "the run got past the driver"
+
+
+# -------------------------------------------------------------------------------------------------
+# the CPU platform itself
+# -------------------------------------------------------------------------------------------------
+
+_JOB_ID_PROBE = """
+import verl  # imports the CPU platform through VERL_USE_EXTERNAL_MODULES
+import ray
+from ray.runtime_context import RuntimeContext
+
+class _JobId:
+    def hex(self):
+        return "01000000"  # what every fresh local Ray cluster gives its first driver
+
+class _Worker:
+    current_job_id = _JobId()
+
+ray.is_initialized = lambda: True
+ctx = RuntimeContext.__new__(RuntimeContext)
+ctx.worker = _Worker()
+print("JOB_ID=" + ctx.get_job_id())
+"""
+
+
+def test_concurrent_runs_get_distinct_weight_sync_sockets(e2e_root: Path) -> None:
+    """verl 0.9.1 names its vLLM weight-sync socket after the Ray job id, the same 01000000 in
+    every local cluster: without the platform's per-run tag the GDRO and standalone runs, started
+    side by side, hang in update_weights (verl_cpu_platform._per_run_weight_sync_sockets)."""
+    seen = {}
+    for tag in ("run-a", "run-b", None):
+        extra = {"VERL_USE_EXTERNAL_MODULES": PLATFORM_MODULE}
+        env = e2e_env(extra)
+        env.pop("VERL_GDRO_E2E_RUN_TAG", None)
+        if tag is not None:
+            env["VERL_GDRO_E2E_RUN_TAG"] = tag
+        proc = subprocess.run(
+            [sys.executable, "-c", _JOB_ID_PROBE], capture_output=True, text=True, timeout=300, env=env
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        seen[tag] = re.search(r"JOB_ID=(\S+)", proc.stdout).group(1)
+    assert seen == {"run-a": "01000000-run-a", "run-b": "01000000-run-b", None: "01000000"}

@@ -297,3 +297,37 @@ def _unpinned_offload_policy() -> None:
 
 
 _unpinned_offload_policy()
+
+
+def _per_run_weight_sync_sockets() -> None:
+    """Give each main_ppo run its own vLLM weight-sync socket path.
+
+    Why: verl 0.9.1 names the socket of its colocated weight transfer
+    ``/tmp/rl-colocate-zmq-{ray job id}-replica-{r}-rank-{k}.sock``: the sender from
+    ``ray.get_runtime_context().get_job_id()`` (verl/workers/rollout/vllm_rollout/vllm_rollout.py),
+    the vLLM worker from ``VERL_RAY_JOB_ID``, which vllm_async_server.py sets from the same call.
+    Each main_ppo starts its own local Ray cluster, whose first job id is always ``01000000``,
+    so two runs on one host (the e2e tier runs the GDRO and the standalone run side by side)
+    bind and connect the same path; the later bind replaces the socket file and both runs hang
+    in ``update_weights`` after their first step (seen in a CI-equivalent run, both processes
+    idle after the step-1 checkpoint until the harness timeout). With ``VERL_GDRO_E2E_RUN_TAG``
+    set (the harness sets a unique one per run), the job id verl reads carries that tag. verl
+    uses the value only to name this socket; Ray's own code reads the id elsewhere.
+    """
+    tag = os.environ.get("VERL_GDRO_E2E_RUN_TAG")
+    if not tag:
+        return
+    from ray.runtime_context import RuntimeContext
+
+    original = RuntimeContext.get_job_id
+    if getattr(original, "_verl_cpu_tagged", False):
+        return
+
+    def get_job_id(self: Any) -> str:
+        return f"{original(self)}-{tag}"
+
+    get_job_id._verl_cpu_tagged = True  # type: ignore[attr-defined]
+    RuntimeContext.get_job_id = get_job_id  # type: ignore[method-assign]
+
+
+_per_run_weight_sync_sockets()
