@@ -12,8 +12,9 @@ import pytest
 from verl_gdro.demo.config import DEFAULT_METHODS, METHODS, QUICK_METHODS, DemoConfig, method_gdro_group
 from verl_gdro.demo.task import (
     LEVEL_WEIGHTS,
-    LEVELS,
+    TASKS,
     Problem,
+    get_task,
     make_eval_set,
     make_train_set,
     pass_at_k,
@@ -27,53 +28,84 @@ from verl_gdro.demo.tokenizer import CharTokenizer
 # ---------------------------------------------------------------------------------------------
 
 
-def test_train_set_is_deterministic_with_stable_row_ids():
-    a = make_train_set(200, seed=0)
-    b = make_train_set(200, seed=0)
+@pytest.mark.parametrize("task", sorted(TASKS))
+def test_train_set_is_deterministic_with_stable_row_ids(task):
+    a = make_train_set(200, seed=0, task=task)
+    b = make_train_set(200, seed=0, task=task)
     assert a == b
     assert [p.uid for p in a] == list(range(200))
-    assert make_train_set(200, seed=1) != a
+    assert make_train_set(200, seed=1, task=task) != a
 
 
-def test_train_set_is_heavy_tailed_and_covers_every_level():
-    train = make_train_set(4000, seed=0)
+@pytest.mark.parametrize("task", sorted(TASKS))
+def test_train_set_is_heavy_tailed_and_covers_every_level(task):
+    t = get_task(task)
+    train = make_train_set(4000, seed=0, task=task)
     counts = Counter(p.level for p in train)
-    assert set(counts) == set(range(len(LEVELS)))
-    shares = np.array([counts[lv] for lv in range(len(LEVELS))]) / len(train)
+    assert set(counts) == set(range(t.num_levels))
+    shares = np.array([counts[lv] for lv in range(t.num_levels)]) / len(train)
     # most problems easy, a long tail of hard ones, close to the declared mix
     assert shares[0] > 0.35 and shares[-1] < 0.08
     assert np.all(np.diff(shares) < 0.02)
     np.testing.assert_allclose(shares, np.asarray(LEVEL_WEIGHTS) / sum(LEVEL_WEIGHTS), atol=0.03)
     # even a tiny train set holds every level (the hardest bin must be able to exist in --quick)
-    assert {p.level for p in make_train_set(len(LEVELS), seed=3)} == set(range(len(LEVELS)))
+    assert {p.level for p in make_train_set(t.num_levels, seed=3, task=task)} == set(range(t.num_levels))
 
 
-def test_operands_match_their_level():
-    for p in make_train_set(500, seed=2):
-        digits = LEVELS[p.level]
-        assert len(p.operands) == len(digits)
-        for x, d in zip(p.operands, digits):
-            assert len(str(x)) == d
-        assert int(p.answer) == sum(p.operands)
+def test_addition_operands_match_their_level():
+    levels = get_task("add").levels
+    for p in make_train_set(500, seed=2, task="add"):
+        ops = p.question.rstrip("=").split("+")
+        assert len(ops) == len(levels[p.level])
+        for x, d in zip(ops, levels[p.level]):
+            assert len(x) == d
+        assert int(p.answer) == sum(int(x) for x in ops)
 
 
-def test_eval_set_is_stratified_held_out_and_has_distinct_ids():
-    train = make_train_set(300, seed=0)
-    ev = make_eval_set(20, seed=0, exclude=train)
+def test_sort_answers_are_the_sorted_digits_of_their_level_length():
+    levels = get_task("sort").levels
+    for p in make_train_set(500, seed=2, task="sort"):
+        digits = p.question.removeprefix("sort ")
+        assert len(digits) == levels[p.level][0] and "0" not in digits
+        assert p.answer == "".join(sorted(digits))
+
+
+@pytest.mark.parametrize("task", sorted(TASKS))
+def test_reference_responses_fit_the_task_length_limit(task):
+    tok = CharTokenizer()
+    t = get_task(task)
+    longest = max(len(tok.encode(response_text(p))) + 1 for p in make_train_set(2000, seed=0, task=task))
+    assert longest <= t.max_new_tokens
+
+
+@pytest.mark.parametrize("task", sorted(TASKS))
+def test_eval_set_is_stratified_held_out_and_has_distinct_ids(task):
+    t = get_task(task)
+    train = make_train_set(300, seed=0, task=task)
+    ev = make_eval_set(20, seed=0, exclude=train, task=task)
     counts = Counter(p.level for p in ev)
-    assert all(counts[lv] == 20 for lv in range(len(LEVELS)))
+    assert all(counts[lv] == 20 for lv in range(t.num_levels))
     train_q = {p.question for p in train}
-    # level 0 has only 100 distinct problems; the harder levels must not overlap the train set
-    assert not any(p.question in train_q for p in ev if p.level > 0)
+    # the easiest levels have few distinct problems; the harder levels must not overlap the train set
+    assert not any(p.question in train_q for p in ev if p.level > 1)
     assert len({p.uid for p in ev}) == len(ev)
     assert min(p.uid for p in ev) >= 1_000_000
 
 
-def test_bad_sizes_are_value_errors():
+def test_bad_sizes_and_tasks_are_value_errors():
     with pytest.raises(ValueError, match="train size"):
         make_train_set(2)
     with pytest.raises(ValueError, match="per_level"):
         make_eval_set(0)
+    with pytest.raises(ValueError, match="--task 'nope'"):
+        make_train_set(10, task="nope")
+
+
+def test_the_two_tasks_are_different_families():
+    """Confirmation must not be the development task with other numbers: no shared question form."""
+    add, srt = make_train_set(50, task="add"), make_train_set(50, task="sort")
+    assert all("+" in p.question for p in add) and not any("+" in p.question for p in srt)
+    assert all(p.question.startswith("sort ") for p in srt)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -108,7 +140,7 @@ def test_pass_at_k_rejects_bad_input():
 
 def test_tokenizer_round_trip_and_chat_template(tmp_path):
     tok = CharTokenizer()
-    p = Problem(uid=0, level=2, operands=(47, 8))
+    p = Problem(uid=0, level=2, question="47+8=", answer="55")
     text = tok.apply_chat_template([{"role": "user", "content": prompt_text(p)}])
     assert text.startswith("<|im_start|>user\n") and text.endswith("<|im_start|>assistant\n")
     ids = tok.encode(text)
@@ -135,8 +167,8 @@ def test_reference_response_scores_correct_with_verls_math_dapo():
 
     from verl_gdro.demo.task import score_response
 
-    for p in make_train_set(60, seed=5):
-        assert "Answer: N" in prompt_text(p)
+    for p in make_train_set(30, seed=5, task="add") + make_train_set(30, seed=5, task="sort"):
+        assert prompt_text(p) == p.question  # the bare question: the warm start teaches the format
         out = compute_score(response_text(p), p.answer)
         assert out["acc"] is True and out["score"] == 1.0
         assert score_response(response_text(p), p)
@@ -144,7 +176,7 @@ def test_reference_response_scores_correct_with_verls_math_dapo():
         assert not score_response(wrong, p)
         # the shaped score of a wrong answer is -1: reading `score` as correctness would be wrong
         assert compute_score(wrong, p.answer)["score"] == -1.0
-    p = Problem(uid=0, level=0, operands=(3, 5))
+    p = Problem(uid=0, level=0, question="3+5=", answer="8")
     assert not score_response("8", p)  # no Answer: line, no credit
     assert score_response("let me think\nAnswer: 8", p)
 

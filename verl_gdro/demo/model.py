@@ -33,7 +33,7 @@ def build_model(vocab_size: int, hidden: int = 128, layers: int = 2, seed: int =
         head_dim=hidden // 4,
         max_position_embeddings=128,
         tie_word_embeddings=True,
-        attn_implementation="eager",
+        attn_implementation="sdpa",
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

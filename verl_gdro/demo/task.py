@@ -1,19 +1,26 @@
-"""The demo's verifiable arithmetic task: heavy-tailed difficulty, stable ids, verl's scorer.
+"""The demo's verifiable tasks: two families, heavy-tailed difficulty, stable ids, verl's scorer.
 
-Why this task: GDRO is about a *skewed* difficulty mix, where the average gradient is dominated by
-the easy majority and the rare hard prompts are starved. Additions with more digits and more
-operands are a ladder of difficulty that a tiny character-level model climbs in minutes, and whose
-answers are checked exactly. Most training problems are easy (level 0), a long tail is hard.
+Why two families: a default chosen on one task can be a fit to that task. The ``add`` task
+(development: defaults are chosen on it) is multi-operand addition, whose difficulty is carrying
+across columns and operands; the ``sort`` task (confirmation: the chosen defaults run on it
+unchanged) is sorting a string of digits, whose difficulty is length (counting and ordering, no
+arithmetic). Both are ladders of difficulty levels that a tiny character-level model climbs in
+minutes, and both are checked exactly.
+
+Why heavy-tailed: GDRO is about a *skewed* difficulty mix, where the average gradient is dominated
+by the easy majority and the rare hard prompts are starved. Most training problems are easy
+(level 0); 1 in 20 is of the hardest kind.
 
 Every problem has a stable integer id (its row index in the fixed train set), which is what the
-online classifier keys on (spec section 1); the evaluation set is held out (different seed, no
-overlap with the train set) and stratified: the same number of problems at every level, so the
-worst level is measured as precisely as the easiest one.
+online classifier keys on (spec section 1); the evaluation set is held out (different stream, no
+overlap with the train set where the level has enough distinct problems) and stratified: the same
+number of problems at every level, so the worst level is measured as precisely as the easiest.
 
 Responses are scored by verl's own ``math_dapo.compute_score`` on an ``Answer: N`` line, reading
-its ``acc`` (binary correctness), never the shaped +-1 score (spec notation; defect 5 of the
-released patch was a prompt/scorer mismatch, so the prompt template lives here, next to the
-scorer, and a test checks them together).
+its ``acc`` (binary correctness), never the shaped +-1 score. The prompt is the bare question (the
+warm start teaches the answer format, as a base model's few-shot prompt would): a short prompt keeps
+the tiny model's forward passes cheap. The reference response and the scorer live here together,
+and a test checks them together (defect 5 of the released patch was a prompt/scorer mismatch).
 """
 
 from __future__ import annotations
@@ -25,10 +32,10 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 __all__ = [
-    "LEVELS",
-    "LEVEL_WEIGHTS",
+    "TASKS",
     "Problem",
-    "draw_operands",
+    "Task",
+    "get_task",
     "make_eval_set",
     "make_train_set",
     "pass_at_k",
@@ -37,69 +44,107 @@ __all__ = [
     "score_response",
 ]
 
-# Level -> operand digit counts. Difficulty grows with operands (a longer sum to carry in one's
-# head) and with digits (carries across columns, which a tiny model learns last).
-LEVELS: tuple[tuple[int, ...], ...] = (
-    (1, 1),  # 3+5
-    (1, 1, 1),  # 3+5+2
-    (2, 1),  # 47+8
-    (1, 1, 1, 1, 1),  # 3+5+2+9+4
-    (2, 2),  # 47+38
-    (2, 2, 1),  # 47+38+6
-)
-# Heavy-tailed training mix: about half the problems are trivial, 1 in 20 is of the hardest kind.
+# Heavy-tailed training mix shared by both tasks: about half the problems are trivial, 1 in 20 is
+# of the hardest kind.
 LEVEL_WEIGHTS: tuple[float, ...] = (0.45, 0.22, 0.13, 0.09, 0.06, 0.05)
-
-ANSWER_INSTRUCTION = "End with Answer: N"
 
 
 @dataclass(frozen=True)
 class Problem:
-    """One arithmetic problem; ``uid`` is stable (train-set row index) and ``level`` its difficulty."""
+    """One problem; ``uid`` is stable (train-set row index) and ``level`` its difficulty."""
 
     uid: int
     level: int
-    operands: tuple[int, ...]
-
-    @property
-    def question(self) -> str:
-        return "+".join(str(x) for x in self.operands)
-
-    @property
-    def answer(self) -> str:
-        return str(sum(self.operands))
+    question: str
+    answer: str
 
     def to_dict(self) -> dict:
-        d = asdict(self)
-        d["operands"] = list(self.operands)
-        return d
+        return asdict(self)
 
 
-def draw_operands(rng: np.random.Generator, level: int) -> tuple[int, ...]:
-    """Random operands of ``level`` (a d-digit operand has no leading zero)."""
-    ops = []
-    for digits in LEVELS[level]:
-        lo = 0 if digits == 1 else 10 ** (digits - 1)
-        ops.append(int(rng.integers(lo, 10**digits)))
-    return tuple(ops)
+@dataclass(frozen=True)
+class Task:
+    """A family of problems: ``levels`` names each difficulty level, ``draw`` makes one problem.
+
+    ``levels`` are parameters of :meth:`draw` (operand digit counts for ``add``, the string length
+    for ``sort``); their order is the difficulty order the study reports.
+    """
+
+    name: str
+    levels: tuple[tuple[int, ...], ...]
+    #: response length limit: the longest reference response ("Answer: " + answer), its end-of-turn
+    #: token and slack, so a sampled response can be wrong without being cut off
+    max_new_tokens: int
+    level_weights: tuple[float, ...] = LEVEL_WEIGHTS
+
+    @property
+    def num_levels(self) -> int:
+        return len(self.levels)
+
+    def draw(self, rng: np.random.Generator, level: int) -> tuple[str, str]:
+        """(question, answer) of a random problem of ``level``."""
+        spec = self.levels[level]
+        if self.name == "add":
+            # a d-digit operand has no leading zero
+            ops = [int(rng.integers(0 if d == 1 else 10 ** (d - 1), 10**d)) for d in spec]
+            return "+".join(str(x) for x in ops) + "=", str(sum(ops))
+        if self.name == "sort":
+            # digits 1-9 (no zero), so the sorted answer never starts with 0 and math_dapo's
+            # normalisation compares it as the literal string
+            (length,) = spec
+            digits = rng.integers(1, 10, size=length)
+            return "sort " + "".join(str(d) for d in digits), "".join(str(d) for d in np.sort(digits))
+        raise ValueError(f"unknown task {self.name!r}")
+
+    def problem(self, rng: np.random.Generator, level: int, uid: int) -> Problem:
+        q, a = self.draw(rng, level)
+        return Problem(uid=uid, level=level, question=q, answer=a)
 
 
-def make_train_set(size: int, seed: int = 0) -> list[Problem]:
+TASKS: dict[str, Task] = {
+    # development task: multi-operand addition; difficulty = more operands, more digits (carries)
+    "add": Task(
+        "add",
+        levels=(
+            (1, 1),  # 3+5
+            (1, 1, 1),  # 3+5+2
+            (2, 1),  # 47+8
+            (1, 1, 1, 1, 1),  # 3+5+2+9+4
+            (2, 2),  # 47+38
+            (2, 2, 1),  # 47+38+6
+        ),
+        max_new_tokens=14,  # "Answer: 207" + end of turn + 2
+    ),
+    # confirmation task: sort a string of digits; difficulty = length
+    "sort": Task("sort", levels=((3,), (4,), (5,), (6,), (7,), (8,)), max_new_tokens=18),  # 8 + 8 + eos + 1
+}
+
+
+def get_task(name: str) -> Task:
+    """The task called ``name``; a one-line error naming ``--task`` for an unknown one."""
+    if name not in TASKS:
+        raise ValueError(f"--task {name!r} is unknown; allowed: {sorted(TASKS)}")
+    return TASKS[name]
+
+
+def make_train_set(size: int, seed: int = 0, task: str = "add") -> list[Problem]:
     """A fixed train set of ``size`` problems drawn from the heavy-tailed level mix.
 
-    Deterministic in (size, seed); ``uid`` is the row index. Every level gets at least one
+    Deterministic in (size, seed, task); ``uid`` is the row index. Every level gets at least one
     problem so that the hardest bin can exist at all in small (``--quick``) runs.
     """
-    if size < len(LEVELS):
-        raise ValueError(f"train size={size} must be >= the number of levels ({len(LEVELS)})")
+    t = get_task(task)
+    if size < t.num_levels:
+        raise ValueError(f"train size={size} must be >= the number of levels ({t.num_levels})")
     rng = np.random.default_rng([seed, 11])
-    levels = rng.choice(len(LEVELS), size=size, p=np.asarray(LEVEL_WEIGHTS) / sum(LEVEL_WEIGHTS))
-    levels[: len(LEVELS)] = np.arange(len(LEVELS))  # at least one of each level
+    w = np.asarray(t.level_weights) / sum(t.level_weights)
+    levels = rng.choice(t.num_levels, size=size, p=w)
+    levels[: t.num_levels] = np.arange(t.num_levels)  # at least one of each level
     levels = rng.permutation(levels)
-    return [Problem(uid=i, level=int(lv), operands=draw_operands(rng, int(lv))) for i, lv in enumerate(levels)]
+    return [t.problem(rng, int(lv), i) for i, lv in enumerate(levels)]
 
 
-def make_eval_set(per_level: int, seed: int = 0, exclude: Sequence[Problem] = ()) -> list[Problem]:
+def make_eval_set(per_level: int, seed: int = 0, exclude: Sequence[Problem] = (), task: str = "add") -> list[Problem]:
     """A held-out evaluation set with ``per_level`` problems at every level (stratified).
 
     Problems whose question appears in ``exclude`` (the train set) are redrawn, so evaluation
@@ -108,28 +153,28 @@ def make_eval_set(per_level: int, seed: int = 0, exclude: Sequence[Problem] = ()
     """
     if per_level < 1:
         raise ValueError(f"eval per_level={per_level} must be >= 1")
+    t = get_task(task)
     rng = np.random.default_rng([seed, 23])
     seen = {p.question for p in exclude}
     out: list[Problem] = []
-    for level in range(len(LEVELS)):
-        count = 0
-        attempts = 0
+    for level in range(t.num_levels):
+        count = attempts = 0
         while count < per_level:
-            ops = draw_operands(rng, level)
+            q, a = t.draw(rng, level)
             attempts += 1
-            q = "+".join(str(x) for x in ops)
-            # Level 0 has only 100 distinct problems; allow repeats there rather than loop forever.
+            # the easiest levels have few distinct problems (100 for 3+5); allow repeats there
+            # rather than loop forever
             if q in seen and attempts < 50 * per_level:
                 continue
             seen.add(q)
-            out.append(Problem(uid=1_000_000 + len(out), level=level, operands=ops))
+            out.append(Problem(uid=1_000_000 + len(out), level=level, question=q, answer=a))
             count += 1
     return out
 
 
 def prompt_text(problem: Problem) -> str:
-    """The user message: the question and the instruction to answer on an ``Answer:`` line."""
-    return f"{problem.question}=? {ANSWER_INSTRUCTION}"
+    """The user message: the bare question (the warm start teaches the ``Answer:`` format)."""
+    return problem.question
 
 
 def response_text(problem: Problem) -> str:

@@ -32,7 +32,7 @@ import torch
 
 from .config import DemoConfig, method_gdro_group
 from .model import build_model, encode_prompts, response_log_probs, sample
-from .task import LEVELS, Problem, draw_operands, pass_at_k, prompt_text, response_text, score_response
+from .task import Problem, get_task, pass_at_k, prompt_text, response_text
 from .tokenizer import CharTokenizer
 
 __all__ = ["MethodRun", "evaluate", "warm_start", "warm_start_cache_dir"]
@@ -103,12 +103,15 @@ def warm_start(cfg: DemoConfig, tok: CharTokenizer, path: Path, log: Callable[[s
         opt, lambda s: min(1.0, (s + 1) / warmup) * max(0.1, 1 - s / cfg.sft_steps)
     )
     rng = np.random.default_rng(4321)
+    task = get_task(cfg.task)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(4321)
         for step in range(cfg.sft_steps):
-            levels = rng.integers(0, len(LEVELS), cfg.sft_batch)
-            probs = [Problem(uid=-1, level=int(lv), operands=draw_operands(rng, int(lv))) for lv in levels]
-            ids, mask, resp, rmask = _sft_batch(tok, probs, cfg.max_new_tokens)
+            levels = rng.integers(0, task.num_levels, cfg.sft_batch)
+            probs = [task.problem(rng, int(lv), -1) for lv in levels]
+            if cfg.sft_noise > 0:
+                probs = [_corrupt(p, cfg.sft_noise, rng) for p in probs]
+            ids, mask, resp, rmask = _sft_batch(tok, probs, cfg.response_tokens)
             model.train()
             lp = response_log_probs(model, torch.cat([ids, resp], 1), torch.cat([mask, rmask], 1), resp.shape[1])
             loss = -(lp * rmask).sum() / rmask.sum()
@@ -130,6 +133,20 @@ def warm_start(cfg: DemoConfig, tok: CharTokenizer, path: Path, log: Callable[[s
     return state
 
 
+def _corrupt(problem: Problem, rate: float, rng: np.random.Generator) -> Problem:
+    """The problem with each answer digit replaced by a random digit with probability ``rate``.
+
+    Why: a warm start fitted to clean targets is sharp (its wrong answers are wrong for every
+    sample) or, under-trained, has not learned the skill; RL with verifiable rewards is for the
+    regime between, where the right answer is among the policy's samples but not its only one
+    (pass@8 well above mean@8). Digit noise in the supervised targets puts a base model's noisy
+    habits into the warm start: problem-independent, so what RL removes on the train set it removes
+    on held-out problems too, and compounding with answer length, so hard levels stay hard.
+    """
+    digits = [str(int(rng.integers(0, 10))) if ch.isdigit() and rng.random() < rate else ch for ch in problem.answer]
+    return Problem(uid=problem.uid, level=problem.level, question=problem.question, answer="".join(digits))
+
+
 def _save_atomic(obj: Any, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
@@ -138,8 +155,10 @@ def _save_atomic(obj: Any, path: Path) -> None:
 
 
 def _sft_key(cfg: DemoConfig) -> dict:
-    keys = ("hidden", "layers", "max_new_tokens", "sft_steps", "sft_batch", "sft_lr")
-    return {"levels": [list(lv) for lv in LEVELS], "version": 1, **{k: getattr(cfg, k) for k in keys}}
+    keys = ("task", "hidden", "layers", "sft_steps", "sft_batch", "sft_lr", "sft_noise")
+    levels = [list(lv) for lv in get_task(cfg.task).levels]
+    key = {"levels": levels, "version": 2, **{k: getattr(cfg, k) for k in keys}}
+    return {**key, "max_new_tokens": cfg.response_tokens}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -164,9 +183,9 @@ def evaluate(
     for start in range(0, len(rows), cfg.eval_batch):
         chunk = rows[start : start + cfg.eval_batch]
         ids, mask = encode_prompts(tok, [prompt_text(p) for p in chunk])
-        r = sample(model, ids, mask, cfg.max_new_tokens, tok.eos_token_id, tok.pad_token_id, gen, cfg.eval_temperature)
+        r = sample(model, ids, mask, cfg.response_tokens, tok.eos_token_id, tok.pad_token_id, gen, cfg.eval_temperature)
         for i, p in enumerate(chunk):
-            correct[start + i] = score_response(tok.decode(r.responses[i]), p)
+            correct[start + i] = _score(tok.decode(r.responses[i]), p)[1]
     per_problem = correct.reshape(len(problems), k)
     c = per_problem.sum(1).astype(int)
     levels = np.array([p.level for p in problems])
@@ -220,7 +239,7 @@ class MethodRun:
         for p in self.ref.parameters():
             p.requires_grad_(False)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=0.0)
-        self.gdro_group = method_gdro_group(method, seed, cfg.gdro)
+        self.gdro_group = method_gdro_group(cfg.method_spec(method), seed, cfg.gdro)
         self.ctrl = GDROController.from_config(self.gdro_group, rollout_n=cfg.n_mean)
         # verl's `algorithm` group as the estimator sees it, and the actor's loss settings.
         self.algo_cfg = OmegaConf.create(
@@ -236,6 +255,8 @@ class MethodRun:
             }
         )
         self.gen = torch.Generator().manual_seed(seed * 1_000_003 + 17)
+        settings = self.ctrl.settings
+        self._needs_ref = cfg.kl_coef > 0 or (settings.prompt.enable and settings.prompt.loss_signal == "surrogate_kl")
         self.step = 0
         self.rollouts = 0
 
@@ -266,7 +287,7 @@ class MethodRun:
         group_index = np.repeat(plan.positions, n)
         rows = [problems[i] for i in np.repeat(np.arange(len(problems)), n)]
         ids, mask = encode_prompts(tok, [prompt_text(p) for p in rows])
-        ro = sample(self.model, ids, mask, cfg.max_new_tokens, tok.eos_token_id, tok.pad_token_id, self.gen, cfg.temperature)
+        ro = sample(self.model, ids, mask, cfg.response_tokens, tok.eos_token_id, tok.pad_token_id, self.gen, cfg.temperature)
         t_gen = time.perf_counter() - t0
 
         scores = [_score(tok.decode(ro.responses[i]), p) for i, p in enumerate(rows)]
@@ -279,10 +300,18 @@ class MethodRun:
 
         input_ids, attn = ro.input_ids, ro.attention_mask
         R = ro.responses.shape[1]
+        self.model.train()
+        # One mini-batch = verl with ppo_mini_batch_size = train_batch_size: the update is on-policy,
+        # so the old log-probs ARE the first forward's (dropout is 0), and one forward serves both.
+        on_policy = cfg.mini_batches == 1
+        lp_first = response_log_probs(self.model, input_ids, attn, R) if on_policy else None
         with torch.no_grad():
-            self.model.eval()
-            old_lp = response_log_probs(self.model, input_ids, attn, R)
-            ref_lp = response_log_probs(self.ref, input_ids, attn, R)
+            if on_policy:
+                old_lp = lp_first.detach()
+            else:
+                old_lp = response_log_probs(self.model, input_ids, attn, R)
+            # the reference forward only when something reads it (the KL penalty or Eq. 6's KL)
+            ref_lp = response_log_probs(self.ref, input_ids, attn, R) if self._needs_ref else old_lp
         uid_str = np.array([f"{self.step}-{g}" for g in group_index], dtype=object)
         data = DataProto.from_dict(
             tensors={
@@ -312,11 +341,14 @@ class MethodRun:
 
         # policy update: one epoch over `mini_batches` shuffled mini-batches (verl's actor loop)
         policy_loss_fn = get_policy_loss_fn("vanilla")
-        self.model.train()
         perm = torch.randperm(len(rows), generator=self.gen)
         pg_losses, kls, clipfracs = [], [], []
         for chunk in torch.chunk(perm, cfg.mini_batches):
-            lp = response_log_probs(self.model, input_ids[chunk], attn[chunk], R)
+            if on_policy:
+                chunk = slice(None)  # the whole batch, in the order lp_first was computed
+                lp = lp_first
+            else:
+                lp = response_log_probs(self.model, input_ids[chunk], attn[chunk], R)
             m = resp_mask[chunk]
             pg_loss, pg_metrics = policy_loss_fn(
                 old_log_prob=old_lp[chunk],
@@ -326,14 +358,16 @@ class MethodRun:
                 loss_agg_mode=cfg.loss_agg_mode,
                 config=self.actor_cfg,
             )
-            kl = agg_loss(loss_mat=kl_penalty(lp, ref_lp[chunk], cfg.kl_type), loss_mask=m, loss_agg_mode=cfg.loss_agg_mode)
-            loss = pg_loss + cfg.kl_coef * kl
+            loss = pg_loss
+            if cfg.kl_coef > 0:
+                kl = agg_loss(loss_mat=kl_penalty(lp, ref_lp[chunk], cfg.kl_type), loss_mask=m, loss_agg_mode=cfg.loss_agg_mode)
+                loss = pg_loss + cfg.kl_coef * kl
+                kls.append(float(kl.detach()))
             self.opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
             self.opt.step()
             pg_losses.append(float(pg_loss.detach()))
-            kls.append(float(kl.detach()))
             clipfracs.append(float(pg_metrics["actor/pg_clipfrac"]))
 
         self.rollouts += int(n.sum())
@@ -344,7 +378,7 @@ class MethodRun:
                 "train/acc": float(acc.mean()),
                 "train/rollouts_total": float(self.rollouts),
                 "actor/pg_loss": float(np.mean(pg_losses)),
-                "actor/kl_loss": float(np.mean(kls)),
+                "actor/kl_loss": float(np.mean(kls)) if kls else 0.0,
                 "actor/pg_clipfrac": float(np.mean(clipfracs)),
                 "timing/gen_s": t_gen,
                 "timing/step_s": time.perf_counter() - t0,
