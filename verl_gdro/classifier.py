@@ -681,6 +681,22 @@ class OnlineDifficultyClassifier:
             out[seen] = self._estimate_slots(slots[seen])
         return out
 
+    def window_counts(self, uids: Any) -> tuple[np.ndarray, np.ndarray]:
+        """(successes, trials) per uid pooled over its window; (0, 0) for a uid never observed.
+
+        What a per-prompt allocator estimates each prompt's own success rate from
+        (:func:`verl_gdro.rollout_gdro.smoothed_rate`), beside the binned estimate.
+        """
+        u = _int_array("uids", uids)
+        slots = self._slots(u)
+        s_out = np.zeros(u.size, dtype=np.int64)
+        t_out = np.zeros(u.size, dtype=np.int64)
+        seen = slots >= 0
+        if seen.any():
+            s_out[seen] = self._succ[slots[seen]].sum(axis=1, dtype=np.int64)
+            t_out[seen] = self._trials[slots[seen]].sum(axis=1, dtype=np.int64)
+        return s_out, t_out
+
     def raw_bins(self, p: Any) -> np.ndarray:
         """Raw bin of each estimate in ``p`` (no hysteresis): the number of inner edges <= p."""
         arr = np.asarray(p, dtype=np.float64)

@@ -43,7 +43,11 @@ __all__ = [
     "argmax_toward",
     "dual_update",
     "exact_budget_marginals",
+    "FULL_INFORMATION_UTILITIES",
+    "arm_utility_values",
     "expected_informative_utility",
+    "per_prompt_allocation",
+    "smoothed_rate",
     "exp_weights_arm_log_probs",
     "exp_weights_arm_probs",
     "gain_with_shadow_price",
@@ -54,8 +58,11 @@ __all__ = [
     "solve_exact_budget",
 ]
 
-ALLOCATORS = ("bandit", "neyman")
-ARM_UTILITIES = ("expected_informative", "informative", "loss")
+ALLOCATORS = ("bandit", "neyman", "per_prompt")
+ARM_UTILITIES = ("expected_informative", "failure_weighted", "knapsack", "informative", "loss")
+#: Utilities computed for every arm from a success rate (full information): the bandit updates
+#: every arm of a present bin, and the ``per_prompt`` allocator maximises them directly.
+FULL_INFORMATION_UTILITIES = ("expected_informative", "failure_weighted", "knapsack")
 SELECTIONS = ("auto", "map", "sample")
 
 #: Relative tolerance under which two DP scores count as equal optima. Mathematically equal sums
@@ -569,6 +576,73 @@ def expected_informative_utility(p: np.ndarray, arms: np.ndarray) -> np.ndarray:
     return 1.0 - p**n - (1.0 - p) ** n
 
 
+def arm_utility_values(name: str, p: np.ndarray, arms: np.ndarray) -> np.ndarray:
+    """A full-information utility u(p, n) per rate (rows) and arm (columns).
+
+    - ``expected_informative``: 1 - p^n - (1 - p)^n (:func:`expected_informative_utility`).
+      Symmetric in p <-> 1 - p: a rare failure of an easy prompt is worth as much as a rare
+      success of a hard one.
+    - ``failure_weighted``: (1 - p) (1 - p^n - (1 - p)^n). The informative probability weighted by
+      the failure rate, the 0/1 loss of Group DRO's worst-group objective: of two prompts equally
+      likely to give a gradient, the one that fails more is worth more, so the budget leans to the
+      hard tail. Beyond the paper (docs/algorithm.md, "Rollout-GDRO utilities").
+    - ``knapsack``: p (1 - p)^2 (1 - p^n - (1 - p)^n), Knapsack RL's value of a group (the
+      informative probability times the expected gradient magnitude of a rare success).
+
+    Each is concave in n for a fixed p (its increments w(p) (p^n (1 - p) + (1 - p)^n p) shrink
+    with n), which is what makes greedy marginal allocation exact for ``per_prompt``.
+    """
+    u = expected_informative_utility(p, arms)
+    q = np.asarray(p, dtype=np.float64)[:, None]
+    if name == "expected_informative":
+        return u
+    if name == "failure_weighted":
+        return (1.0 - q) * u
+    if name == "knapsack":
+        return q * (1.0 - q) ** 2 * u
+    raise ValueError(f"arm_utility={name!r} is not a full-information utility; allowed: {list(FULL_INFORMATION_UTILITIES)}")
+
+
+def smoothed_rate(successes: np.ndarray, trials: np.ndarray) -> np.ndarray:
+    """A prompt's success rate with Jeffreys' prior: (S + 1/2) / (T + 1).
+
+    Why smoothed: after one visit of 4 rollouts the raw rate is often exactly 0 or 1, where every
+    utility is 0 for every n, so a prompt that failed 4 of 4 would get the fewest rollouts. The
+    prior keeps a hard prompt's rate small but positive (0.1 after 0/4), and an unseen prompt
+    (S = T = 0) at 1/2, the most informative guess.
+    """
+    return (np.asarray(successes, dtype=np.float64) + 0.5) / (np.asarray(trials, dtype=np.float64) + 1.0)
+
+
+def per_prompt_allocation(
+    utility: np.ndarray, n_min: int, budget: int
+) -> tuple[np.ndarray, float]:
+    """Exact-budget allocation maximising sum_i u_i(n_i), per prompt, by greedy marginal gains.
+
+    ``utility`` is [prompts, arms] (arms n_min..n_max in order), each row concave in n. Every prompt
+    starts at n_min and the remaining ``budget - prompts * n_min`` rollouts go, one at a time, to the
+    largest marginal gains. For separable concave utilities with unit costs this greedy is optimal
+    (unlike the per-bin problem, where one step of a bin costs its count). Ties: the smaller
+    increment index (spreading), then the earlier prompt, so the result is deterministic.
+
+    Returns (n per prompt, the marginal gain of the last rollout placed: the budget's shadow price,
+    Eq. 31's mu for this allocator; 0 when nothing beyond n_min was placed).
+    """
+    u = np.asarray(utility, dtype=np.float64)
+    rows, num_arms = u.shape
+    extra = int(budget) - rows * int(n_min)
+    if extra < 0 or extra > rows * (num_arms - 1):
+        raise InfeasibleBudgetError(f"budget {budget} is infeasible for {rows} prompts with {num_arms} arms from n_min={n_min}")
+    n = np.full(rows, int(n_min), dtype=np.int64)
+    if extra == 0 or rows == 0:
+        return n, 0.0
+    delta = np.diff(u, axis=1)  # [rows, arms - 1]: gain of the (n_min + k + 1)-th rollout
+    r_idx, k_idx = np.indices(delta.shape)
+    order = np.lexsort((r_idx.ravel(), k_idx.ravel(), -delta.ravel()))[:extra]
+    n += np.bincount(r_idx.ravel()[order], minlength=rows)
+    return n, float(delta.ravel()[order[-1]])
+
+
 def argmax_toward(values: np.ndarray, arms: np.ndarray, target: float) -> np.ndarray:
     """Per row, the arm with the largest value; exact ties go to the arm closest to ``target``
     (then the smaller arm). Why toward nbar: with uniform probabilities (e.g. at the start) the
@@ -642,6 +716,12 @@ class RolloutGDRO:
             "arm_utility", arm_utility in ARM_UTILITIES, f"one of {list(ARM_UTILITIES)}", arm_utility
         )
         _check_range("selection", selection in SELECTIONS, f"one of {list(SELECTIONS)}", selection)
+        _check_range(
+            "arm_utility",
+            allocator != "per_prompt" or arm_utility in FULL_INFORMATION_UTILITIES,
+            f"one of {list(FULL_INFORMATION_UTILITIES)} with allocator='per_prompt' (it needs u(p, n) for every n)",
+            arm_utility,
+        )
         _check_range("seed", is_int(seed) and seed >= 0, "integer >= 0", seed)
 
         self.num_bins = int(num_bins)
@@ -676,7 +756,7 @@ class RolloutGDRO:
         (played-arm utilities need exploration; EXP3 importance weights need a random draw)."""
         if self.selection != "auto":
             return self.selection
-        return "map" if self.arm_utility == "expected_informative" else "sample"
+        return "map" if self.arm_utility in FULL_INFORMATION_UTILITIES else "sample"
 
     @property
     def mu(self) -> float:
@@ -720,18 +800,27 @@ class RolloutGDRO:
 
     # ---- allocation ---------------------------------------------------------------------
 
-    def allocate(self, bins: Any) -> np.ndarray:
+    def allocate(self, bins: Any, rates: Any = None) -> np.ndarray:
         """Rollouts per prompt for the step's bins (ints in [n_min, n_max], sum == n_mean * len).
 
         Every prompt of a bin gets its bin's n; the configuration is chosen over the bins present
         in the step (their counts set the cost of each arm). ``sample`` advances the controller's
-        own generator.
+        own generator. The ``per_prompt`` allocator instead gives each prompt its own n from its
+        own success rate ``rates`` (required there, one per prompt; :func:`smoothed_rate`).
         """
         b = self._validate_bins(bins)
         if b.size == 0:
             return np.zeros(0, dtype=np.int64)
         present, counts, inverse, budget = self._step_problem(b)
-        if self.allocator == "neyman":
+        if self.allocator == "per_prompt":
+            if rates is None:
+                raise ValueError("allocator='per_prompt' needs rates: each prompt's own success rate")
+            p = np.asarray(rates, dtype=np.float64)
+            if p.shape != b.shape or not np.all((p >= 0.0) & (p <= 1.0)):
+                raise ValueError(f"rates must hold one success rate in [0, 1] per prompt ({b.size})")
+            u = arm_utility_values(self.arm_utility, p, self._arms)
+            n, self._mu = per_prompt_allocation(u, self.n_min, budget)
+        elif self.allocator == "neyman":
             scores = neyman_scores(counts, self._variance[present], self._arms)
             per_bin = solve_exact_budget(scores, counts, self._arms, budget)
         else:
@@ -744,7 +833,8 @@ class RolloutGDRO:
                 per_bin, marg = sample_exact_budget(logp, counts, self._arms, budget, rng)
                 self._rng = rng
                 self._last_draw = (present.tobytes(), counts.tobytes(), per_bin.tobytes(), marg)
-        n = per_bin[inverse]
+        if self.allocator != "per_prompt":
+            n = per_bin[inverse]
         # The spec's invariant, checked even under python -O: compute neutrality is the contract.
         if int(n.sum()) != budget or n.min() < self.n_min or n.max() > self.n_max:
             raise AssertionError(f"allocation violates the exact budget {budget} or the arm range")
@@ -805,6 +895,12 @@ class RolloutGDRO:
         bin_rate[present] = rate
         info: dict[str, Any] = {"bin_success_rate": bin_rate, "realised_mean_n": float(n_a.mean())}
 
+        if self.allocator == "per_prompt":
+            # A plug-in optimiser over the classifier's per-prompt rates: nothing to learn here.
+            self._steps += 1
+            info.update(mu=self._mu)
+            return info
+
         if self.allocator == "neyman":
             var = self._variance.copy()
             var[present] = np.maximum(
@@ -823,11 +919,11 @@ class RolloutGDRO:
         pass_rate = self._pass_rate.copy()
         dropped = 0
 
-        if self.arm_utility == "expected_informative":
+        if self.arm_utility in FULL_INFORMATION_UTILITIES:
             old = pass_rate[present]
             smoothed = np.where(np.isnan(old), rate, (1.0 - self.score_ema) * old + self.score_ema * rate)
             pass_rate[present] = smoothed
-            u = expected_informative_utility(smoothed, self._arms)
+            u = arm_utility_values(self.arm_utility, smoothed, self._arms)
             g = gain_with_shadow_price(u, self._arms[None, :], self._mu, self.n_mean)
             utility[present], gain[present] = u, g
             scores[present] = score_ema(scores[present], g, self.score_ema)

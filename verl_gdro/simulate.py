@@ -67,7 +67,7 @@ def run_method(method: str, cfg: SimConfig, verbose: bool = False) -> dict[str, 
     use_rollout = method.startswith("rollout_gdro")
     rng = np.random.default_rng(cfg.seed + 1)
     classifier = OnlineDifficultyClassifier()
-    prompt = PromptGDRO(classifier.num_bins)
+    prompt = PromptGDRO(classifier.num_bins, min_ess=preset_value(preset, "prompt", "min_ess"))
     rollout = RolloutGDRO(
         classifier.num_bins,
         n_mean=cfg.n_mean,

@@ -28,7 +28,7 @@ from typing import Any
 
 from verl_gdro.presets import LOSS_SIGNALS, PRESETS, resolve_preset
 from verl_gdro.prompt_gdro import PromptGDRO
-from verl_gdro.rollout_gdro import RolloutGDRO
+from verl_gdro.rollout_gdro import ALLOCATORS, ARM_UTILITIES, FULL_INFORMATION_UTILITIES, RolloutGDRO
 
 __all__ = [
     "ALLOCATORS",
@@ -63,8 +63,6 @@ ROW_INDEX_FIELD = "gdro_row_index"
 PASSK_ESTIMATORS = ("pooled", "any_of_n")
 PROMPT_MODES = ("reweight", "resample")
 WEIGHT_NORMALIZATIONS = ("mean_one", "raw")
-ALLOCATORS = ("bandit", "neyman")
-ARM_UTILITIES = ("expected_informative", "informative", "loss")
 SELECTIONS = ("auto", "map", "sample")
 
 # Same bound as PromptGDRO: exp(eta * score_clip) must stay finite in float64.
@@ -131,6 +129,7 @@ class PromptSettings:
     normalize_by_share: bool
     share_floor: float | None
     weight_normalization: str
+    min_ess: float
     kl_coef: float
     clip_ratio_low: float
     clip_ratio_high: float
@@ -373,7 +372,7 @@ def _resolve_classifier(c: dict[str, Any]) -> ClassifierSettings:
 
 def _resolve_prompt(c: dict[str, Any], preset: str, num_bins: int) -> PromptSettings:
     p = "gdro.prompt"
-    loss_signal = c["loss_signal"] if c["loss_signal"] is not None else PRESETS[preset]["prompt"]["loss_signal"]
+    loss_signal = c["loss_signal"]
     eta = _float(f"{p}.eta", c["eta"], low=0.0, low_open=True)
     score_clip = _float(f"{p}.score_clip", c["score_clip"], low=0.0, low_open=True)
     if eta * score_clip > _MAX_EXPONENT:
@@ -384,6 +383,12 @@ def _resolve_prompt(c: dict[str, Any], preset: str, num_bins: int) -> PromptSett
     share_floor = c["share_floor"]
     if share_floor is not None:
         share_floor = _float(f"{p}.share_floor", share_floor, 0.0, 1.0, low_open=True)
+    min_ess = _float(f"{p}.min_ess", c["min_ess"], 0.0, 1.0, high_open=True)
+    if min_ess > 0 and c["weight_normalization"] != "mean_one":
+        raise ValueError(
+            f"{p}.min_ess={min_ess} is invalid with {p}.weight_normalization={c['weight_normalization']!r}: the "
+            "effective-sample-size floor acts on mean_one multipliers"
+        )
     low = _float(f"{p}.clip_ratio_low", c["clip_ratio_low"], 0.0, 1.0, high_open=True)
     high = _float(f"{p}.clip_ratio_high", c["clip_ratio_high"], low=0.0)
     return PromptSettings(
@@ -398,6 +403,7 @@ def _resolve_prompt(c: dict[str, Any], preset: str, num_bins: int) -> PromptSett
         normalize_by_share=_bool(f"{p}.normalize_by_share", c["normalize_by_share"]),
         share_floor=share_floor,
         weight_normalization=_choice(f"{p}.weight_normalization", c["weight_normalization"], WEIGHT_NORMALIZATIONS),
+        min_ess=min_ess,
         kl_coef=_float(f"{p}.kl_coef", c["kl_coef"], low=0.0),
         clip_ratio_low=low,
         clip_ratio_high=high,
@@ -416,8 +422,12 @@ def _resolve_rollout(c: dict[str, Any], preset: str) -> RolloutSettings:
     n_max = _int(f"{p}.n_max", c["n_max"])
     if n_max < n_min:
         raise ValueError(f"{p}.n_max={n_max} is invalid: must be >= {p}.n_min={n_min}")
-    arm_utility = c["arm_utility"] if c["arm_utility"] is not None else PRESETS[preset]["rollout"]["arm_utility"]
-    selection = c["selection"] if c["selection"] is not None else PRESETS[preset]["rollout"]["selection"]
+    arm_utility, selection = c["arm_utility"], c["selection"]
+    if c["allocator"] == "per_prompt" and arm_utility not in FULL_INFORMATION_UTILITIES:
+        raise ValueError(
+            f"{p}.arm_utility={arm_utility!r} is invalid with {p}.allocator=per_prompt: allowed "
+            f"{list(FULL_INFORMATION_UTILITIES)} (the allocator needs u(p, n) for every n)"
+        )
     seed = c["seed"]
     return RolloutSettings(
         enable=_bool(f"{p}.enable", c["enable"]),
@@ -450,7 +460,11 @@ def resolve_gdro(group: Any = None) -> GDROSettings:
     preset = c["preset"]
     if preset not in PRESETS:
         raise ValueError(f"gdro.preset={preset!r} is invalid: allowed values are {sorted(PRESETS)}")
-    resolve_preset(preset)
+    # null keys that the preset decides take the preset's value (explicit values win)
+    for section, keys in resolve_preset(preset).items():
+        for key, value in keys.items():
+            if c[section][key] is None:
+                c[section][key] = value
     uid_key = _choice("gdro.uid_key", c["uid_key"], UID_KEYS)
     acc_key = c["acc_key"]
     if not isinstance(acc_key, str) or not acc_key:

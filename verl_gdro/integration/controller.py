@@ -35,7 +35,7 @@ from verl_gdro.classifier import MAX_TRIALS_PER_VISIT, OnlineDifficultyClassifie
 from verl_gdro.integration.config import GDROSettings, resolve_gdro
 from verl_gdro.metrics import PREFIX, step_metrics
 from verl_gdro.prompt_gdro import PromptGDRO, failure_rate_loss, surrogate_kl_loss, surrogate_loss
-from verl_gdro.rollout_gdro import RolloutGDRO
+from verl_gdro.rollout_gdro import FULL_INFORMATION_UTILITIES, RolloutGDRO, smoothed_rate
 
 __all__ = ["EXTRA_METRICS", "GDROController", "StepPlan"]
 
@@ -150,7 +150,11 @@ class GDROController:
         else:
             bins = self.classifier.bins(uids)
         if self.rollout is not None and uids.size:
-            n = np.asarray(self.rollout.allocate(bins), dtype=np.int64)
+            rates = None
+            if self.rollout.allocator == "per_prompt":
+                assert self.classifier is not None
+                rates = smoothed_rate(*self.classifier.window_counts(uids))
+            n = np.asarray(self.rollout.allocate(bins, rates), dtype=np.int64)
             budget = self.rollout_n * int(uids.size)
             if int(n.sum()) != budget:
                 raise AssertionError(
@@ -499,7 +503,7 @@ def _mixed_arms(rollout: RolloutGDRO, bins: NDArray[np.int64], n: NDArray[np.int
     checking first keeps after_advantage from failing after the classifier and Prompt-GDRO
     already took the step.
     """
-    if rollout.allocator != "bandit" or rollout.arm_utility == "expected_informative":
+    if rollout.allocator != "bandit" or rollout.arm_utility in FULL_INFORMATION_UTILITIES:
         return False
     lo = np.full(rollout.num_bins, np.iinfo(np.int64).max)
     hi = np.full(rollout.num_bins, -1)

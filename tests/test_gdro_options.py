@@ -1,0 +1,291 @@
+"""The options added from the evidence study: per-prompt allocation, failure-weighted and knapsack
+utilities, the Prompt-GDRO effective-sample-size floor, the classifier's window counts, and the
+study's statistics and method variants."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from verl_gdro.classifier import OnlineDifficultyClassifier
+from verl_gdro.demo.config import METHODS, method_gdro_group, parse_method
+from verl_gdro.demo.stats import bootstrap_ci, rollouts_to_reach, summarise
+from verl_gdro.integration.config import resolve_gdro
+from verl_gdro.integration.controller import GDROController
+from verl_gdro.prompt_gdro import PromptGDRO, effective_sample_size, ess_floor_multipliers
+from verl_gdro.rollout_gdro import (
+    RolloutGDRO,
+    arm_utility_values,
+    expected_informative_utility,
+    per_prompt_allocation,
+    smoothed_rate,
+)
+
+ARMS = np.arange(2, 13)
+
+# ---------------------------------------------------------------------------------------------
+# utilities
+# ---------------------------------------------------------------------------------------------
+
+
+def test_utilities_match_their_formulas_and_only_the_symmetric_one_is_symmetric():
+    p = np.array([0.1, 0.3, 0.5, 0.7, 0.9])
+    sym = expected_informative_utility(p, ARMS)
+    np.testing.assert_allclose(arm_utility_values("expected_informative", p, ARMS), sym)
+    np.testing.assert_allclose(arm_utility_values("failure_weighted", p, ARMS), (1 - p)[:, None] * sym)
+    np.testing.assert_allclose(arm_utility_values("knapsack", p, ARMS), (p * (1 - p) ** 2)[:, None] * sym)
+    # p <-> 1 - p: equal informative probability, but the failing prompt is worth more when weighted
+    np.testing.assert_allclose(sym[0], sym[-1])
+    fw = arm_utility_values("failure_weighted", p, ARMS)
+    assert np.all(fw[0] > fw[-1])
+    with pytest.raises(ValueError, match="full-information"):
+        arm_utility_values("loss", p, ARMS)
+
+
+@pytest.mark.parametrize("name", ["expected_informative", "failure_weighted", "knapsack"])
+def test_utilities_are_concave_in_n(name):
+    u = arm_utility_values(name, np.linspace(0.01, 0.99, 50), ARMS)
+    inc = np.diff(u, axis=1)
+    assert np.all(inc >= -1e-15) and np.all(np.diff(inc, axis=1) <= 1e-15)
+
+
+def test_smoothed_rate_keeps_hard_prompts_hard_but_informative():
+    assert smoothed_rate(np.array([0]), np.array([4]))[0] == pytest.approx(0.1)
+    assert smoothed_rate(np.array([4]), np.array([4]))[0] == pytest.approx(0.9)
+    assert smoothed_rate(np.array([0]), np.array([0]))[0] == 0.5  # unseen
+
+
+# ---------------------------------------------------------------------------------------------
+# per-prompt allocation
+# ---------------------------------------------------------------------------------------------
+
+
+def _brute(u: np.ndarray, n_min: int, budget: int) -> float:
+    rows, arms = u.shape
+    best = -np.inf
+    for combo in itertools.product(range(arms), repeat=rows):
+        if sum(n_min + c for c in combo) == budget:
+            best = max(best, sum(u[i, c] for i, c in enumerate(combo)))
+    return best
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    p=st.lists(st.floats(0.02, 0.98), min_size=1, max_size=4),
+    name=st.sampled_from(["expected_informative", "failure_weighted", "knapsack"]),
+    n_mean=st.integers(2, 5),
+)
+def test_per_prompt_greedy_is_exact_budget_and_optimal(p, name, n_mean):
+    arms = np.arange(2, 7)
+    u = arm_utility_values(name, np.array(p), arms)
+    budget = n_mean * len(p)
+    n, price = per_prompt_allocation(u, 2, budget)
+    assert int(n.sum()) == budget and n.min() >= 2 and n.max() <= 6
+    got = sum(u[i, k - 2] for i, k in enumerate(n))
+    assert got == pytest.approx(_brute(u, 2, budget), abs=1e-12)
+    assert price >= 0.0
+
+
+def test_failure_weighted_allocation_leans_to_the_hard_tail_and_symmetric_does_not():
+    p = smoothed_rate(np.array([0, 0, 4, 4, 2, 2, 4, 4]), np.full(8, 4))  # 0.1, 0.1, 0.9, ..., 0.5
+    fw, _ = per_prompt_allocation(arm_utility_values("failure_weighted", p, ARMS), 2, 32)
+    sym, _ = per_prompt_allocation(arm_utility_values("expected_informative", p, ARMS), 2, 32)
+    assert fw[0] > fw[2] and fw.sum() == sym.sum() == 32
+    assert sym[0] == sym[2]  # p and 1 - p are the same to the symmetric utility
+
+
+def test_per_prompt_allocation_rejects_infeasible_budgets():
+    u = arm_utility_values("failure_weighted", np.array([0.5, 0.5]), ARMS)
+    with pytest.raises(ValueError, match="infeasible"):
+        per_prompt_allocation(u, 2, 3)
+    with pytest.raises(ValueError, match="infeasible"):
+        per_prompt_allocation(u, 2, 25)
+
+
+def test_rollout_gdro_per_prompt_needs_rates_and_a_full_information_utility():
+    r = RolloutGDRO(num_bins=10, allocator="per_prompt", arm_utility="failure_weighted")
+    with pytest.raises(ValueError, match="needs rates"):
+        r.allocate(np.zeros(4, dtype=int))
+    n = r.allocate(np.zeros(4, dtype=int), rates=np.array([0.1, 0.5, 0.9, 0.5]))
+    assert n.sum() == 16 and n[0] > n[2]
+    with pytest.raises(ValueError, match="arm_utility"):
+        RolloutGDRO(num_bins=10, allocator="per_prompt", arm_utility="informative")
+
+
+def test_bandit_accepts_the_new_full_information_utilities():
+    for name in ("failure_weighted", "knapsack"):
+        r = RolloutGDRO(num_bins=3, arm_utility=name)
+        assert r.effective_selection == "map"
+        bins = np.array([0, 0, 1, 2])
+        n = r.allocate(bins)
+        info = r.update(bins, n, np.minimum(n, np.array([0, 1, 2, 4])))
+        assert np.all(np.isfinite(info["utility"][[0, 1, 2]]))
+
+
+# ---------------------------------------------------------------------------------------------
+# Prompt-GDRO's effective-sample-size floor
+# ---------------------------------------------------------------------------------------------
+
+
+def test_ess_of_equal_weights_is_one_and_of_one_heavy_weight_is_small():
+    assert effective_sample_size(np.ones(10)) == pytest.approx(1.0)
+    assert effective_sample_size(np.r_[np.zeros(9), 1.0]) == pytest.approx(0.1)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    scores=st.lists(st.floats(0.0, 5.0), min_size=4, max_size=4),
+    bins=st.lists(st.integers(0, 3), min_size=1, max_size=40),
+    rho=st.floats(0.05, 0.99),
+)
+def test_ess_floor_holds_and_the_step_is_the_largest_that_does(scores, bins, rho):
+    s, b = np.array(scores), np.array(bins)
+    w, scale = ess_floor_multipliers(s, b, eta=0.65, score_clip=10.0, gamma=0.01, max_weight=15.0, min_ess=rho)
+    assert 0.0 <= scale <= 1.0
+    assert effective_sample_size(w[b]) >= rho - 1e-9
+    if 0.0 < scale < 0.99:
+        # a slightly larger step breaks the floor: the bisection did not stop early
+        bigger, _ = ess_floor_multipliers(s, b, eta=0.65 * (scale + 0.01), score_clip=10.0, gamma=0.01,
+                                          max_weight=15.0, min_ess=0.0)
+        assert effective_sample_size(bigger[b]) < rho + 1e-6
+
+
+def test_prompt_gdro_without_the_floor_is_unchanged_and_with_it_is_milder():
+    bins = np.array([9] * 28 + [0, 1, 2, 3])
+    losses = np.r_[np.full(28, 0.1), np.full(4, 0.9)]
+    plain, floored = PromptGDRO(10), PromptGDRO(10, min_ess=0.8)
+    for c in (plain, floored):
+        for _ in range(10):
+            c.update(bins, losses)
+    resp = np.repeat(bins, 4)
+    w_plain, w_floor = plain.multipliers(resp), floored.multipliers(resp)
+    assert effective_sample_size(w_plain) < 0.8 <= effective_sample_size(w_floor) + 1e-9
+    assert floored.last_eta_scale < 1.0 and plain.last_eta_scale == 1.0
+    # the floor changes how far, not which way: the hard bins still weigh more than the easy one
+    assert w_floor[-1] > w_floor[0]
+    with pytest.raises(ValueError, match="min_ess"):
+        PromptGDRO(10, min_ess=1.0)
+    with pytest.raises(ValueError, match="min_ess"):
+        PromptGDRO(10, min_ess=0.5, weight_normalization="raw")
+
+
+def test_prompt_state_saved_before_the_floor_existed_loads_as_no_floor():
+    c = PromptGDRO(10)
+    c.update(np.array([0, 9]), np.array([1.0, 0.0]))
+    state = c.state_dict()
+    del state["config"]["min_ess"]
+    d = PromptGDRO(10)
+    d.load_state_dict(state)
+    np.testing.assert_array_equal(d.scores, c.scores)
+    with pytest.raises(ValueError, match="min_ess"):
+        PromptGDRO(10, min_ess=0.5).load_state_dict(state)
+
+
+# ---------------------------------------------------------------------------------------------
+# config and controller
+# ---------------------------------------------------------------------------------------------
+
+
+def test_config_names_the_key_for_bad_combinations():
+    with pytest.raises(ValueError, match=r"gdro\.rollout\.arm_utility='informative' is invalid with gdro\.rollout\.allocator=per_prompt"):
+        resolve_gdro({"rollout": {"enable": True, "allocator": "per_prompt", "arm_utility": "informative"}})
+    with pytest.raises(ValueError, match=r"gdro\.prompt\.min_ess"):
+        resolve_gdro({"prompt": {"min_ess": 0.5, "weight_normalization": "raw"}})
+    with pytest.raises(ValueError, match=r"gdro\.prompt\.min_ess"):
+        resolve_gdro({"prompt": {"min_ess": 1.5}})
+    with pytest.raises(ValueError, match=r"gdro\.rollout\.allocator"):
+        resolve_gdro({"rollout": {"allocator": "greedy"}})
+
+
+def _drive(ctrl: GDROController, steps: int, seed: int = 0) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(steps):
+        uids = rng.choice(64, 16, replace=False)
+        plan = ctrl.before_generation(uids)
+        out.append(plan.rollout_n.copy())
+        g = np.repeat(plan.positions, plan.rollout_n)
+        ctrl.advantage_multipliers(g)
+        acc = (rng.random(g.size) < (uids[g] % 8) / 8.0).astype(float)
+        ctrl.after_advantage(g, acc)
+    return out
+
+
+def test_per_prompt_controller_keeps_the_exact_budget_and_resume_reproduces_it():
+    group = {"prompt": {"enable": True, "min_ess": 0.7}, "rollout": {"enable": True, "allocator": "per_prompt",
+                                                                      "arm_utility": "failure_weighted"}}
+    a = GDROController.from_config(group, rollout_n=4)
+    first = _drive(a, 6)
+    assert all(int(n.sum()) == 64 for n in first)
+    assert any(n.min() != n.max() for n in first[1:])  # it allocates unequally once prompts have history
+    state = a.state_dict()
+    b = GDROController.from_config(group, rollout_n=4)
+    b.load_state_dict(state)
+    np.testing.assert_array_equal(np.concatenate(_drive(a, 4, seed=1)), np.concatenate(_drive(b, 4, seed=1)))
+
+
+def test_classifier_window_counts_pool_the_visits():
+    c = OnlineDifficultyClassifier(window=2)
+    c.observe([5, 7], [1, 4], [4, 4])
+    c.observe([5], [3, ], [4])
+    c.observe([5], [0], [2])  # the window holds the last two visits of uid 5
+    s, t = c.window_counts([5, 7, 99])
+    assert s.tolist() == [3, 4, 0] and t.tolist() == [6, 4, 0]
+
+
+# ---------------------------------------------------------------------------------------------
+# study: variants and statistics
+# ---------------------------------------------------------------------------------------------
+
+
+def test_method_variants_parse_and_apply_after_global_overrides():
+    assert parse_method("grpo") == ("grpo", "grpo", ())
+    label, method, over = parse_method("pp=rollout_gdro:rollout.allocator=per_prompt,gdro.classifier.k=1")
+    assert (label, method) == ("pp", "rollout_gdro") and over == (("rollout.allocator", "per_prompt"), ("classifier.k", 1))
+    g = method_gdro_group("x=prompt_gdro:prompt.eta=0.2", overrides=(("prompt.eta", 0.5), ("prompt.beta", 0.3)))
+    assert g["prompt"]["eta"] == 0.2 and g["prompt"]["beta"] == 0.3 and g["prompt"]["enable"] is True
+    with pytest.raises(ValueError, match="needs a label"):
+        parse_method("prompt_gdro:prompt.eta=0.2")
+    with pytest.raises(ValueError, match="defines the method"):
+        method_gdro_group("x=grpo:prompt.enable=true")
+    with pytest.raises(ValueError, match="not key=value"):
+        parse_method("x=grpo:prompt.eta")
+    assert set(METHODS) >= {"grpo", "prompt_gdro", "rollout_gdro"}
+
+
+def test_bootstrap_interval_and_rollouts_to_reach():
+    lo, hi = bootstrap_ci([0.1, 0.2, 0.3, 0.4, 0.5])
+    assert 0.1 <= lo < 0.3 < hi <= 0.5
+    assert bootstrap_ci([0.2]) == (0.2, 0.2)
+    curve = [{"rollouts": 0, "worst_level_acc": 0.0}, {"rollouts": 100, "worst_level_acc": 0.2},
+             {"rollouts": 200, "worst_level_acc": 0.5}]
+    assert rollouts_to_reach(curve, 0.2) == 100 and rollouts_to_reach(curve, 0.6) is None
+
+
+def test_summary_pairs_each_seed_with_grpos_same_seed():
+    from types import SimpleNamespace
+
+    ws = {"mean@8": 0.1, "pass@8": 0.4, "worst_level_acc": 0.0, "level_acc": {"0": 0.2, "1": 0.0}}
+
+    def run(m, s, acc0, acc1):
+        ev = {"mean@8": (acc0 + acc1) / 2, "pass@8": 0.5, "level_acc": {"0": acc0, "1": acc1},
+              "worst_level_acc": min(acc0, acc1), "worst_level": 1}
+        curve = [{"step": 0, "rollouts": 0, **ws}, {"step": 10, "rollouts": 50, **ev},
+                 {"step": 20, "rollouts": 100, **ev}]
+        return {"method": m, "seed": s, "rollouts": 100, "wall_s": 1.0, "curve": curve, **ev}
+
+    results = {}
+    for s in range(3):
+        results[("grpo", s)] = run("grpo", s, 0.5 + 0.1 * s, 0.1)
+        results[("x", s)] = run("x", s, 0.5 + 0.1 * s, 0.2)  # +0.1 on level 1 every seed
+    cfg = SimpleNamespace(task="add", seeds=3, to_dict=lambda: {})
+    summary = summarise(cfg, ["grpo", "x"], results, ws, 1.0)
+    p = summary["paired"]["x"]
+    assert p["worst_level_acc"]["mean"] == pytest.approx(0.1) and p["worst_level_acc"]["positive"] == 3
+    assert p["level_acc"]["0"]["mean"] == pytest.approx(0.0)
+    assert p["rollouts_to_grpo_worst"]["per_seed"] == [0.5, 0.5, 0.5]
+    assert summary["testbed"]["grpo_gain_mean@8_per_seed"] == pytest.approx([0.2, 0.25, 0.3])
