@@ -69,6 +69,12 @@ def test_quick_run_writes_every_output(quick_run):
     assert all(m in md for m in QUICK_METHODS)
     pngs = {p.name for p in (out / "plots").glob("*.png")}
     assert {f"{m}_{stem}.png" for m in QUICK_METHODS for stem in HEATMAPS} | {"lead_lag.png", "wse.png"} <= pngs
+    assert "learning_curves.png" in pngs
+    # the learning curve: the warm start, every eval_every steps, and the end
+    for m, e in res["methods"].items():
+        assert [p["step"] for p in e["curve"]] == list(range(0, cfg.steps + 1, cfg.eval_every)), m
+        assert e["curve"][-1]["mean@8"] == pytest.approx(e["mean@8"])
+        assert e["curve"][0]["mean@8"] == pytest.approx(res["warm_start"]["mean@8"])
 
 
 def test_quick_run_metrics_are_finite_and_the_budget_is_exact(quick_run):
@@ -124,12 +130,12 @@ def test_sigkill_and_resume_gives_identical_decisions(tmp_path, cache_env):
 
     cmd = [sys.executable, "-m", "verl_gdro.cli", "demo", "--quick", "--out", str(run_dir), "--no-progress", *args]
     p = subprocess.Popen(cmd, env=cache_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    metrics = run_dir / "metrics.jsonl"
+    metrics = run_dir / "metrics" / "prompt_gdro_seed0.jsonl"  # a run's rows, written step by step
     deadline = time.time() + QUICK_TIMEOUT_S
     try:
         # kill in the middle of the second method, with a checkpoint on disk
         while time.time() < deadline:
-            if metrics.exists() and sum(1 for r in _rows(metrics) if r["method"] == "prompt_gdro") >= 3:
+            if metrics.exists() and len(_rows(metrics)) >= 3:
                 break
             assert p.poll() is None, "the run ended before it could be killed"
             time.sleep(0.2)
@@ -143,8 +149,7 @@ def test_sigkill_and_resume_gives_identical_decisions(tmp_path, cache_env):
     proc = _demo(run_dir, cache_env, *args, "--resume")
     assert proc.returncode == 0, proc.stderr[-3000:]
     after = _rows(metrics)
-    ref = _rows(ref_dir / "metrics.jsonl")
-    assert _comparable(after) == _comparable(ref)
+    assert _comparable(_rows(run_dir / "metrics.jsonl")) == _comparable(_rows(ref_dir / "metrics.jsonl"))
     # nothing earlier in the run directory was lost or rewritten
     assert _comparable(after[: len(before) - 1]) == _comparable(before[: len(before) - 1])
     assert (run_dir / "warm_start.pt").read_bytes() == warm_bytes
@@ -153,3 +158,32 @@ def test_sigkill_and_resume_gives_identical_decisions(tmp_path, cache_env):
     for m in res_ref:
         for key in ("pass@8", "mean@8", "worst_level_acc", "rollouts", "level_acc"):
             assert res[m][key] == res_ref[m][key], (m, key)
+
+
+def test_study_runs_in_parallel_with_the_same_decisions_and_pairs_the_seeds(tmp_path, cache_env, quick_run):
+    """``verl-gdro study --jobs 2``: worker processes make the same decisions as the sequential demo
+    (seed 0 here equals the demo's seed 0), and results.md carries the paired table."""
+    quick_out, _ = quick_run
+    out = tmp_path / "study"
+    cmd = [sys.executable, "-m", "verl_gdro.cli", "study", "--quick", "--out", str(out), "--no-progress",
+           "--seeds", "2", "--jobs", "2", "--no-plots", "--methods", "grpo", "rollout_gdro",
+           "pp=rollout_gdro:rollout.allocator=per_prompt,rollout.arm_utility=failure_weighted"]
+    proc = subprocess.run(cmd, env=cache_env, capture_output=True, text=True, timeout=QUICK_TIMEOUT_S)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = _rows(out / "metrics.jsonl")
+    demo_rows = _rows(quick_out / "metrics.jsonl")
+    for m in ("grpo", "rollout_gdro"):
+        mine = [r for r in rows if r["method"] == m and r["seed"] == 0]
+        assert _comparable(mine) == _comparable([r for r in demo_rows if r["method"] == m]), m
+    res = json.loads((out / "results.json").read_text())
+    assert set(res["paired"]) == {"rollout_gdro", "pp"}
+    assert res["paired"]["pp"]["mean@8"]["seeds"] == 2
+    assert "Paired difference to GRPO" in (out / "results.md").read_text()
+    pp = [r for r in rows if r["method"] == "pp"]
+    assert all(r["gdro/num_rollouts"] == 12 * 4 for r in pp)
+    # a rerun reuses every finished run: no record or checkpoint is rewritten
+    stamps = {p.name: p.stat().st_mtime_ns for p in [*(out / "done").glob("*"), *(out / "ckpt").glob("*")]}
+    proc = subprocess.run(cmd, env=cache_env, capture_output=True, text=True, timeout=QUICK_TIMEOUT_S)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads((out / "results.json").read_text())["paired"]["pp"] == res["paired"]["pp"]
+    assert {p.name: p.stat().st_mtime_ns for p in [*(out / "done").glob("*"), *(out / "ckpt").glob("*")]} == stamps

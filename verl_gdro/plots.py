@@ -221,3 +221,31 @@ def main(args: argparse.Namespace) -> int:
     paths = draw_all(series, out)
     print(f"wrote {len(paths)} figures for {len(series)} series to {out}")
     return 0
+
+
+def draw_learning_curves(summary: Mapping[str, Any], out_dir: str | Path) -> list[Path]:
+    """Held-out mean@8 and worst-level accuracy against rollouts consumed, one line per method
+    (the mean over seeds at each evaluation), from a demo/study ``results.json`` summary."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    for name, entry in summary["methods"].items():
+        curve = entry["curve"]
+        x = [p["rollouts"] for p in curve]
+        for ax, key in zip(axes, ("mean@8", "worst_level_acc"), strict=True):
+            ax.plot(x, [p[key] for p in curve], marker=".", label=name)
+    for ax, title in zip(axes, ("held-out mean@8", "worst-level accuracy"), strict=True):
+        ax.set_xlabel("rollouts consumed")
+        ax.set_title(f"{summary.get('task', '')}: {title} ({summary.get('num_seeds', 1)} seed mean)")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    path = out / "learning_curves.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return [path]

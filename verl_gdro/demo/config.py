@@ -11,7 +11,15 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-__all__ = ["DEFAULT_METHODS", "METHODS", "METHOD_KEYS", "QUICK_METHODS", "DemoConfig", "method_gdro_group"]
+__all__ = [
+    "DEFAULT_METHODS",
+    "METHODS",
+    "METHOD_KEYS",
+    "QUICK_METHODS",
+    "DemoConfig",
+    "method_gdro_group",
+    "parse_method",
+]
 
 #: method -> (preset, Prompt-GDRO on, Rollout-GDRO on). ``grpo`` keeps the classifier and the
 #: metrics on (adversaries off) so its curriculum plots are the baseline of the GDRO ones.
@@ -24,7 +32,7 @@ METHODS: dict[str, tuple[str, bool, bool]] = {
     "joint": ("robust", True, True),
     "joint_paper": ("paper", True, True),
 }
-DEFAULT_METHODS = ("grpo", "prompt_gdro", "rollout_gdro", "prompt_gdro_paper", "rollout_gdro_paper")
+DEFAULT_METHODS = ("grpo", "prompt_gdro", "rollout_gdro")
 QUICK_METHODS = ("grpo", "prompt_gdro", "rollout_gdro")
 
 
@@ -32,15 +40,46 @@ QUICK_METHODS = ("grpo", "prompt_gdro", "rollout_gdro")
 METHOD_KEYS = ("enable", "preset", "prompt.enable", "rollout.enable", "rollout.seed")
 
 
+def parse_method(spec: str) -> tuple[str, str, tuple[tuple[str, Any], ...]]:
+    """``(label, method, overrides)`` of a ``--methods`` entry.
+
+    A plain method name is its own label. A variant ``LABEL=METHOD:key=value,key=value`` is an
+    ablation arm: METHOD's group with those ``gdro.*`` keys set (values parsed as YAML), reported
+    under LABEL, e.g. ``pg_ess=prompt_gdro:prompt.min_ess=0.5,classifier.k=1``.
+    """
+    import yaml
+
+    if "=" not in spec.split(":", 1)[0]:
+        if ":" in spec:
+            raise ValueError(f"--methods {spec!r}: a variant needs a label, LABEL=METHOD:key=value,...")
+        return spec, spec, ()
+    label, _, rest = spec.partition("=")
+    method, _, keys = rest.partition(":")
+    label, method = label.strip(), method.strip()
+    if not label or not label.replace("_", "").replace("-", "").isalnum():
+        raise ValueError(f"--methods {spec!r}: the label must be letters, digits, '_' or '-'")
+    overrides = []
+    for item in filter(None, (k.strip() for k in keys.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--methods {spec!r}: {item!r} is not key=value")
+        overrides.append((key.strip().removeprefix("gdro."), yaml.safe_load(value)))
+    return label, method, tuple(overrides)
+
+
 def method_gdro_group(
     method: str, seed: int = 0, overrides: tuple[tuple[str, Any], ...] = ()
 ) -> dict[str, Any]:
     """The ``gdro`` config group (as the verl trainer reads it) that defines ``method``.
 
-    ``overrides`` are ``(dotted key under gdro, value)`` pairs from ``--gdro``, applied to every
-    method alike (e.g. ``("prompt.max_weight", 3.0)``), so an ablation changes one knob and keeps
-    the methods comparable. The keys that define a method (:data:`METHOD_KEYS`) are refused.
+    ``method`` is a name of :data:`METHODS` or a variant spec (:func:`parse_method`), whose own
+    keys apply after ``overrides``. ``overrides`` are ``(dotted key under gdro, value)`` pairs from
+    ``--gdro``, applied to every method alike (e.g. ``("prompt.max_weight", 3.0)``), so an
+    ablation changes one knob and keeps the methods comparable. The keys that define a method
+    (:data:`METHOD_KEYS`) are refused.
     """
+    _, method, own = parse_method(method)
+    overrides = tuple(overrides) + own
     if method not in METHODS:
         raise ValueError(f"--methods: unknown method {method!r}; allowed: {sorted(METHODS)}")
     preset, prompt_on, rollout_on = METHODS[method]
@@ -67,41 +106,61 @@ def method_gdro_group(
 @dataclass(frozen=True)
 class DemoConfig:
     # task
-    train_size: int = 128  # fixed train set; small so every prompt is revisited (the classifier needs history)
-    eval_per_level: int = 40  # held-out problems per difficulty level
+    task: str = "add"  # verl_gdro.demo.task.TASKS: add (development), sort (confirmation)
+    train_size: int = 512  # fixed train set, revisited steps * batch_prompts / train_size = 10 times
+    eval_per_level: int = 32  # held-out problems per difficulty level
     # model
     hidden: int = 64
     layers: int = 2
-    max_new_tokens: int = 14  # "Answer: " + up to 4 digits + end of turn, with slack
+    max_new_tokens: int = 0  # 0 = the task's longest reference response + end of turn + 2 tokens of slack
     # warm start (supervised, cached; the same weights for every method)
-    sft_steps: int = 600
+    sft_steps: int = 1500
     sft_batch: int = 64
     sft_lr: float = 1e-2
+    sft_noise: float = 0.3  # probability that a target answer digit is replaced by a random one (train._corrupt)
     # RL (GRPO / GDRO)
-    steps: int = 64  # 8 epochs of the train set: GDRO acts from the 2nd visit of a prompt on
-    batch_prompts: int = 16
+    steps: int = 160  # 10 epochs of the train set: GDRO acts from the 2nd visit of a prompt on
+    batch_prompts: int = 32
     n_mean: int = 4  # GRPO's n = the mean budget of Rollout-GDRO
     temperature: float = 1.0
-    lr: float = 3e-4  # 1e-3 collapsed the policy within 10 steps (measured); 1e-4 and 3e-4 both improve
-    mini_batches: int = 2  # PPO mini-batches per step (one epoch): the 2nd is off-policy, so clipping acts
+    lr: float = 3e-4  # measured on GRPO alone (docs/benchmarks.md, testbed): 1e-4 learns slower, 1e-3 is noisier
+    mini_batches: int = 1  # PPO mini-batches per step: 1 = on-policy (one forward serves old and new log-probs)
     clip_ratio_low: float = 0.2
     clip_ratio_high: float = 0.28
-    kl_coef: float = 0.001
+    kl_coef: float = 0.0  # 0 skips the reference forward (DAPO-style); the paper's 0.001 with --set kl_coef=0.001
     kl_type: str = "low_var_kl"
     loss_agg_mode: str = "token-mean"
     # evaluation
     eval_samples: int = 8
     eval_temperature: float = 1.0
     eval_batch: int = 512
+    eval_every: int = 20  # held-out evaluation every N steps (the learning curves); always at the end
     # run
     methods: tuple[str, ...] = field(default=DEFAULT_METHODS)
     # (dotted key under gdro, value) pairs applied to every method (``--gdro prompt.max_weight=3``)
     gdro: tuple[tuple[str, Any], ...] = ()
     seeds: int = 1
     threads: int = 1
+    jobs: int = 1  # runs in parallel (processes); not part of what a run computes
+
+    @property
+    def response_tokens(self) -> int:
+        """The sampling length limit: ``max_new_tokens``, or the task's own when it is 0."""
+        from .task import get_task
+
+        return self.max_new_tokens or get_task(self.task).max_new_tokens
+
+    def method_spec(self, label: str) -> str:
+        """The ``--methods`` entry whose label is ``label``."""
+        for spec in self.methods:
+            if parse_method(spec)[0] == label:
+                return spec
+        raise KeyError(label)
 
     def to_dict(self) -> dict[str, Any]:
+        """What the run directory's results depend on (``jobs`` is left out: it changes no number)."""
         d = asdict(self)
+        d.pop("jobs")
         d["methods"] = list(self.methods)
         d["gdro"] = [list(kv) for kv in self.gdro]
         return d
@@ -116,12 +175,19 @@ class DemoConfig:
             steps=16,
             batch_prompts=12,
             eval_samples=8,
+            eval_every=8,
             methods=QUICK_METHODS,
         )
         return replace(base, **overrides)
 
     def validate(self) -> None:
-        for name in ("train_size", "eval_per_level", "steps", "batch_prompts", "eval_samples", "seeds", "threads"):
+        from .task import get_task
+
+        get_task(self.task)  # names --task
+        for name in (
+            "train_size", "eval_per_level", "steps", "batch_prompts", "eval_samples", "seeds", "threads", "jobs",
+            "eval_every",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
         if self.batch_prompts > self.train_size:
@@ -134,5 +200,6 @@ class DemoConfig:
 
         for m in self.methods:
             resolve_gdro(method_gdro_group(m, overrides=self.gdro))  # names the bad gdro.* key
-        if len(set(self.methods)) != len(self.methods):
-            raise ValueError(f"--methods has duplicates: {list(self.methods)}")
+        labels = [parse_method(m)[0] for m in self.methods]
+        if len(set(labels)) != len(labels):
+            raise ValueError(f"--methods has duplicate labels: {labels}")

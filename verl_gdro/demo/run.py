@@ -1,17 +1,26 @@
-"""``verl-gdro demo``: GRPO vs Prompt-GDRO vs Rollout-GDRO on a tiny Qwen3, on CPU, in minutes.
+"""``verl-gdro demo`` and ``verl-gdro study``: GRPO vs GDRO on a tiny Qwen3, on CPU, at equal rollouts.
 
-Writes a run directory (``--out``, default ``runs/demo`` or ``runs/demo-quick``)::
+``demo`` is one seed of GRPO and the default adversaries on the development task; ``study`` is the
+same engine with 5 seeds, two worker processes and paired statistics. Both write a run directory
+(``--out``; default ``runs/demo``, ``runs/demo-quick``, ``runs/study-<task>``)::
 
-    config.json  tokenizer.json  warm_start.pt       the cached task, tokenizer and warm start
-    metrics.jsonl                                    one row per step, method and seed (gdro/ names)
-    ckpt/<method>_seed<s>.pt                         latest per-step checkpoint (--resume)
-    done/<method>_seed<s>.json                       a finished run's evaluation
-    results.json  results.md  plots/*.png            the summary and the curriculum figures
+    config.json  tokenizer.json  warm_start.pt       the task, tokenizer and warm start
+    metrics/<method>_seed<s>.jsonl                   one row per step (gdro/ names), per run
+    metrics.jsonl                                    all runs' rows, merged when the runs are done
+    ckpt/<method>_seed<s>.pt                         latest per-step checkpoint of a run
+    done/<method>_seed<s>.json                       a finished run: its evaluation curve and final eval
+    results.json  results.md  plots/*.png            the summary, paired differences and figures
 
-Every method starts from the same warm start, sees the same prompt batches (same seed) and
-consumes exactly the same number of rollouts (asserted). Kill it at any point and run it again
-with ``--resume``: finished methods are skipped and the interrupted one continues from its last
-step with identical decisions.
+Every method starts from the same warm start, sees the same prompt batches for a seed (paired
+seeds) and consumes exactly the same number of rollouts (asserted). Held-out mean@8, pass@8 and
+per-level accuracy are evaluated every ``eval_every`` steps with the seed's own evaluation stream
+(common random numbers across methods). A run directory is reused: finished runs are skipped and
+an interrupted one continues from its last step with identical decisions (``--resume`` for the
+demo; a study always resumes when its configuration matches, ``--fresh`` starts over).
+
+Methods are named in :data:`verl_gdro.demo.config.METHODS`; a variant is
+``LABEL=METHOD:key=value,key=value`` with ``gdro.*`` keys, e.g.
+``pg_ess=prompt_gdro:prompt.min_ess=0.5`` (an ablation arm with its own label).
 """
 
 from __future__ import annotations
@@ -27,25 +36,34 @@ from typing import Any
 
 import yaml
 
-from .config import METHODS, DemoConfig
+from .config import DEFAULT_METHODS, METHODS, DemoConfig, parse_method
 
-__all__ = ["add_arguments", "main", "run_demo"]
+__all__ = ["add_arguments", "add_study_arguments", "main", "main_study", "run_demo"]
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--quick", action="store_true", help="CI size: 3 methods, fewer steps (<= 2 minutes)")
-    parser.add_argument("--out", default=None, help="run directory (default runs/demo, runs/demo-quick with --quick)")
-    parser.add_argument("--seeds", type=int, default=1, help="number of seeds (results report mean and spread)")
+def _add_common(parser: argparse.ArgumentParser, study: bool) -> None:
+    parser.add_argument("--quick", action="store_true", help="CI size: fewer and smaller steps (<= 2 minutes)")
+    parser.add_argument(
+        "--out", default=None, help="run directory (default runs/demo, runs/demo-quick; runs/study-<task> for study)"
+    )
+    parser.add_argument("--task", default=None, help="task: add (development, default) or sort (confirmation)")
+    parser.add_argument(
+        "--seeds", type=int, default=5 if study else 1, help="paired seeds (results report paired differences to grpo)"
+    )
+    parser.add_argument(
+        "--jobs", type=int, default=2 if study else 1, help="runs in parallel, one process and one torch thread each"
+    )
     parser.add_argument(
         "--methods",
         nargs="+",
         default=None,
         metavar="METHOD",
-        help=f"methods to run (default: grpo, prompt_gdro, rollout_gdro and the two *_paper); allowed: {', '.join(METHODS)}",
+        help=f"methods (default: {', '.join(DEFAULT_METHODS)}); allowed: {', '.join(METHODS)}, or a variant "
+        "LABEL=METHOD:key=value,key=value of gdro.* keys",
     )
     parser.add_argument("--steps", type=int, default=None, help="RL steps per method (overrides the size's default)")
-    parser.add_argument("--resume", action="store_true", help="continue a killed run from its checkpoints")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default 1: fastest for this tiny model on a shared 2-core box)")
+    parser.add_argument("--eval-every", type=int, default=None, help="evaluate the held-out set every N steps")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads per run (default 1)")
     parser.add_argument(
         "--set",
         nargs="+",
@@ -64,22 +82,40 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", action="store_true", help="no progress bar (plain log lines)")
 
 
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    _add_common(parser, study=False)
+    parser.add_argument("--resume", action="store_true", help="continue a killed run from its checkpoints")
+
+
+def add_study_arguments(parser: argparse.ArgumentParser) -> None:
+    _add_common(parser, study=True)
+    parser.add_argument("--fresh", action="store_true", help="discard the run directory's earlier results")
+
+
 def _config_from_args(args: argparse.Namespace) -> DemoConfig:
     cfg = DemoConfig.quick() if args.quick else DemoConfig()
-    over: dict[str, Any] = {"seeds": int(args.seeds)}
+    over: dict[str, Any] = {"seeds": int(args.seeds), "jobs": int(getattr(args, "jobs", 1) or 1)}
+    if args.task is not None:
+        over["task"] = str(args.task)
     if args.methods:
-        over["methods"] = tuple(m.strip() for arg in args.methods for m in arg.split(",") if m.strip())
+        over["methods"] = tuple(m.strip() for arg in args.methods for m in _split_methods(arg) if m.strip())
     if args.steps is not None:
         over["steps"] = int(args.steps)
+    if getattr(args, "eval_every", None) is not None:
+        over["eval_every"] = int(args.eval_every)
     if args.threads is not None:
         over["threads"] = int(args.threads)
+    fields = DemoConfig.__dataclass_fields__
+    settable = sorted(set(fields) - {"methods", "seeds", "gdro", "jobs"})
     for item in args.set or []:
         key, sep, value = item.partition("=")
-        fields = DemoConfig.__dataclass_fields__
-        if not sep or key not in fields or key in ("methods", "seeds"):
-            raise ValueError(f"--set {item!r}: expected KEY=VALUE with KEY one of {sorted(set(fields) - {'methods', 'seeds'})}")
+        if not sep or key not in settable:
+            raise ValueError(f"--set {item!r}: expected KEY=VALUE with KEY one of {settable}")
         kind = type(getattr(cfg, key))
-        over[key] = kind(float(value)) if kind is int else kind(value)
+        try:
+            over[key] = kind(float(value)) if kind is int else kind(value)
+        except ValueError:
+            raise ValueError(f"--set {key}={value!r}: expected a {kind.__name__}") from None
     gdro: list[tuple[str, Any]] = []
     for item in args.gdro or []:
         key, sep, value = item.partition("=")
@@ -94,63 +130,165 @@ def _config_from_args(args: argparse.Namespace) -> DemoConfig:
     return cfg
 
 
+def _split_methods(arg: str) -> list[str]:
+    """``--methods a,b`` and ``--methods a b`` both work; a variant's own commas stay with it."""
+    if "=" in arg:
+        return [arg]
+    return arg.split(",")
+
+
 def main(args: argparse.Namespace) -> int:
     cfg = _config_from_args(args)
-    out = Path(args.out) if args.out else Path("runs") / ("demo-quick" if args.quick else "demo")
-    results = run_demo(
-        cfg, out, resume=bool(args.resume), plots=not args.no_plots, progress=not args.no_progress
-    )
+    default = "demo-quick" if args.quick else "demo"
+    out = Path(args.out) if args.out else Path("runs") / default
+    results = run_demo(cfg, out, resume=bool(args.resume), plots=not args.no_plots, progress=not args.no_progress)
+    print(f"\nresults: {out / 'results.md'}")
+    print((out / "results.md").read_text())
+    return 0 if results else 1
+
+
+def main_study(args: argparse.Namespace) -> int:
+    cfg = _config_from_args(args)
+    out = Path(args.out) if args.out else Path("runs") / f"study-{cfg.task}{'-quick' if args.quick else ''}"
+    results = run_demo(cfg, out, resume=not args.fresh, plots=not args.no_plots, progress=not args.no_progress)
     print(f"\nresults: {out / 'results.md'}")
     print((out / "results.md").read_text())
     return 0 if results else 1
 
 
 def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
     tmp.write_text(text)
     os.replace(tmp, path)
 
 
-def _truncate_metrics(path: Path, method: str, seed: int, keep_below: int) -> None:
-    """Drop rows of (method, seed) with step >= keep_below: they are recomputed after a resume."""
+def _rows(path: Path) -> list[dict]:
     if not path.exists():
-        return
-    lines = path.read_text().splitlines()
-    kept = []
-    for line in lines:
-        if not line.strip():
-            continue
-        r = json.loads(line)
-        if r.get("method") == method and r.get("seed") == seed and int(r.get("step", -1)) >= keep_below:
-            continue
-        kept.append(line)
-    _atomic_write(path, "".join(k + "\n" for k in kept))
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def run_demo(cfg: DemoConfig, out: Path, resume: bool = False, plots: bool = True, progress: bool = True) -> dict:
-    """Run every method x seed of ``cfg`` into ``out`` and write the summary files."""
+def _truncate_metrics(path: Path, keep_below: int) -> None:
+    """Drop a run's rows with step >= keep_below: they are recomputed after a resume."""
+    if path.exists():
+        kept = [r for r in _rows(path) if int(r.get("step", -1)) < keep_below]
+        _atomic_write(path, "".join(json.dumps(r) + "\n" for r in kept))
+
+
+# ------------------------------------------------------------------------------------------------
+# one run (a worker process when jobs > 1)
+# ------------------------------------------------------------------------------------------------
+
+
+def _run_one(cfg: DemoConfig, out: str, method: str, seed: int, resume: bool) -> dict:
+    """Train and evaluate one method x seed into ``out``; returns its done record."""
     import numpy as np
     import torch
-    from tqdm import tqdm
 
     from .task import make_eval_set, make_train_set
     from .tokenizer import CharTokenizer
-    from .train import MethodRun, evaluate, warm_start
+    from .train import MethodRun, evaluate
+
+    torch.set_num_threads(cfg.threads)
+    root = Path(out)
+    tag = f"{method}_seed{seed}"
+    done_path = root / "done" / f"{tag}.json"
+    spec = cfg.method_spec(method)
+    if done_path.exists():
+        res = json.loads(done_path.read_text())
+        if res.get("spec", spec) != spec:
+            raise ValueError(
+                f"--methods {spec!r}: {done_path} holds a run of {res['spec']!r} under the same label; use another label"
+            )
+        return res
+    tok = CharTokenizer()
+    train_set = make_train_set(cfg.train_size, seed=0, task=cfg.task)
+    eval_set = make_eval_set(cfg.eval_per_level, seed=0, exclude=train_set, task=cfg.task)
+    init_state = torch.load(root / "warm_start.pt", map_location="cpu", weights_only=False)["state_dict"]
+    run = MethodRun(method, seed, cfg, tok, train_set, init_state)
+    ckpt_path = root / "ckpt" / f"{tag}.pt"
+    metrics_path = root / "metrics" / f"{tag}.jsonl"
+    wall, eval_s = 0.0, 0.0
+    ws = json.loads((root / "done" / "warm_start.json").read_text())
+    curve: list[dict] = [_curve_point(0, 0, ws)]
+    if resume and ckpt_path.exists():
+        blob = torch.load(ckpt_path, map_location="cpu", weights_only=False)
+        if blob.get("spec", spec) != spec:
+            raise ValueError(f"--methods {spec!r}: {ckpt_path} is a run of {blob['spec']!r}; use another label")
+        run.load_state_dict(blob["run"])
+        wall, eval_s, curve = float(blob.get("wall_s", 0.0)), float(blob.get("eval_s", 0.0)), blob["curve"]
+    _truncate_metrics(metrics_path, run.step)
+    t0 = time.perf_counter() - wall
+    while run.step < cfg.steps:
+        step = run.step
+        metrics = run.train_step()
+        bad = [k for k, v in metrics.items() if not np.isfinite(v)]
+        if bad:
+            raise FloatingPointError(f"{tag} step {step}: non-finite metrics {bad}")
+        with metrics_path.open("a") as fh:
+            fh.write(json.dumps({"method": method, "seed": seed, "step": step, **metrics}) + "\n")
+        if run.step % cfg.eval_every == 0 or run.step == cfg.steps:
+            te = time.perf_counter()
+            ev = evaluate(run.model, tok, eval_set, cfg, seed=seed)
+            eval_s += time.perf_counter() - te
+            curve.append(_curve_point(run.step, run.rollouts, ev))
+        wall = time.perf_counter() - t0
+        tmp = ckpt_path.with_name(ckpt_path.name + ".tmp")
+        torch.save({"run": run.state_dict(), "spec": spec, "wall_s": wall, "eval_s": eval_s, "curve": curve}, tmp)
+        os.replace(tmp, ckpt_path)
+    final = curve[-1]
+    res = {
+        "method": method,
+        "spec": spec,
+        "seed": seed,
+        "rollouts": run.rollouts,
+        "steps": run.step,
+        "wall_s": wall,
+        "eval_s": eval_s,
+        "curve": curve,
+        **{k: final[k] for k in ("pass@8", "mean@8", "level_acc", "level_pass@8", "worst_level_acc", "worst_level")},
+    }
+    _atomic_write(done_path, json.dumps(res))
+    return res
+
+
+def _curve_point(step: int, rollouts: int, ev: dict) -> dict:
+    return {"step": step, "rollouts": rollouts, **ev}
+
+
+# ------------------------------------------------------------------------------------------------
+# the whole run directory
+# ------------------------------------------------------------------------------------------------
+
+
+def run_demo(cfg: DemoConfig, out: Path, resume: bool = False, plots: bool = True, progress: bool = True) -> dict:
+    """Run every method x seed of ``cfg`` into ``out`` (``cfg.jobs`` at a time) and write the summary."""
+    import torch
+    from tqdm import tqdm
+
+    from .model import build_model
+    from .task import make_eval_set, make_train_set
+    from .tokenizer import CharTokenizer
+    from .train import evaluate, warm_start
 
     torch.set_num_threads(cfg.threads)
     t_start = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
-    (out / "ckpt").mkdir(exist_ok=True)
-    (out / "done").mkdir(exist_ok=True)
+    for sub in ("ckpt", "done", "metrics"):
+        (out / sub).mkdir(exist_ok=True)
     cfg_path = out / "config.json"
     if cfg_path.exists() and resume:
-        saved = json.loads(cfg_path.read_text())
-        if saved != cfg.to_dict():
-            raise ValueError(f"--resume: {cfg_path} was written with a different configuration; use a new --out")
+        # Methods and seeds only choose which runs exist (each run's record names its own spec), so
+        # a study can gain ablation arms or seeds in the same directory and reuse what is done.
+        saved, mine = json.loads(cfg_path.read_text()), cfg.to_dict()
+        diff = sorted(k for k in set(saved) | set(mine) if k not in ("methods", "seeds") and saved.get(k) != mine.get(k))
+        if diff:
+            raise ValueError(f"--out {out}: written with a different configuration ({', '.join(diff)}); use a new --out")
     elif not resume:
         # a fresh run: never mix rows of an earlier run into this one
-        for stale in [out / "metrics.jsonl", *(out / "ckpt").glob("*.pt"), *(out / "done").glob("*.json")]:
-            stale.unlink(missing_ok=True)
+        stale = [out / "metrics.jsonl", *(out / "metrics").glob("*.jsonl"), *(out / "ckpt").glob("*.pt")]
+        for path in stale + list((out / "done").glob("*.json")):
+            path.unlink(missing_ok=True)
     _atomic_write(cfg_path, json.dumps(cfg.to_dict(), indent=1))
 
     def log(msg: str) -> None:
@@ -162,151 +300,86 @@ def run_demo(cfg: DemoConfig, out: Path, resume: bool = False, plots: bool = Tru
 
     tok = CharTokenizer()
     tok.save(out / "tokenizer.json")
-    train_set = make_train_set(cfg.train_size, seed=0)
-    eval_set = make_eval_set(cfg.eval_per_level, seed=0, exclude=train_set)
+    train_set = make_train_set(cfg.train_size, seed=0, task=cfg.task)
+    eval_set = make_eval_set(cfg.eval_per_level, seed=0, exclude=train_set, task=cfg.task)
     init_state = warm_start(cfg, tok, out / "warm_start.pt", log=log)
-
     ws_path = out / "done" / "warm_start.json"
     if ws_path.exists():
         ws_eval = json.loads(ws_path.read_text())
     else:
-        from .model import build_model
-
         m0 = build_model(tok.vocab_size, cfg.hidden, cfg.layers)
         m0.load_state_dict(init_state)
         ws_eval = evaluate(m0, tok, eval_set, cfg, seed=0)
         _atomic_write(ws_path, json.dumps(ws_eval))
-    log(f"warm start eval: mean@8 {ws_eval['mean@8']:.3f} pass@8 {ws_eval['pass@8']:.3f} per level "
-        + " ".join(f"{v:.2f}" for v in ws_eval["level_acc"].values()))
+    log(
+        f"task {cfg.task}: warm start mean@8 {ws_eval['mean@8']:.3f} pass@8 {ws_eval['pass@8']:.3f} per level "
+        + " ".join(f"{v:.2f}" for v in ws_eval["level_acc"].values())
+    )
 
-    metrics_path = out / "metrics.jsonl"
-    total = cfg.steps * len(cfg.methods) * cfg.seeds
-    bar = tqdm(total=total, disable=not progress, dynamic_ncols=True, file=sys.stderr)
-    per_run: dict[str, list[dict]] = {m: [] for m in cfg.methods}
-    for seed in range(cfg.seeds):
-        for method in cfg.methods:
-            tag = f"{method}_seed{seed}"
-            done_path = out / "done" / f"{tag}.json"
-            if done_path.exists():
-                per_run[method].append(json.loads(done_path.read_text()))
-                bar.update(cfg.steps)
-                continue
-            run = MethodRun(method, seed, cfg, tok, train_set, init_state)
-            ckpt_path = out / "ckpt" / f"{tag}.pt"
-            wall = 0.0
-            if resume and ckpt_path.exists():
-                blob = torch.load(ckpt_path, map_location="cpu", weights_only=False)
-                run.load_state_dict(blob["run"])
-                wall = float(blob.get("wall_s", 0.0))
-                log(f"{tag}: resumed at step {run.step}")
-            _truncate_metrics(metrics_path, method, seed, run.step)
-            bar.update(run.step)
-            t0 = time.perf_counter() - wall
-            while run.step < cfg.steps:
-                step = run.step
-                metrics = run.train_step()
-                bad = [k for k, v in metrics.items() if not np.isfinite(v)]
-                if bad:
-                    raise FloatingPointError(f"{tag} step {step}: non-finite metrics {bad}")
-                row = {"method": method, "seed": seed, "step": step, **metrics}
-                with metrics_path.open("a") as fh:
-                    fh.write(json.dumps(row) + "\n")
-                wall = time.perf_counter() - t0
-                tmp = ckpt_path.with_suffix(".tmp")
-                torch.save({"run": run.state_dict(), "wall_s": wall}, tmp)
-                os.replace(tmp, ckpt_path)
-                bar.set_postfix_str(
-                    f"{method} s{seed} step {step + 1}/{cfg.steps} reward {metrics['train/reward']:+.2f} "
-                    f"acc {metrics['train/acc']:.2f} elapsed {time.perf_counter() - t_start:.0f}s"
-                )
-                bar.update(1)
-            t_eval = time.perf_counter()
-            ev = evaluate(run.model, tok, eval_set, cfg, seed=seed)
-            wall = time.perf_counter() - t0
-            res = {
-                "method": method,
-                "seed": seed,
-                "rollouts": run.rollouts,
-                "steps": run.step,
-                "wall_s": wall,
-                "eval_s": time.perf_counter() - t_eval,
-                **ev,
-            }
-            _atomic_write(done_path, json.dumps(res))
-            per_run[method].append(res)
-            log(
-                f"{tag}: pass@8 {ev['pass@8']:.3f} mean@8 {ev['mean@8']:.3f} worst level {ev['worst_level']} "
-                f"acc {ev['worst_level_acc']:.3f} ({wall:.0f}s)"
-            )
+    labels = [parse_method(m)[0] for m in cfg.methods]
+    # paired seeds: all methods of seed 0 first, so a partial study already has complete pairs
+    jobs = [(label, seed) for seed in range(cfg.seeds) for label in labels]
+    results: dict[tuple[str, int], dict] = {}
+    bar = tqdm(total=cfg.steps * len(jobs), disable=not progress, dynamic_ncols=True, file=sys.stderr)
+
+    def finished(res: dict) -> None:
+        results[(res["method"], res["seed"])] = res
+        log(
+            f"{res['method']}_seed{res['seed']}: mean@8 {res['mean@8']:.3f} pass@8 {res['pass@8']:.3f} worst level "
+            f"{res['worst_level']} acc {res['worst_level_acc']:.3f} ({res['wall_s']:.0f}s)"
+        )
+
+    if cfg.jobs <= 1:
+        for label, seed in jobs:
+            before = _steps_done(out, label, seed)
+            bar.update(before)
+            finished(_run_one(cfg, str(out), label, seed, resume))
+            bar.update(cfg.steps - before)
+    else:
+        import multiprocessing as mp
+
+        ctx = mp.get_context("spawn")  # fresh interpreters: no forked torch thread pools
+        with ctx.Pool(processes=cfg.jobs) as pool:
+            pending = [pool.apply_async(_run_one, (cfg, str(out), label, seed, resume)) for label, seed in jobs]
+            shown = 0
+            while pending:
+                for p in [p for p in pending if p.ready()]:
+                    pending.remove(p)
+                    finished(p.get())  # re-raises a worker's exception here
+                done_steps = sum(_steps_done(out, label, seed) for label, seed in jobs)
+                bar.update(done_steps - shown)
+                shown = done_steps
+                bar.set_postfix_str(f"{len(results)}/{len(jobs)} runs, {time.perf_counter() - t_start:.0f}s")
+                time.sleep(0.5)
     bar.close()
 
-    rollouts = {m: sorted({r["rollouts"] for r in rs}) for m, rs in per_run.items()}
+    budgets = {res["rollouts"] for res in results.values()}
     expected = cfg.steps * cfg.batch_prompts * cfg.n_mean
-    if any(v != [expected] for v in rollouts.values()):
-        raise AssertionError(f"methods consumed different rollout budgets: {rollouts} (expected {expected} each)")
+    if budgets != {expected}:
+        raise AssertionError(f"methods consumed different rollout budgets: {sorted(budgets)} (expected {expected} each)")
+    # the merged per-step file, in (seed, method) order: what `verl-gdro plot` and users read
+    merged = [row for label, seed in jobs for row in _rows(out / "metrics" / f"{label}_seed{seed}.jsonl")]
+    _atomic_write(out / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in merged))
 
-    summary = _summarise(cfg, per_run, ws_eval, time.perf_counter() - t_start)
+    from .stats import markdown, summarise
+
+    summary = summarise(cfg, labels, results, ws_eval, time.perf_counter() - t_start)
     _atomic_write(out / "results.json", json.dumps(summary, indent=1))
-    _atomic_write(out / "results.md", _markdown(summary))
+    _atomic_write(out / "results.md", markdown(summary))
     if plots:
-        from verl_gdro.plots import draw_all, load_series
+        from verl_gdro.plots import draw_all, draw_learning_curves, load_series
 
-        draw_all(load_series(metrics_path), out / "plots")
+        seed0 = [r for r in merged if r["seed"] == 0]
+        _atomic_write(out / "plots_seed0.jsonl", "".join(json.dumps(r) + "\n" for r in seed0))
+        draw_all(load_series(out / "plots_seed0.jsonl"), out / "plots")
+        (out / "plots_seed0.jsonl").unlink()
+        draw_learning_curves(summary, out / "plots")
     return summary
 
 
-def _summarise(cfg: DemoConfig, per_run: dict[str, list[dict]], ws_eval: dict, wall: float) -> dict:
-    import numpy as np
-
-    methods = {}
-    for m, rs in per_run.items():
-        entry: dict[str, Any] = {}
-        for key in ("pass@8", "mean@8", "worst_level_acc", "wall_s"):
-            vals = np.array([r[key] for r in rs], dtype=float)
-            entry[key] = float(vals.mean())
-            entry[key + "_std"] = float(vals.std(ddof=1)) if len(vals) > 1 else 0.0
-        entry["rollouts"] = int(rs[0]["rollouts"])
-        levels = sorted(rs[0]["level_acc"], key=int)
-        entry["level_acc"] = {lv: float(np.mean([r["level_acc"][lv] for r in rs])) for lv in levels}
-        entry["level_acc_std"] = {
-            lv: float(np.std([r["level_acc"][lv] for r in rs], ddof=1)) if len(rs) > 1 else 0.0 for lv in levels
-        }
-        entry["seeds"] = [
-            {k: r[k] for k in ("seed", "pass@8", "mean@8", "worst_level_acc", "worst_level", "level_acc", "wall_s")} for r in rs
-        ]
-        methods[m] = entry
-    return {"methods": methods, "warm_start": ws_eval, "config": cfg.to_dict(), "wall_s": wall, "num_seeds": cfg.seeds}
-
-
-def _markdown(summary: dict) -> str:
-    ms = summary["methods"]
-    seeds = summary["num_seeds"]
-    levels = sorted(next(iter(ms.values()))["level_acc"], key=int)
-    pm = " ± " if seeds > 1 else ""
-
-    def fmt(e: dict, k: str) -> str:
-        return f"{e[k]:.3f}" + (f"{pm}{e[k + '_std']:.3f}" if seeds > 1 else "")
-
-    lines = [
-        "# CPU demo results",
-        "",
-        f"{seeds} seed(s){' (mean ± sample std)' if seeds > 1 else ''}; 8 samples per held-out problem; "
-        f"every method consumed the same rollouts. Total wall time {summary['wall_s']:.0f} s.",
-        "",
-        "| method | pass@8 | mean@8 | worst level acc | " + " | ".join(f"L{lv}" for lv in levels) + " | rollouts | wall s |",
-        "|---|---|---|---|" + "---|" * len(levels) + "---|---|",
-    ]
-    ws = summary["warm_start"]
-    lines.append(
-        f"| warm start | {ws['pass@8']:.3f} | {ws['mean@8']:.3f} | {ws['worst_level_acc']:.3f} | "
-        + " | ".join(f"{ws['level_acc'][lv]:.3f}" for lv in levels)
-        + " | 0 | - |"
-    )
-    for m, e in ms.items():
-        lines.append(
-            f"| {m} | {fmt(e, 'pass@8')} | {fmt(e, 'mean@8')} | {fmt(e, 'worst_level_acc')} | "
-            + " | ".join(f"{e['level_acc'][lv]:.3f}" for lv in levels)
-            + f" | {e['rollouts']} | {e['wall_s']:.0f} |"
-        )
-    lines.append("")
-    return "\n".join(lines)
+def _steps_done(out: Path, label: str, seed: int) -> int:
+    path = out / "metrics" / f"{label}_seed{seed}.jsonl"
+    if not path.exists():
+        return 0
+    with path.open() as fh:
+        return sum(1 for line in fh if line.strip())
