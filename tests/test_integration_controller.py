@@ -10,7 +10,7 @@ import pytest
 from verl_gdro.classifier import OnlineDifficultyClassifier
 from verl_gdro.integration.config import resolve_gdro
 from verl_gdro.integration.controller import EXTRA_METRICS, GDROController
-from verl_gdro.metrics import PREFIX, metric_keys
+from verl_gdro.metrics import PREFIX, metric_keys, step_keys
 from verl_gdro.prompt_gdro import PromptGDRO
 
 
@@ -46,7 +46,9 @@ def test_metrics_are_the_spec_names_plus_integration_counters() -> None:
     g, acc = outcomes(np.arange(8), plan.rollout_n, 0)
     c.advantage_multipliers(g)
     m = c.after_advantage(g, acc)
-    assert set(m) == set(metric_keys(10)) | {PREFIX + k for k in EXTRA_METRICS}
+    counts = [m[f"{PREFIX}count/bin_{b}"] for b in range(10)]
+    assert set(m) == set(step_keys(counts)) | {PREFIX + k for k in EXTRA_METRICS}
+    assert set(step_keys(counts)) <= set(metric_keys(10))
     assert all(np.isfinite(v) for v in m.values())
     assert m[PREFIX + "num_rollouts"] == 32 and m[PREFIX + "num_trajectories"] == 32
 
@@ -91,7 +93,7 @@ def test_multipliers_exactly_one_when_not_reweighting(group: dict) -> None:
     c = ctrl(**group)
     for entry in run(c, range(4)):
         assert all(m == 1.0 for m in entry["mult"])
-        assert all(entry["metrics"][f"gdro/prompt_weight/bin_{b}"] == 1.0 for b in range(10))
+        assert all(entry["metrics"].get(f"gdro/prompt_weight/bin_{b}", 1.0) == 1.0 for b in range(10))
 
 
 def test_prompts_without_trajectories_are_left_out() -> None:
