@@ -247,7 +247,8 @@ class Bench:
         from verl.trainer.ppo.ray_trainer import compute_advantage
         from verl.trainer.ppo.v1.utils import compute_advantage_for_multi_trajectories
 
-        from verl_gdro.integration.context import gdro_step, is_padding_uid
+        from verl_gdro.integration.context import gdro_step, uid_keys
+        from verl_gdro.integration.controller import group_multipliers, trajectory_rows
         from verl_gdro.integration.trainer import _padded_numpy as read_tokens
 
         prompt_uids = self.rng.choice(DATASET_PROMPTS, size=shape.prompts, replace=False).astype(np.int64)
@@ -255,7 +256,7 @@ class Bench:
         verl_uids = [str(uuid.uuid4()) for _ in range(shape.prompts)]  # verl's uid per prompt group
         t0 = time.perf_counter()
         plan = self.ctrl.before_generation(prompt_uids)
-        positions = dict(zip(verl_uids, plan.positions.tolist(), strict=True))  # as _next_train_batch keeps it
+        positions = dict(zip(verl_uids, plan.positions.tolist()))  # as _next_train_batch keeps it
         t_plan = time.perf_counter() - t0
 
         if self.adversary == "rollout":
@@ -294,13 +295,12 @@ class Bench:
             # skipped, multipliers into gdro_step, verl's stage, then the token arrays for the loss
             # signal read with the trainer's own helper, then update + metrics
             t = time.perf_counter()
-            uids = [str(u) for u in gdro_data.non_tensor_batch["uid"]]
-            rows = np.flatnonzero(np.array([not is_padding_uid(u) for u in uids], dtype=bool))
-            g = np.array([positions[uids[i]] for i in rows.tolist()], dtype=np.int64)
+            uids = uid_keys(gdro_data.non_tensor_batch["uid"])
+            rows, g = trajectory_rows(uids, positions)  # the trainer's own helper
             acc_col = gdro_data.non_tensor_batch["acc"]
-            acc_rows = np.asarray([float(acc_col[i]) for i in rows.tolist()], dtype=np.float64)
+            acc_rows = np.fromiter(map(float, acc_col[rows].tolist()), dtype=np.float64, count=rows.size)
             mult = self.ctrl.advantage_multipliers(g)
-            with gdro_step(uids=[uids[i] for i in rows.tolist()], values=mult):
+            with gdro_step(group_multipliers(positions, g, mult), settings=self.ctrl.settings):
                 t1 = time.perf_counter()
                 compute_advantage(gdro_data, "gdro_grpo", norm_adv_by_std_in_grpo=True, config=self.algo_cfg)
                 t2 = time.perf_counter()
