@@ -223,8 +223,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    from verl_gdro.errors import usage_errors
+
     src = Path(args.source)
-    series = load_series(src, args.name)
+    with usage_errors():  # missing file, not JSONL, no gdro/ rows: one line, exit 2
+        series = load_series(src, args.name)
     if args.out:
         out = Path(args.out)
     elif src.is_dir():

@@ -95,7 +95,10 @@ def _config_from_args(args: argparse.Namespace) -> DemoConfig:
 
 
 def main(args: argparse.Namespace) -> int:
-    cfg = _config_from_args(args)
+    from verl_gdro.errors import usage_errors
+
+    with usage_errors(yaml.YAMLError):  # bad --set / --gdro / --methods: one line, exit 2
+        cfg = _config_from_args(args)
     out = Path(args.out) if args.out else Path("runs") / ("demo-quick" if args.quick else "demo")
     results = run_demo(
         cfg, out, resume=bool(args.resume), plots=not args.no_plots, progress=not args.no_progress
