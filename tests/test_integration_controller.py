@@ -10,7 +10,14 @@ import pytest
 from verl_gdro.classifier import OnlineDifficultyClassifier
 from verl_gdro.integration.config import resolve_gdro
 from verl_gdro.integration.context import gdro_step
-from verl_gdro.integration.controller import EXTRA_METRICS, GDROController, group_multipliers, trajectory_rows
+from verl_gdro.integration.controller import (
+    EXTRA_METRICS,
+    GDROController,
+    describe_mode,
+    group_multipliers,
+    mode_name,
+    trajectory_rows,
+)
 from verl_gdro.metrics import PREFIX, metric_keys, step_keys
 from verl_gdro.prompt_gdro import PromptGDRO
 
@@ -294,3 +301,28 @@ def test_group_multipliers_give_each_group_its_rows_value() -> None:
     assert len(set(table.values())) > 3
     with gdro_step(table) as step:  # what the estimator reads back per row
         np.testing.assert_array_equal(step.lookup([f"v{p}" for p in g]), mult)
+
+
+@pytest.mark.parametrize(
+    ("group", "mode"),
+    [
+        ({}, "Prompt-GDRO"),  # the package default: Prompt-GDRO on, Rollout-GDRO off
+        ({"rollout": {"enable": True}}, "joint"),  # rollout.enable alone leaves Prompt-GDRO on
+        ({"prompt": {"enable": False}, "rollout": {"enable": True}}, "Rollout-GDRO"),
+        ({"prompt": {"enable": False}}, "GRPO"),
+        ({"enable": False}, "GRPO"),
+    ],
+)
+def test_mode_line_names_the_adversaries_and_key_settings(group: dict, mode: str) -> None:
+    settings = resolve_gdro(group)
+    assert mode_name(settings) == mode
+    line = describe_mode(settings, rollout_n=4)
+    assert "\n" not in line and line.startswith(f"verl-gdro mode: {mode}")
+    if group.get("enable", True):
+        assert "preset robust" in line and "classifier: 10 bins" in line
+    assert ("prompt: reweight, loss failure_rate, eta 0.65" in line) == (mode in ("Prompt-GDRO", "joint"))
+    assert ("rollout: bandit/expected_informative/auto, n 2..12, mean n 4" in line) == (mode in ("Rollout-GDRO", "joint"))
+    if mode == "joint":
+        assert "set it false for Rollout-GDRO alone" in line
+    paper = describe_mode(resolve_gdro({**group, "preset": "paper"}))
+    assert ("preset paper" in paper) == group.get("enable", True)

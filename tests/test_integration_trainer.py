@@ -240,3 +240,12 @@ def _state_equal(a: Any, b: Any) -> bool:
     if isinstance(a, float) and isinstance(b, float) and np.isnan(a):
         return np.isnan(b)
     return a == b
+
+
+def test_trainer_prints_its_mode_once_at_start(tmp_path, capsys) -> None:
+    """issue 13: rollout.enable=true alone is joint mode (Prompt-GDRO defaults on); the trainer
+    says which adversaries run, with the preset and key settings, before any step."""
+    trainer = make_trainer(tmp_path, "gdro.rollout.enable=true")
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("verl-gdro mode:")]
+    assert lines == [trainer.gdro_mode_line]
+    assert lines[0].startswith("verl-gdro mode: joint") and "preset robust" in lines[0] and "mean n 4" in lines[0]

@@ -136,6 +136,8 @@ def run_demo(cfg: DemoConfig, out: Path, resume: bool = False, plots: bool = Tru
     import torch
     from tqdm import tqdm
 
+    from verl_gdro.integration.controller import describe_mode
+
     from .task import make_eval_set, make_train_set
     from .tokenizer import CharTokenizer
     from .train import MethodRun, evaluate, warm_start
@@ -195,6 +197,7 @@ def run_demo(cfg: DemoConfig, out: Path, resume: bool = False, plots: bool = Tru
                 bar.update(cfg.steps)
                 continue
             run = MethodRun(method, seed, cfg, tok, train_set, init_state)
+            log(f"{tag}: {describe_mode(run.ctrl.settings, cfg.n_mean)}")
             ckpt_path = out / "ckpt" / f"{tag}.pt"
             wall = 0.0
             if resume and ckpt_path.exists():

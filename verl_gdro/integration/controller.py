@@ -39,7 +39,7 @@ from verl_gdro.metrics import PREFIX, step_metrics
 from verl_gdro.prompt_gdro import PromptGDRO, failure_rate_loss, surrogate_kl_loss, surrogate_loss
 from verl_gdro.rollout_gdro import RolloutGDRO
 
-__all__ = ["EXTRA_METRICS", "GDROController", "StepPlan", "group_multipliers", "trajectory_rows"]
+__all__ = ["EXTRA_METRICS", "GDROController", "StepPlan", "describe_mode", "group_multipliers", "mode_name", "trajectory_rows"]
 
 logger = logging.getLogger(__name__)
 
@@ -436,6 +436,47 @@ class GDROController:
 # ----------------------------------------------------------------------------------------------
 # helpers
 # ----------------------------------------------------------------------------------------------
+
+
+def mode_name(settings: GDROSettings) -> str:
+    """Which adversaries run: ``GRPO``, ``Prompt-GDRO``, ``Rollout-GDRO`` or ``joint``."""
+    prompt = settings.enable and settings.prompt.enable
+    rollout = settings.enable and settings.rollout.enable
+    if prompt and rollout:
+        return "joint"
+    return "Prompt-GDRO" if prompt else "Rollout-GDRO" if rollout else "GRPO"
+
+
+def describe_mode(settings: GDROSettings, rollout_n: int | None = None) -> str:
+    """One line naming the run's mode, preset and key settings, for the log at start.
+
+    ``gdro.prompt.enable`` defaults to true, so a user who sets only ``gdro.rollout.enable=true``
+    runs joint mode; the GDRO trainer (and the demo) print this line so the choice of adversaries
+    is visible before the first step, and it says how to get the other modes.
+    """
+    mode = mode_name(settings)
+    if not settings.enable:
+        return "verl-gdro mode: GRPO (gdro.enable=false: no classifier, no adversaries, no gdro/ metrics)"
+    c, p, r = settings.classifier, settings.prompt, settings.rollout
+    parts = [f"verl-gdro mode: {mode}"]
+    if mode == "joint":
+        parts[0] += " (Prompt-GDRO + Rollout-GDRO; gdro.prompt.enable defaults to true: set it false for Rollout-GDRO alone)"
+    elif mode == "GRPO":
+        parts[0] += " (both adversaries off: classifier and gdro/ metrics only)"
+    parts.append(f"preset {settings.preset}")
+    if p.enable:
+        parts.append(
+            f"prompt: {p.mode}, loss {p.loss_signal}, eta {p.eta:g}, max_weight {p.max_weight:g}"
+        )
+    if r.enable:
+        budget = "" if rollout_n is None else f", mean n {int(rollout_n)}"
+        parts.append(f"rollout: {r.allocator}/{r.arm_utility}/{r.selection}, n {r.n_min}..{r.n_max}{budget}")
+    elif rollout_n is not None:
+        parts.append(f"n {int(rollout_n)} per prompt")
+    parts.append(f"classifier: {c.num_bins} bins, window {c.window}, pass@{c.k}")
+    if settings.advantage_clip is not None:
+        parts.append(f"advantage_clip {settings.advantage_clip:g}")
+    return " | ".join(parts)
 
 
 def trajectory_rows(

@@ -37,7 +37,7 @@ from verl.utils.dataset.rl_dataset import collate_fn
 
 from verl_gdro.integration.config import TRAINER_NAME, GDROSettings, to_plain, validate_gdro_config
 from verl_gdro.integration.context import gdro_step, uid_keys
-from verl_gdro.integration.controller import GDROController, group_multipliers, trajectory_rows
+from verl_gdro.integration.controller import GDROController, describe_mode, group_multipliers, trajectory_rows
 from verl_gdro.integration.dataset import stable_prompt_uids, uid_field
 from verl_gdro.integration.sampler import GDROSampler
 
@@ -105,6 +105,10 @@ class GDROTrainerSync(PPOTrainerSync):
                 config.algorithm.gdro = OmegaConf.create(to_plain(config.gdro))
         super().__init__(config)
         self.gdro_settings: GDROSettings = settings
+        # one line at start naming the adversaries (gdro.prompt.enable defaults to true, so
+        # rollout.enable=true alone is joint mode: say so before the first step)
+        self.gdro_mode_line = describe_mode(settings, int(config.actor_rollout_ref.rollout.n))
+        print(self.gdro_mode_line, flush=True)
         self.gdro: GDROController | None = None
         if settings.enable:
             self.gdro = GDROController(settings, rollout_n=int(config.actor_rollout_ref.rollout.n))
