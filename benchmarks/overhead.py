@@ -291,9 +291,10 @@ class Bench:
         parts: dict[str, float] = {"plan": t_plan}
 
         def run_gdro() -> float:
-            # mirrors GDROTrainerSync._compute_advantage: ids and acc per trajectory, padding rows
-            # skipped, multipliers into gdro_step, verl's stage, then the token arrays for the loss
-            # signal read with the trainer's own helper, then update + metrics
+            # GDROTrainerSync._compute_advantage with the trainer's own helpers: uid -> plan
+            # position and padding rows (trajectory_rows), acc per trajectory, the multipliers
+            # into gdro_step per prompt group (group_multipliers) with the resolved settings,
+            # verl's stage, the token arrays for the loss signal (_padded_numpy), update + metrics
             t = time.perf_counter()
             uids = uid_keys(gdro_data.non_tensor_batch["uid"])
             rows, g = trajectory_rows(uids, positions)  # the trainer's own helper
