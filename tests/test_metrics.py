@@ -238,3 +238,23 @@ def test_metrics_always_finite_and_shares_sum_to_one(case) -> None:
         assert per_bin_series(m, "budget_share", B).sum() == pytest.approx(1.0)
         assert 0.0 <= m["gdro/mu_data"] <= B - 1 and 0.0 <= m["gdro/mu_weight"] <= B - 1
         assert m["gdro/mean_n"] * len(prompts) == pytest.approx(n.sum())
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(1, 10), st.lists(st.tuples(st.integers(0, 9), st.integers(1, 12), st.floats(0.0, 1.0)), max_size=40))
+def test_step_metrics_per_bin_values_are_exactly_those_of_the_helpers(B: int, prompts: list) -> None:
+    """step_metrics shares the helpers' bincounts (issue 13, per-step cost); the logged values
+    must stay bit-identical to bin_shares / bin_accuracy / bin_rollouts."""
+    bins = np.array([p[0] % B for p in prompts], dtype=np.int64)
+    n = np.array([p[1] for p in prompts], dtype=np.float64)
+    succ = np.floor(np.array([p[2] for p in prompts]) * n)
+    m = step_metrics(B, bins, succ, n)
+    shares, counts = bin_shares(bins, B)
+    acc = bin_accuracy(bins, succ, n, B)
+    n_b, budget = bin_rollouts(bins, n, B)
+    present = counts > 0
+    for name, ref, only_present in (("prompt_share", shares, False), ("count", counts, False), ("acc", acc, True),
+                                    ("rollout_n", n_b, True), ("budget_share", budget, False)):
+        got = per_bin_series(m, name, B)
+        keep = present if only_present else np.ones(B, dtype=bool)
+        np.testing.assert_array_equal(got[keep], np.asarray(ref, dtype=np.float64)[keep], err_msg=name)

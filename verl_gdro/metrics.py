@@ -25,6 +25,7 @@ numpy only: no verl, no torch.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from functools import lru_cache
 
@@ -279,18 +280,27 @@ def step_metrics(
     if s.size and (s.min() < 0 or np.any(s > nn)):
         raise ValueError("successes must lie in [0, n] for every prompt")
 
-    w = _per_bin("prompt_weights", prompt_weights, B, 1.0)
-    qq = _per_bin("q", q, B, 1.0 / B)
-    sc = _per_bin("scores", scores, B, 0.0)
-    om = _per_bin("omega", omega, B, 1.0)
-    loss = _per_bin("bin_losses", bin_losses, B, 0.0)
+    given = {"prompt_weights": prompt_weights, "q": q, "scores": scores, "omega": omega, "bin_losses": bin_losses}
+    w, qq, sc, om, loss = per_bin_inputs = [
+        _per_bin(name, given[name], B, default, check_finite=False)
+        for name, default in (("prompt_weights", 1.0), ("q", 1.0 / B), ("scores", 0.0), ("omega", 1.0), ("bin_losses", 0.0))
+    ]
+    if not np.isfinite(per_bin_inputs).all():  # one check for the five; the slow path names the argument
+        for name in given:
+            _per_bin(name, given[name], B, 0.0)
     for name, value in (("shadow_price", shadow_price), ("controller_time_s", controller_time_s)):
-        if not np.isfinite(float(value)):
+        if not math.isfinite(float(value)):
             raise ValueError(f"{name} must be finite, got {value!r}")
 
-    shares, counts = bin_shares(b, B)
-    acc = bin_accuracy(b, s, nn, B)
-    n_b, budget_share = bin_rollouts(b, nn, B)
+    # bin_shares, bin_accuracy and bin_rollouts with their three bincounts shared (same arithmetic)
+    counts = np.bincount(b, minlength=B).astype(np.int64)
+    total = counts.sum()
+    shares = counts / total if total > 0 else np.zeros(B)
+    trials_b = np.bincount(b, weights=nn, minlength=B)
+    acc = np.divide(np.bincount(b, weights=s, minlength=B), trials_b, out=np.zeros(B), where=trials_b > 0)
+    n_b = np.divide(trials_b, counts, out=np.zeros(B), where=counts > 0)
+    total_n = trials_b.sum()
+    budget_share = trials_b / total_n if total_n > 0 else np.zeros(B)
     mean_n = float(nn.mean()) if nn.size else 0.0
     nbar = mean_n if n_mean is None else float(n_mean)
     if not (np.isfinite(nbar) and (nbar > 0 or nn.size == 0)):
@@ -359,12 +369,14 @@ def _finite_array(name: str, values: ArrayLike, length: int) -> NDArray[np.float
     return a
 
 
-def _per_bin(name: str, values: ArrayLike | None, num_bins: int, default: float) -> NDArray[np.float64]:
+def _per_bin(
+    name: str, values: ArrayLike | None, num_bins: int, default: float, check_finite: bool = True
+) -> NDArray[np.float64]:
     if values is None:
         return np.full(num_bins, default)
     a = np.asarray(values, dtype=np.float64)
     if a.shape != (num_bins,):
         raise ValueError(f"{name} must have shape ({num_bins},), got {a.shape}")
-    if not np.all(np.isfinite(a)):
+    if check_finite and not np.all(np.isfinite(a)):
         raise ValueError(f"{name} must be finite")
     return a

@@ -242,7 +242,8 @@ class GDROController:
         trials = np.bincount(g, minlength=num_groups).astype(np.int64)
         successes = np.bincount(g, weights=correct, minlength=num_groups).astype(np.int64)
         present = trials > 0
-        incomplete = int(np.sum(present & (trials != self._n)) + np.sum(~present))
+        # planned n >= 1, so an absent prompt (0 trials) is also trials != n: one count for both
+        incomplete = int(np.count_nonzero(trials != self._n))
 
         losses = self._losses(g, correct, num_groups, response_mask, old_log_probs, ref_log_probs, advantages,
                               log_probs)
@@ -557,6 +558,8 @@ def _acc_array(acc: ArrayLike, size: int) -> NDArray[np.float64]:
     a = np.asarray(acc, dtype=np.float64)
     if a.ndim != 1 or a.size != size:
         raise ValueError(f"acc must be 1-D with one value per trajectory ({size}), got shape {a.shape}")
+    if ((a >= 0.0) & (a <= 1.0)).all():  # the usual case in one pass (NaN fails both comparisons)
+        return (a >= 0.5).astype(np.float64)
     if a.size and not np.all(np.isfinite(a)):
         raise ValueError("acc must be finite for every trajectory (the reward's correctness, 0 or 1)")
     if a.size and (a.min() < 0.0 or a.max() > 1.0):
