@@ -28,7 +28,8 @@ and a second mask pass); for any other estimator, ``gdro_grpo`` included, that f
 
 Each repetition is one full step (the controllers' state advances as in training); GRPO and GDRO
 alternate order between repetitions. Times are medians after warm-up (the ratio of
-the minima is printed beside: on a shared machine noise only ever adds time). Before timing, the
+the minima is printed beside: on a shared machine noise only ever adds time; so is the median of
+the per-repetition ratios, in which a load change that slows a whole repetition cancels). Before timing, the
 classifier is given a full window of history for every prompt of a DAPO-sized dataset, so
 classification runs at its worst case (late training), not on empty rings.
 
