@@ -9,8 +9,16 @@ import pytest
 
 from verl_gdro.classifier import OnlineDifficultyClassifier
 from verl_gdro.integration.config import resolve_gdro
-from verl_gdro.integration.controller import EXTRA_METRICS, GDROController
-from verl_gdro.metrics import PREFIX, metric_keys
+from verl_gdro.integration.context import gdro_step
+from verl_gdro.integration.controller import (
+    EXTRA_METRICS,
+    GDROController,
+    describe_mode,
+    group_multipliers,
+    mode_name,
+    trajectory_rows,
+)
+from verl_gdro.metrics import PREFIX, metric_keys, step_keys
 from verl_gdro.prompt_gdro import PromptGDRO
 
 
@@ -46,7 +54,9 @@ def test_metrics_are_the_spec_names_plus_integration_counters() -> None:
     g, acc = outcomes(np.arange(8), plan.rollout_n, 0)
     c.advantage_multipliers(g)
     m = c.after_advantage(g, acc)
-    assert set(m) == set(metric_keys(10)) | {PREFIX + k for k in EXTRA_METRICS}
+    counts = [m[f"{PREFIX}count/bin_{b}"] for b in range(10)]
+    assert set(m) == set(step_keys(counts)) | {PREFIX + k for k in EXTRA_METRICS}
+    assert set(step_keys(counts)) <= set(metric_keys(10))
     assert all(np.isfinite(v) for v in m.values())
     assert m[PREFIX + "num_rollouts"] == 32 and m[PREFIX + "num_trajectories"] == 32
 
@@ -91,7 +101,7 @@ def test_multipliers_exactly_one_when_not_reweighting(group: dict) -> None:
     c = ctrl(**group)
     for entry in run(c, range(4)):
         assert all(m == 1.0 for m in entry["mult"])
-        assert all(entry["metrics"][f"gdro/prompt_weight/bin_{b}"] == 1.0 for b in range(10))
+        assert all(entry["metrics"].get(f"gdro/prompt_weight/bin_{b}", 1.0) == 1.0 for b in range(10))
 
 
 def test_prompts_without_trajectories_are_left_out() -> None:
@@ -232,3 +242,87 @@ def test_a_refused_step_leaves_every_controller_as_it_was(monkeypatch: pytest.Mo
     c.after_advantage(g, acc)  # the same step again, accepted this time
     np.testing.assert_equal(c.state_dict(), reference.state_dict())
     assert run(c, range(3, 6)) == run(reference, range(3, 6))
+
+
+# ----------------------------------------------------------------------------------------------
+# trainer glue shared with benchmarks/overhead.py (issue 13: vectorised per-row work)
+# ----------------------------------------------------------------------------------------------
+
+
+def _rows_reference(uids: list[str], positions: dict[str, int], padding: list[bool]) -> tuple[list[int], list[int]]:
+    """The trainer's former per-row loops, as the reference the vectorised helper must match."""
+    rows = [i for i, (u, tag) in enumerate(zip(uids, padding)) if not tag and not u.startswith("pad")]
+    return rows, [positions[uids[i]] for i in rows]
+
+
+def test_trajectory_rows_matches_the_per_row_reference() -> None:
+    rng = np.random.default_rng(0)
+    planned = [f"u{i}" for i in range(40)]
+    positions = {u: i for i, u in enumerate(planned)}
+    for _ in range(20):
+        uids = list(rng.choice(planned, size=120)) + [f"pad{i}" for i in range(rng.integers(0, 4))]
+        rng.shuffle(uids)
+        padding = [bool(rng.random() < 0.1) for _ in uids]
+        rows, g = trajectory_rows(uids, positions, padding)
+        ref_rows, ref_g = _rows_reference(uids, positions, padding)
+        assert rows.tolist() == ref_rows and g.tolist() == ref_g
+        assert g.dtype == np.int64
+    rows, g = trajectory_rows(["u1", "pad9", "u0"], positions)  # no tags: the pad uid alone decides
+    assert rows.tolist() == [0, 2] and g.tolist() == [1, 0]
+
+
+def test_trajectory_rows_refuses_an_unplanned_uid_but_skips_tagged_padding() -> None:
+    positions = {"a": 0, "b": 1}
+    with pytest.raises(RuntimeError, match="'zz' was not planned"):
+        trajectory_rows(["a", "zz", "b"], positions)
+    rows, g = trajectory_rows(["a", "zz", "b"], positions, [False, True, False])
+    assert rows.tolist() == [0, 2] and g.tolist() == [0, 1]
+    with pytest.raises(ValueError, match="one flag per row"):
+        trajectory_rows(["a", "b"], positions, [False])
+
+
+def test_group_multipliers_give_each_group_its_rows_value() -> None:
+    c = ctrl()
+    c.prompt.update(np.arange(10), np.linspace(1.0, 0.0, 10))  # non-uniform weights
+    uids = np.arange(10)
+    c.classifier.observe(uids, np.array([0, 1, 2, 3, 5, 8, 12, 20, 40, 70]), np.full(10, 100))  # several bins
+    plan = c.before_generation(uids)
+    assert len(set(plan.bins.tolist())) > 4
+    positions = {f"v{p}": int(p) for p in plan.positions}
+    g = np.repeat(plan.positions, plan.rollout_n)
+    g = g[g != 3]  # prompt 3's generation failed: no rows
+    mult = c.advantage_multipliers(g)
+    table = group_multipliers(positions, g, mult)
+    assert list(table) == list(positions)
+    for uid, p in positions.items():
+        expected = mult[g == p]
+        assert table[uid] == (expected[0] if expected.size else 1.0)
+        assert np.all(expected == table[uid])
+    assert len(set(table.values())) > 3
+    with gdro_step(table) as step:  # what the estimator reads back per row
+        np.testing.assert_array_equal(step.lookup([f"v{p}" for p in g]), mult)
+
+
+@pytest.mark.parametrize(
+    ("group", "mode"),
+    [
+        ({}, "Prompt-GDRO"),  # the package default: Prompt-GDRO on, Rollout-GDRO off
+        ({"rollout": {"enable": True}}, "joint"),  # rollout.enable alone leaves Prompt-GDRO on
+        ({"prompt": {"enable": False}, "rollout": {"enable": True}}, "Rollout-GDRO"),
+        ({"prompt": {"enable": False}}, "GRPO"),
+        ({"enable": False}, "GRPO"),
+    ],
+)
+def test_mode_line_names_the_adversaries_and_key_settings(group: dict, mode: str) -> None:
+    settings = resolve_gdro(group)
+    assert mode_name(settings) == mode
+    line = describe_mode(settings, rollout_n=4)
+    assert "\n" not in line and line.startswith(f"verl-gdro mode: {mode}")
+    if group.get("enable", True):
+        assert "preset robust" in line and "classifier: 10 bins" in line
+    assert ("prompt: reweight, loss failure_rate, eta 0.65" in line) == (mode in ("Prompt-GDRO", "joint"))
+    assert ("rollout: bandit/expected_informative/auto, n 2..12, mean n 4" in line) == (mode in ("Rollout-GDRO", "joint"))
+    if mode == "joint":
+        assert "set it false for Rollout-GDRO alone" in line
+    paper = describe_mode(resolve_gdro({**group, "preset": "paper"}))
+    assert ("preset paper" in paper) == group.get("enable", True)

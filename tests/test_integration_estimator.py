@@ -194,3 +194,30 @@ def test_bad_gdro_key_in_algorithm_group_is_refused(grpo_batch) -> None:
     data = grpo_batch([3, 3], seed=22)
     with pytest.raises(ValueError, match=r"^gdro.prompt.etaa is not a known key"):
         advantages(data, "gdro_grpo", prompt={"etaa": 1.0})
+
+
+def test_open_step_settings_replace_the_config_group(grpo_batch) -> None:
+    """issue 13: the GDRO trainer hands its resolved settings to the step, so the estimator does
+    not resolve and validate algorithm.gdro again on every step; the step's settings then rule."""
+    from verl_gdro.integration.config import resolve_gdro
+
+    data = grpo_batch(SIZES, seed=3)
+    uids = sorted(set(data.non_tensor_batch["uid"].tolist()))
+    ref = advantages(data, "gdro_grpo", advantage_clip=0.25)
+    with gdro_step({u: 1.0 for u in uids}, settings=resolve_gdro({"advantage_clip": 0.25})):
+        got = advantages(data, "gdro_grpo")  # the config group has no clip
+    assert torch.equal(got, ref)
+    assert float(got.abs().max()) == pytest.approx(0.25)
+
+
+def test_gdro_step_per_row_values_must_agree_within_a_uid() -> None:
+    with gdro_step(uids=["a", "b", "a", "b"], values=[2.0, 0.5, 2.0, 0.5]) as step:
+        assert dict(step.multipliers) == {"a": 2.0, "b": 0.5}
+        np.testing.assert_array_equal(step.lookup(np.array(["b", "a", "pad1"], dtype=object)), [0.5, 2.0, 1.0])
+    with pytest.raises(ValueError, match=r"uid 'b' has two different multipliers \(0.5 and 0.25\)"), \
+            gdro_step(uids=["a", "b", "a", "b"], values=[2.0, 0.5, 2.0, 0.25]):
+        pass
+    with pytest.raises(ValueError, match="finite and >= 0; uid 'b'"), gdro_step(uids=["a", "b"], values=[1.0, -1.0]):
+        pass
+    with pytest.raises(ValueError, match="finite and >= 0; uid 'x'"), gdro_step({"w": 1.0, "x": float("nan")}):
+        pass

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from verl_gdro.metrics import (
     METRIC_NAMES,
     PER_BIN_METRICS,
+    PRESENT_ONLY_METRICS,
     SCALAR_METRICS,
     bin_accuracy,
     bin_key,
@@ -20,6 +21,7 @@ from verl_gdro.metrics import (
     lead_lag,
     metric_keys,
     per_bin_series,
+    step_keys,
     step_metrics,
     weight_entropy,
     weighted_shares,
@@ -141,23 +143,33 @@ def test_step_metrics_hand_case_end_to_end() -> None:
     assert all(isinstance(v, float) for v in m.values())
 
 
-def test_absent_bins_are_zero_and_everything_finite() -> None:
-    m = step_metrics(4, [1, 1], [1, 2], [4, 4], bin_losses=[9.0, 0.5, 9.0, 9.0])
+def test_absent_bins_log_true_zeros_and_no_averages() -> None:
+    # issue 13: a per-bin average (weight, loss, acc, n) of a bin absent from the step has no
+    # value; logging a placeholder made every mean over steps in wandb/TensorBoard wrong
+    m = step_metrics(4, [1, 1], [1, 2], [4, 4], prompt_weights=[3.0, 0.5, 7.0, 7.0], bin_losses=[9.0, 0.5, 9.0, 9.0])
+    assert set(PRESENT_ONLY_METRICS) == {"prompt_weight", "loss", "acc", "rollout_n"}
     for b in (0, 2, 3):
-        for name in ("prompt_share", "count", "acc", "rollout_n", "budget_share", "loss"):
+        for name in ("prompt_share", "count", "budget_share"):
             assert m[bin_key(name, b)] == 0.0, (name, b)
-    assert m["gdro/loss/bin_1"] == 0.5
+        for name in PRESENT_ONLY_METRICS:
+            assert bin_key(name, b) not in m, (name, b)
+        for name in ("q", "score", "omega"):  # controller state: defined for every bin
+            assert bin_key(name, b) in m
+    assert m["gdro/loss/bin_1"] == 0.5 and m["gdro/prompt_weight/bin_1"] == 0.5
+    assert list(m) == step_keys([0, 2, 0, 0])
+    assert set(m) < set(metric_keys(4))
+    np.testing.assert_array_equal(per_bin_series(m, "rollout_n", 4), [np.nan, 4.0, np.nan, np.nan])
     assert m["gdro/mu_data"] == 1.0 and m["gdro/lead_lag"] == 0.0
     assert all(np.isfinite(v) for v in m.values())
 
 
 def test_empty_step_and_adversaries_off_give_neutral_finite_values() -> None:
     m = step_metrics(5, [], [], [])
-    assert list(m) == metric_keys(5)
+    assert list(m) == step_keys(np.zeros(5))
     assert all(np.isfinite(v) for v in m.values())
     assert m["gdro/num_prompts"] == 0.0 and m["gdro/wse"] == 0.0
     off = step_metrics(5, [0, 4], [1, 1], [4, 4])
-    np.testing.assert_allclose(per_bin_series(off, "prompt_weight", 5), 1.0)
+    np.testing.assert_allclose(per_bin_series(off, "prompt_weight", 5)[[0, 4]], 1.0)
     np.testing.assert_allclose(per_bin_series(off, "q", 5), 0.2)
     np.testing.assert_allclose(per_bin_series(off, "omega", 5), 1.0)
     assert off["gdro/weight_entropy"] == pytest.approx(math.log(5))
@@ -219,10 +231,30 @@ def test_metrics_always_finite_and_shares_sum_to_one(case) -> None:
     n = np.array([p[1] for p in prompts], dtype=np.float64)
     succ = np.floor(np.array([p[2] for p in prompts]) * n)
     m = step_metrics(B, bins, succ, n, prompt_weights=np.array(weights))
-    assert list(m) == metric_keys(B)
+    assert list(m) == step_keys(np.bincount(bins, minlength=B))
     assert all(np.isfinite(v) for v in m.values())
     if prompts:
         assert per_bin_series(m, "prompt_share", B).sum() == pytest.approx(1.0)
         assert per_bin_series(m, "budget_share", B).sum() == pytest.approx(1.0)
         assert 0.0 <= m["gdro/mu_data"] <= B - 1 and 0.0 <= m["gdro/mu_weight"] <= B - 1
         assert m["gdro/mean_n"] * len(prompts) == pytest.approx(n.sum())
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(1, 10), st.lists(st.tuples(st.integers(0, 9), st.integers(1, 12), st.floats(0.0, 1.0)), max_size=40))
+def test_step_metrics_per_bin_values_are_exactly_those_of_the_helpers(B: int, prompts: list) -> None:
+    """step_metrics shares the helpers' bincounts (issue 13, per-step cost); the logged values
+    must stay bit-identical to bin_shares / bin_accuracy / bin_rollouts."""
+    bins = np.array([p[0] % B for p in prompts], dtype=np.int64)
+    n = np.array([p[1] for p in prompts], dtype=np.float64)
+    succ = np.floor(np.array([p[2] for p in prompts]) * n)
+    m = step_metrics(B, bins, succ, n)
+    shares, counts = bin_shares(bins, B)
+    acc = bin_accuracy(bins, succ, n, B)
+    n_b, budget = bin_rollouts(bins, n, B)
+    present = counts > 0
+    for name, ref, only_present in (("prompt_share", shares, False), ("count", counts, False), ("acc", acc, True),
+                                    ("rollout_n", n_b, True), ("budget_share", budget, False)):
+        got = per_bin_series(m, name, B)
+        keep = present if only_present else np.ones(B, dtype=bool)
+        np.testing.assert_array_equal(got[keep], np.asarray(ref, dtype=np.float64)[keep], err_msg=name)

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from verl_gdro.metrics import metric_keys, step_metrics
+from verl_gdro.metrics import metric_keys, step_keys, step_metrics
 from verl_gdro.plots import HEATMAPS, draw_all, load_series, num_bins_of, series_matrix
 
 B = 5
@@ -50,7 +50,8 @@ def _write_verl_file_logger(path, monkeypatch):
 
 def test_metric_names_are_those_of_the_trainer():
     rows = _rows()
-    assert set(metric_keys(B)) <= set(rows[0])
+    assert set(metric_keys(B)) <= set(rows[0])  # every bin present at step 0
+    assert set(rows[1]) == set(step_keys([rows[1][f"gdro/count/bin_{b}"] for b in range(B)]))
     assert num_bins_of(rows) == B
 
 
@@ -61,7 +62,20 @@ def test_heatmap_matrix_masks_absent_bins():
     assert np.all(np.isnan(mat[4, 1::2]))  # bin 4 absent at odd steps
     np.testing.assert_allclose(np.nansum(mat, axis=0), 1.0)
     # Prompt-GDRO state is defined for every bin: never masked
-    assert not np.isnan(series_matrix(rows, "prompt_weight", B)).any()
+    assert not np.isnan(series_matrix(rows, "q", B)).any()
+
+
+def test_prompt_weight_of_absent_bins_is_masked_in_new_and_old_files():
+    # issue 13: the weight of a bin absent from a step means nothing; new rows omit it, rows
+    # logged before the change carry a placeholder that the plot must hide the same way
+    rows = _rows()
+    assert "gdro/prompt_weight/bin_4" not in rows[1]
+    old = [{**r, **{f"gdro/{m}/bin_4": 1.0 for m in ("prompt_weight", "rollout_n", "acc", "loss")}} for r in rows]
+    absent = series_matrix(rows, "count", B, mask_absent=False) == 0
+    assert absent[4, 1::2].all()
+    for rs in (rows, old):
+        for metric in ("prompt_weight", "rollout_n", "acc", "loss"):
+            np.testing.assert_array_equal(np.isnan(series_matrix(rs, metric, B)), absent, err_msg=metric)
 
 
 def test_demo_jsonl_draws_every_figure(tmp_path):

@@ -3,6 +3,11 @@
 Each subcommand lives in its own module, which exposes ``add_arguments(parser)`` and
 ``main(args) -> int``; modules are imported lazily so that ``verl-gdro plot`` does not pay for
 torch and ``verl-gdro simulate`` needs numpy only.
+
+Bad input gets one line and exit status 2, as argparse answers a bad flag: argparse's own errors,
+and every :class:`verl_gdro.errors.UsageError` a subcommand raises while it reads and validates
+its input (``verl-gdro <cmd>: error: <the key or flag, and what is allowed>``). Any other exception
+is a crash and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -10,6 +15,8 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+
+from verl_gdro.errors import UsageError
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("verl_gdro.demo.run", "CPU demo: GRPO vs Prompt-GDRO vs Rollout-GDRO on a tiny model"),
@@ -43,7 +50,11 @@ def main(argv: list[str] | None = None) -> int:
         # Import again to surface the real error.
         importlib.import_module(args._module)
     mod = importlib.import_module(args._module)
-    return int(mod.main(args) or 0)
+    try:
+        return int(mod.main(args) or 0)
+    except UsageError as e:
+        print(f"verl-gdro {args.command}: error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

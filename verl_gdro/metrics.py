@@ -6,13 +6,17 @@ apart. All keys live under ``gdro/``; per-bin metrics are flattened as ``gdro/<n
 (e.g. ``gdro/prompt_share/bin_3``), which every logger (console, wandb, tensorboard, verl's
 ``file`` JSONL) accepts as a scalar.
 
-Every value is a finite float, always: loggers and the CPU end-to-end test check finiteness.
-Decisions for bins absent from a step (documented in docs/algorithm.md):
+Every logged value is a finite float, always: loggers and the CPU end-to-end test check
+finiteness. Decisions for bins absent from a step (documented in docs/algorithm.md):
 
-- share, count, acc, rollout_n, budget_share and loss are 0 (there is nothing to average; a NaN
-  would break loggers). ``gdro/count/bin_<b>`` (prompts of the bin in the step) tells a plot
-  which zeros mean "absent" so it can mask them.
-- Prompt-GDRO's state (prompt_weight, q, score, omega) is defined for every bin and logged as is.
+- The per-step averages of a bin's prompts, :data:`PRESENT_ONLY_METRICS` (prompt_weight, loss,
+  acc, rollout_n), are **not logged** for an absent bin: there is nothing to average, and a
+  placeholder (the 0 or the unused multiplier logged before) made every mean over steps in
+  wandb / TensorBoard wrong unless the reader masked it with ``gdro/count``. A missing key is
+  what every logger skips; :func:`step_keys` lists the keys of one step.
+- share, count and budget_share are 0 for an absent bin: true values, whose mean over steps is
+  the bin's mean share.
+- Prompt-GDRO's state (q, score, omega) is defined for every bin and logged as is.
 - When an adversary is off, its inputs are omitted and the neutral values are logged: weight 1,
   q = 1/B, score 0, omega 1, loss 0, shadow price 0.
 
@@ -21,7 +25,9 @@ numpy only: no verl, no torch.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
+from functools import lru_cache
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -30,6 +36,7 @@ __all__ = [
     "METRIC_NAMES",
     "PER_BIN_METRICS",
     "PREFIX",
+    "PRESENT_ONLY_METRICS",
     "SCALAR_METRICS",
     "bin_accuracy",
     "bin_key",
@@ -39,6 +46,7 @@ __all__ = [
     "mean_bin_index",
     "metric_keys",
     "per_bin_series",
+    "step_keys",
     "step_metrics",
     "weight_entropy",
     "weighted_shares",
@@ -80,21 +88,50 @@ SCALAR_METRICS: tuple[str, ...] = (
 #: Every metric's short name; full keys come from :func:`metric_keys`.
 METRIC_NAMES: tuple[str, ...] = PER_BIN_METRICS + SCALAR_METRICS
 
+#: Per-bin metrics that average over the bin's prompts of the step: logged for present bins only.
+PRESENT_ONLY_METRICS: tuple[str, ...] = ("prompt_weight", "loss", "acc", "rollout_n")
+
 
 def bin_key(name: str, b: int) -> str:
     """The logged key of per-bin metric ``name`` for bin ``b``: ``gdro/<name>/bin_<b>``."""
     return f"{PREFIX}{name}/bin_{int(b)}"
 
 
+@lru_cache(maxsize=16)
+def _key_table(num_bins: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(per-bin keys in :data:`PER_BIN_METRICS` x bin order, scalar keys), built once per B.
+
+    step_metrics runs every training step; formatting ~100 f-strings each time was a measurable
+    part of the fixed per-step cost (benchmarks/overhead.py).
+    """
+    per_bin = tuple(bin_key(name, b) for name in PER_BIN_METRICS for b in range(num_bins))
+    return per_bin, tuple(PREFIX + name for name in SCALAR_METRICS)
+
+
 def metric_keys(num_bins: int) -> list[str]:
-    """Every key :func:`step_metrics` returns for ``num_bins`` bins, in a stable order."""
-    keys = [bin_key(name, b) for name in PER_BIN_METRICS for b in range(num_bins)]
-    return keys + [PREFIX + name for name in SCALAR_METRICS]
+    """Every key :func:`step_metrics` can return for ``num_bins`` bins, in a stable order.
+
+    A step where every bin is present logs all of them; otherwise the
+    :data:`PRESENT_ONLY_METRICS` of absent bins are left out (:func:`step_keys`).
+    """
+    per_bin, scalars = _key_table(int(num_bins))
+    return [*per_bin, *scalars]
+
+
+def step_keys(counts: ArrayLike) -> list[str]:
+    """The keys :func:`step_metrics` returns for a step whose bins hold ``counts`` prompts
+    (``gdro/count/bin_<b>``), in the order it returns them."""
+    c = np.asarray(counts)
+    present = c > 0
+    per_bin, scalars = _key_table(int(c.shape[0]))
+    mask = np.concatenate([present if name in PRESENT_ONLY_METRICS else np.ones_like(present) for name in PER_BIN_METRICS])
+    return [k for k, keep in zip(per_bin, mask.tolist()) if keep] + list(scalars)
 
 
 def per_bin_series(metrics: Mapping[str, float], name: str, num_bins: int) -> NDArray[np.float64]:
-    """Read per-bin metric ``name`` back from a logged row as an array [B] (for plots)."""
-    return np.array([float(metrics[bin_key(name, b)]) for b in range(num_bins)])
+    """Read per-bin metric ``name`` back from a logged row as an array [B]; NaN where the key is
+    missing (a :data:`PRESENT_ONLY_METRICS` entry of a bin absent from the step)."""
+    return np.array([float(metrics.get(bin_key(name, b), np.nan)) for b in range(num_bins)])
 
 
 # --------------------------------------------------------------------------------------------
@@ -243,25 +280,33 @@ def step_metrics(
     if s.size and (s.min() < 0 or np.any(s > nn)):
         raise ValueError("successes must lie in [0, n] for every prompt")
 
-    w = _per_bin("prompt_weights", prompt_weights, B, 1.0)
-    qq = _per_bin("q", q, B, 1.0 / B)
-    sc = _per_bin("scores", scores, B, 0.0)
-    om = _per_bin("omega", omega, B, 1.0)
-    loss = _per_bin("bin_losses", bin_losses, B, 0.0)
+    given = {"prompt_weights": prompt_weights, "q": q, "scores": scores, "omega": omega, "bin_losses": bin_losses}
+    w, qq, sc, om, loss = per_bin_inputs = [
+        _per_bin(name, given[name], B, default, check_finite=False)
+        for name, default in (("prompt_weights", 1.0), ("q", 1.0 / B), ("scores", 0.0), ("omega", 1.0), ("bin_losses", 0.0))
+    ]
+    if not np.isfinite(per_bin_inputs).all():  # one check for the five; the slow path names the argument
+        for name in given:
+            _per_bin(name, given[name], B, 0.0)
     for name, value in (("shadow_price", shadow_price), ("controller_time_s", controller_time_s)):
-        if not np.isfinite(float(value)):
+        if not math.isfinite(float(value)):
             raise ValueError(f"{name} must be finite, got {value!r}")
 
-    shares, counts = bin_shares(b, B)
-    acc = bin_accuracy(b, s, nn, B)
-    n_b, budget_share = bin_rollouts(b, nn, B)
+    # bin_shares, bin_accuracy and bin_rollouts with their three bincounts shared (same arithmetic)
+    counts = np.bincount(b, minlength=B).astype(np.int64)
+    total = counts.sum()
+    shares = counts / total if total > 0 else np.zeros(B)
+    trials_b = np.bincount(b, weights=nn, minlength=B)
+    acc = np.divide(np.bincount(b, weights=s, minlength=B), trials_b, out=np.zeros(B), where=trials_b > 0)
+    n_b = np.divide(trials_b, counts, out=np.zeros(B), where=counts > 0)
+    total_n = trials_b.sum()
+    budget_share = trials_b / total_n if total_n > 0 else np.zeros(B)
     mean_n = float(nn.mean()) if nn.size else 0.0
     nbar = mean_n if n_mean is None else float(n_mean)
     if not (np.isfinite(nbar) and (nbar > 0 or nn.size == 0)):
         raise ValueError(f"n_mean must be a positive finite number, got {n_mean!r}")
     mu_data, mu_weight, lag = lead_lag(shares, w)
 
-    out: dict[str, float] = {}
     per_bin = {
         "prompt_share": shares,
         "count": counts.astype(np.float64),
@@ -274,10 +319,6 @@ def step_metrics(
         "rollout_n": n_b,
         "budget_share": budget_share,
     }
-    for name in PER_BIN_METRICS:
-        values = per_bin[name]
-        for i in range(B):
-            out[bin_key(name, i)] = float(values[i])
     scalars = {
         "mu_data": mu_data,
         "mu_weight": mu_weight,
@@ -293,8 +334,19 @@ def step_metrics(
         "dropped_nonfinite": float(dropped_nonfinite),
         "dropped_nonfinite_total": float(dropped_nonfinite_total),
     }
-    for name in SCALAR_METRICS:
-        out[PREFIX + name] = float(scalars[name])
+    # One array and one tolist() for the B x |PER_BIN_METRICS| values, with the keys built once per
+    # B: the same floats as converting each value on its own, without ~100 f-strings per step.
+    per_bin_keys, scalar_keys = _key_table(B)
+    values = np.concatenate([np.asarray(per_bin[name], dtype=np.float64) for name in PER_BIN_METRICS]).tolist()
+    present = counts > 0
+    if present.all():
+        out = dict(zip(per_bin_keys, values))
+    else:
+        keep = np.concatenate(
+            [present if name in PRESENT_ONLY_METRICS else np.ones(B, dtype=bool) for name in PER_BIN_METRICS]
+        ).tolist()
+        out = {k: v for k, v, ok in zip(per_bin_keys, values, keep) if ok}
+    out.update(zip(scalar_keys, (float(scalars[name]) for name in SCALAR_METRICS)))
     return out
 
 
@@ -317,12 +369,14 @@ def _finite_array(name: str, values: ArrayLike, length: int) -> NDArray[np.float
     return a
 
 
-def _per_bin(name: str, values: ArrayLike | None, num_bins: int, default: float) -> NDArray[np.float64]:
+def _per_bin(
+    name: str, values: ArrayLike | None, num_bins: int, default: float, check_finite: bool = True
+) -> NDArray[np.float64]:
     if values is None:
         return np.full(num_bins, default)
     a = np.asarray(values, dtype=np.float64)
     if a.shape != (num_bins,):
         raise ValueError(f"{name} must have shape ({num_bins},), got {a.shape}")
-    if not np.all(np.isfinite(a)):
+    if check_finite and not np.all(np.isfinite(a)):
         raise ValueError(f"{name} must be finite")
     return a

@@ -31,6 +31,7 @@ import numpy as np
 
 __all__ = [
     "HEATMAPS",
+    "STATE_METRICS",
     "add_arguments",
     "draw_all",
     "load_series",
@@ -110,16 +111,28 @@ def num_bins_of(rows: Iterable[Mapping[str, Any]]) -> int:
     return max(bins) + 1
 
 
+#: Per-bin metrics that are controller state, defined for every bin whether or not it is in the step.
+STATE_METRICS = ("q", "score", "omega")
+
+
 def series_matrix(rows: Sequence[Mapping[str, Any]], metric: str, num_bins: int, mask_absent: bool = True) -> np.ndarray:
-    """[num_bins, steps] matrix of per-bin ``metric``; NaN where missing or (masked) the bin was absent."""
+    """[num_bins, steps] matrix of per-bin ``metric``; NaN where the key is missing or (masked) the
+    bin was absent from the step (``gdro/count/bin_<b>`` == 0).
+
+    Everything but the controller state (:data:`STATE_METRICS`) is masked for absent bins, the
+    Prompt-GDRO weight included: the trainer no longer logs the per-step averages of absent bins
+    (``verl_gdro.metrics.PRESENT_ONLY_METRICS``), and files written before that carry a
+    placeholder there (the unused multiplier, or 0), which the mask hides the same way.
+    """
     mat = np.full((num_bins, len(rows)), np.nan)
+    masked = mask_absent and metric not in STATE_METRICS
     for j, r in enumerate(rows):
         for b in range(num_bins):
             v = r.get(f"gdro/{metric}/bin_{b}")
             if v is None:
                 continue
             count = r.get(f"gdro/count/bin_{b}")
-            if mask_absent and count is not None and float(count) == 0 and metric not in ("prompt_weight", "q", "score", "omega"):
+            if masked and count is not None and float(count) == 0:
                 continue
             mat[b, j] = float(v)
     return mat
@@ -210,8 +223,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    from verl_gdro.errors import usage_errors
+
     src = Path(args.source)
-    series = load_series(src, args.name)
+    with usage_errors():  # missing file, not JSONL, no gdro/ rows: one line, exit 2
+        series = load_series(src, args.name)
     if args.out:
         out = Path(args.out)
     elif src.is_dir():

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from verl_gdro.classifier import OnlineDifficultyClassifier
+from verl_gdro.errors import positive_int
 from verl_gdro.metrics import step_metrics
 from verl_gdro.presets import preset_value
 from verl_gdro.prompt_gdro import PromptGDRO, failure_rate_loss
@@ -139,7 +140,7 @@ def _describe_step(method: str, step: int, bins: np.ndarray, n: np.ndarray, w_bi
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--steps", type=int, default=SimConfig.steps)
+    parser.add_argument("--steps", type=positive_int, default=SimConfig.steps)
     parser.add_argument("--seed", type=int, default=SimConfig.seed)
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
     parser.add_argument("--json", action="store_true", help="print the final table as JSON")

@@ -36,6 +36,8 @@ from typing import Any
 
 import yaml
 
+from verl_gdro.errors import UsageError
+
 from .config import DEFAULT_METHODS, METHODS, DemoConfig, parse_method
 
 __all__ = ["add_arguments", "add_study_arguments", "main", "main_study", "run_demo"]
@@ -137,8 +139,15 @@ def _split_methods(arg: str) -> list[str]:
     return arg.split(",")
 
 
+def _read_config(args: argparse.Namespace) -> DemoConfig:
+    from verl_gdro.errors import usage_errors
+
+    with usage_errors(yaml.YAMLError):  # bad --set / --gdro / --methods / --task: one line, exit 2
+        return _config_from_args(args)
+
+
 def main(args: argparse.Namespace) -> int:
-    cfg = _config_from_args(args)
+    cfg = _read_config(args)
     default = "demo-quick" if args.quick else "demo"
     out = Path(args.out) if args.out else Path("runs") / default
     results = run_demo(cfg, out, resume=bool(args.resume), plots=not args.no_plots, progress=not args.no_progress)
@@ -148,7 +157,7 @@ def main(args: argparse.Namespace) -> int:
 
 
 def main_study(args: argparse.Namespace) -> int:
-    cfg = _config_from_args(args)
+    cfg = _read_config(args)
     out = Path(args.out) if args.out else Path("runs") / f"study-{cfg.task}{'-quick' if args.quick else ''}"
     results = run_demo(cfg, out, resume=not args.fresh, plots=not args.no_plots, progress=not args.no_progress)
     print(f"\nresults: {out / 'results.md'}")
@@ -185,6 +194,8 @@ def _run_one(cfg: DemoConfig, out: str, method: str, seed: int, resume: bool) ->
     import numpy as np
     import torch
 
+    from verl_gdro.integration.controller import describe_mode
+
     from .task import make_eval_set, make_train_set
     from .tokenizer import CharTokenizer
     from .train import MethodRun, evaluate
@@ -197,7 +208,7 @@ def _run_one(cfg: DemoConfig, out: str, method: str, seed: int, resume: bool) ->
     if done_path.exists():
         res = json.loads(done_path.read_text())
         if res.get("spec", spec) != spec:
-            raise ValueError(
+            raise UsageError(
                 f"--methods {spec!r}: {done_path} holds a run of {res['spec']!r} under the same label; use another label"
             )
         return res
@@ -214,7 +225,7 @@ def _run_one(cfg: DemoConfig, out: str, method: str, seed: int, resume: bool) ->
     if resume and ckpt_path.exists():
         blob = torch.load(ckpt_path, map_location="cpu", weights_only=False)
         if blob.get("spec", spec) != spec:
-            raise ValueError(f"--methods {spec!r}: {ckpt_path} is a run of {blob['spec']!r}; use another label")
+            raise UsageError(f"--methods {spec!r}: {ckpt_path} is a run of {blob['spec']!r}; use another label")
         run.load_state_dict(blob["run"])
         wall, eval_s, curve = float(blob.get("wall_s", 0.0)), float(blob.get("eval_s", 0.0)), blob["curve"]
     _truncate_metrics(metrics_path, run.step)
@@ -283,7 +294,7 @@ def run_demo(cfg: DemoConfig, out: Path, resume: bool = False, plots: bool = Tru
         saved, mine = json.loads(cfg_path.read_text()), cfg.to_dict()
         diff = sorted(k for k in set(saved) | set(mine) if k not in ("methods", "seeds") and saved.get(k) != mine.get(k))
         if diff:
-            raise ValueError(f"--out {out}: written with a different configuration ({', '.join(diff)}); use a new --out")
+            raise UsageError(f"--out {out}: written with a different configuration ({', '.join(diff)}); use a new --out")
     elif not resume:
         # a fresh run: never mix rows of an earlier run into this one
         stale = [out / "metrics.jsonl", *(out / "metrics").glob("*.jsonl"), *(out / "ckpt").glob("*.pt")]
@@ -317,6 +328,13 @@ def run_demo(cfg: DemoConfig, out: Path, resume: bool = False, plots: bool = Tru
     )
 
     labels = [parse_method(m)[0] for m in cfg.methods]
+    from verl_gdro.integration.config import resolve_gdro
+    from verl_gdro.integration.controller import describe_mode
+
+    from .config import method_gdro_group
+
+    for label in labels:
+        log(f"{label}: {describe_mode(resolve_gdro(method_gdro_group(cfg.method_spec(label), 0, cfg.gdro)), cfg.n_mean)}")
     # paired seeds: all methods of seed 0 first, so a partial study already has complete pairs
     jobs = [(label, seed) for seed in range(cfg.seeds) for label in labels]
     results: dict[tuple[str, int], dict] = {}

@@ -84,9 +84,12 @@ def evaluate_runs(
 
 def main(args: argparse.Namespace) -> int:
     """Print (and optionally write) the Table 1 Markdown."""
-    results = evaluate_runs(
-        args.run, k=args.k, step=args.step, val_files=args.val_files, n_expected=args.n_expected
-    )
+    from verl_gdro.errors import usage_errors
+
+    with usage_errors(FileNotFoundError):  # a missing dump or a malformed one: one line, exit 2
+        results = evaluate_runs(
+            args.run, k=args.k, step=args.step, val_files=args.val_files, n_expected=args.n_expected
+        )
     paper = PAPER_TABLE1[args.paper_model] if args.paper_model else None
     text = markdown_table(results, baseline=args.baseline, k=args.k, paper_rows=paper)
     if args.details:

@@ -18,10 +18,11 @@ import contextvars
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-__all__ = ["GDROStep", "PADDING_UID_PREFIX", "current_step", "gdro_step", "is_padding_uid"]
+__all__ = ["GDROStep", "PADDING_UID_PREFIX", "current_step", "gdro_step", "is_padding_uid", "uid_keys"]
 
 # verl's _balance_batch pads with zero-mask rows whose uid is f"pad{uuid4().hex}" (padding_utils.py).
 PADDING_UID_PREFIX = "pad"
@@ -32,11 +33,26 @@ def is_padding_uid(uid: object) -> bool:
     return str(uid).startswith(PADDING_UID_PREFIX)
 
 
+def uid_keys(index: Sequence[object]) -> list[str]:
+    """verl's per-row ``uid`` values as a list of str, in one C-level pass (a per-row Python loop
+    here and in the estimator was part of GDRO's fixed per-step cost, benchmarks/overhead.py)."""
+    if isinstance(index, np.ndarray):
+        index = index.tolist()
+    return list(map(str, index))
+
+
 @dataclass(frozen=True)
 class GDROStep:
-    """The multiplier of every prompt group of one advantage computation, keyed by verl ``uid``."""
+    """The multiplier of every prompt group of one advantage computation, keyed by verl ``uid``.
+
+    ``settings`` (optional): the caller's resolved ``gdro`` settings
+    (:class:`verl_gdro.integration.config.GDROSettings`). The GDRO trainer validated at init that
+    ``algorithm.gdro`` equals them, so the estimator uses them instead of resolving and validating
+    its config group again on every step.
+    """
 
     multipliers: Mapping[str, float]
+    settings: Any = None
 
     def lookup(self, index: Sequence[object]) -> np.ndarray:
         """Per-row multipliers for verl's ``index`` (uid) array; padding groups get 1.
@@ -44,20 +60,18 @@ class GDROStep:
         A non-padding uid without a multiplier is a bug in the caller (a prompt the trainer never
         planned), so it raises instead of silently training that prompt unweighted.
         """
-        out = np.empty(len(index), dtype=np.float64)
-        for i, uid in enumerate(index):
-            key = str(uid)
-            value = self.multipliers.get(key)
-            if value is None:
-                if is_padding_uid(key):
-                    value = 1.0
-                else:
-                    raise KeyError(
-                        f"gdro_grpo: no Prompt-GDRO multiplier for uid {key!r}; the open gdro_step() does not "
-                        "cover this batch (was the batch planned by the GDRO trainer?)"
-                    )
-            out[i] = value
-        return out
+        keys = uid_keys(index)
+        values = list(map(self.multipliers.get, keys))
+        if None in values:
+            for i, key in enumerate(keys):
+                if values[i] is None:
+                    if not is_padding_uid(key):
+                        raise KeyError(
+                            f"gdro_grpo: no Prompt-GDRO multiplier for uid {key!r}; the open gdro_step() does "
+                            "not cover this batch (was the batch planned by the GDRO trainer?)"
+                        )
+                    values[i] = 1.0
+        return np.array(values, dtype=np.float64).reshape(len(keys))
 
     def all_ones(self) -> bool:
         """True when every multiplier is exactly 1 (then the estimator leaves GRPO's bits untouched)."""
@@ -69,11 +83,13 @@ _CURRENT: contextvars.ContextVar[GDROStep | None] = contextvars.ContextVar("verl
 
 @contextmanager
 def gdro_step(multipliers: Mapping[str, float] | None = None, *, uids: Sequence[object] | None = None,
-              values: Sequence[float] | np.ndarray | None = None) -> Iterator[GDROStep]:
+              values: Sequence[float] | np.ndarray | None = None, settings: Any = None) -> Iterator[GDROStep]:
     """Open a step: the estimator applies these per-uid multipliers instead of running standalone.
 
     Either ``multipliers`` (uid -> multiplier) or parallel ``uids`` / ``values`` (one per prompt
-    group, or one per row: repeated uids must carry the same value). Steps do not nest.
+    group, or one per row: repeated uids must carry the same value). ``settings``: the resolved
+    ``gdro`` settings the estimator should use (see :class:`GDROStep`); ``None`` resolves them
+    from the estimator's config as standalone. Steps do not nest.
     """
     if multipliers is None:
         if uids is None or values is None:
@@ -81,20 +97,27 @@ def gdro_step(multipliers: Mapping[str, float] | None = None, *, uids: Sequence[
         vals = np.asarray(values, dtype=np.float64)
         if vals.ndim != 1 or len(vals) != len(uids):
             raise ValueError(f"gdro_step: uids ({len(uids)}) and values ({vals.shape}) must be parallel 1-D arrays")
-        table: dict[str, float] = {}
-        for uid, v in zip(uids, vals.tolist()):
-            key = str(uid)
-            if key in table and table[key] != v:
-                raise ValueError(f"gdro_step: uid {key!r} has two different multipliers ({table[key]} and {v})")
-            table[key] = v
+        keys = uid_keys(uids)
+        row_values = vals.tolist()
+        table: dict[str, float] = dict(zip(keys, row_values))
+        if len(table) != len(keys):  # repeated uids (one value per row): they must agree
+            back = np.fromiter(map(table.__getitem__, keys), dtype=np.float64, count=len(keys))
+            differ = np.flatnonzero(back != vals)  # NaN != NaN: flagged too, as before
+            if differ.size:
+                key = keys[int(differ[0])]
+                first = row_values[keys.index(key)]
+                second = next(v for k, v in zip(keys, row_values) if k == key and not v == first)
+                raise ValueError(f"gdro_step: uid {key!r} has two different multipliers ({first} and {second})")
     else:
-        table = {str(k): float(v) for k, v in multipliers.items()}
-    bad = [k for k, v in table.items() if not np.isfinite(v) or v < 0]
-    if bad:
-        raise ValueError(f"gdro_step: multipliers must be finite and >= 0; uid {bad[0]!r} has {table[bad[0]]}")
+        table = dict(zip(uid_keys(list(multipliers.keys())), map(float, multipliers.values())))
+    table_values = np.fromiter(table.values(), dtype=np.float64, count=len(table))
+    bad = np.flatnonzero(~np.isfinite(table_values) | (table_values < 0))
+    if bad.size:
+        key = list(table)[int(bad[0])]
+        raise ValueError(f"gdro_step: multipliers must be finite and >= 0; uid {key!r} has {table[key]}")
     if _CURRENT.get() is not None:
         raise RuntimeError("gdro_step: a step is already open (steps do not nest)")
-    step = GDROStep(multipliers=table)
+    step = GDROStep(multipliers=table, settings=settings)
     token = _CURRENT.set(step)
     try:
         yield step

@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -33,11 +34,12 @@ from numpy.typing import ArrayLike, NDArray
 
 from verl_gdro.classifier import MAX_TRIALS_PER_VISIT, OnlineDifficultyClassifier
 from verl_gdro.integration.config import GDROSettings, resolve_gdro
+from verl_gdro.integration.context import is_padding_uid
 from verl_gdro.metrics import PREFIX, step_metrics
 from verl_gdro.prompt_gdro import PromptGDRO, failure_rate_loss, surrogate_kl_loss, surrogate_loss
 from verl_gdro.rollout_gdro import FULL_INFORMATION_UTILITIES, RolloutGDRO, smoothed_rate
 
-__all__ = ["EXTRA_METRICS", "GDROController", "StepPlan"]
+__all__ = ["EXTRA_METRICS", "GDROController", "StepPlan", "describe_mode", "group_multipliers", "mode_name", "trajectory_rows"]
 
 logger = logging.getLogger(__name__)
 
@@ -244,7 +246,8 @@ class GDROController:
         trials = np.bincount(g, minlength=num_groups).astype(np.int64)
         successes = np.bincount(g, weights=correct, minlength=num_groups).astype(np.int64)
         present = trials > 0
-        incomplete = int(np.sum(present & (trials != self._n)) + np.sum(~present))
+        # planned n >= 1, so an absent prompt (0 trials) is also trials != n: one count for both
+        incomplete = int(np.count_nonzero(trials != self._n))
 
         losses = self._losses(g, correct, num_groups, response_mask, old_log_probs, ref_log_probs, advantages,
                               log_probs)
@@ -440,6 +443,96 @@ class GDROController:
 # ----------------------------------------------------------------------------------------------
 
 
+def mode_name(settings: GDROSettings) -> str:
+    """Which adversaries run: ``GRPO``, ``Prompt-GDRO``, ``Rollout-GDRO`` or ``joint``."""
+    prompt = settings.enable and settings.prompt.enable
+    rollout = settings.enable and settings.rollout.enable
+    if prompt and rollout:
+        return "joint"
+    return "Prompt-GDRO" if prompt else "Rollout-GDRO" if rollout else "GRPO"
+
+
+def describe_mode(settings: GDROSettings, rollout_n: int | None = None) -> str:
+    """One line naming the run's mode, preset and key settings, for the log at start.
+
+    ``gdro.prompt.enable`` defaults to true, so a user who sets only ``gdro.rollout.enable=true``
+    runs joint mode; the GDRO trainer (and the demo) print this line so the choice of adversaries
+    is visible before the first step, and it says how to get the other modes.
+    """
+    mode = mode_name(settings)
+    if not settings.enable:
+        return "verl-gdro mode: GRPO (gdro.enable=false: no classifier, no adversaries, no gdro/ metrics)"
+    c, p, r = settings.classifier, settings.prompt, settings.rollout
+    parts = [f"verl-gdro mode: {mode}"]
+    if mode == "joint":
+        parts[0] += " (Prompt-GDRO + Rollout-GDRO; gdro.prompt.enable defaults to true: set it false for Rollout-GDRO alone)"
+    elif mode == "GRPO":
+        parts[0] += " (both adversaries off: classifier and gdro/ metrics only)"
+    parts.append(f"preset {settings.preset}")
+    if p.enable:
+        parts.append(
+            f"prompt: {p.mode}, loss {p.loss_signal}, eta {p.eta:g}, max_weight {p.max_weight:g}"
+        )
+    if r.enable:
+        budget = "" if rollout_n is None else f", mean n {int(rollout_n)}"
+        parts.append(f"rollout: {r.allocator}/{r.arm_utility}/{r.selection}, n {r.n_min}..{r.n_max}{budget}")
+    elif rollout_n is not None:
+        parts.append(f"n {int(rollout_n)} per prompt")
+    parts.append(f"classifier: {c.num_bins} bins, window {c.window}, pass@{c.k}")
+    if settings.advantage_clip is not None:
+        parts.append(f"advantage_clip {settings.advantage_clip:g}")
+    return " | ".join(parts)
+
+
+def trajectory_rows(
+    uids: Sequence[str], positions: Mapping[str, int], padding: ArrayLike | None = None
+) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    """``(rows, group_index)`` of a fetched batch: its non-padding rows, and the plan position of
+    each one's prompt (``positions``: verl uid -> position, as the trainer recorded at planning).
+
+    A row is padding when ``padding`` (verl's ``is_padding`` tag per row) says so or its uid is one
+    of verl's padding uids; any other row whose uid was never planned raises (a trajectory of a
+    prompt the controller did not plan would silently skew its statistics). The GDRO trainer and
+    ``benchmarks/overhead.py`` share this. One C-level dict pass over the rows instead of three
+    per-row Python loops (padding test, uid -> position, row selection), which were part of GDRO's
+    fixed per-step cost.
+    """
+    pos = np.fromiter(map(positions.get, uids, repeat(-1)), dtype=np.int64, count=len(uids))
+    real = pos >= 0
+    if padding is not None:
+        tagged = np.asarray(padding, dtype=bool)
+        if tagged.shape != real.shape:
+            raise ValueError(f"padding must hold one flag per row ({real.size}), got shape {tagged.shape}")
+        real &= ~tagged
+    else:
+        tagged = np.zeros(real.shape, dtype=bool)
+    for i in np.flatnonzero((pos < 0) & ~tagged).tolist():  # unplanned: padding uids only (usually none)
+        if not is_padding_uid(uids[i]):
+            raise RuntimeError(f"verl-gdro: trajectory of prompt uid {uids[i]!r} was not planned by _next_train_batch")
+    rows = np.flatnonzero(real)
+    return rows, pos[rows]
+
+
+def group_multipliers(
+    positions: Mapping[str, int], group_index: ArrayLike, multipliers: ArrayLike
+) -> dict[str, float]:
+    """verl uid -> multiplier of each planned prompt group, for :func:`gdro_step`, from the per-row
+    ``multipliers`` of :meth:`GDROController.advantage_multipliers` (``group_index``: their rows'
+    plan positions).
+
+    Every row of a group carries its prompt's bin weight, so one value per group says the same as
+    one per row; handing ``gdro_step`` the groups (256 at 256 x 4) instead of the rows skips its
+    per-row consistency check. Planned prompts without any row (a failed generation) get 1.0: the
+    estimator never sees them.
+    """
+    g = np.asarray(group_index, dtype=np.int64)
+    m = np.asarray(multipliers, dtype=np.float64)
+    pos = np.fromiter(positions.values(), dtype=np.int64, count=len(positions))
+    per_position = np.ones(int(pos.max()) + 1 if pos.size else 0, dtype=np.float64)
+    per_position[g] = m
+    return dict(zip(positions.keys(), per_position[pos].tolist()))
+
+
 def _int_array(name: str, values: ArrayLike) -> NDArray[np.int64]:
     arr = np.asarray(values)
     if arr.ndim != 1:
@@ -469,6 +562,8 @@ def _acc_array(acc: ArrayLike, size: int) -> NDArray[np.float64]:
     a = np.asarray(acc, dtype=np.float64)
     if a.ndim != 1 or a.size != size:
         raise ValueError(f"acc must be 1-D with one value per trajectory ({size}), got shape {a.shape}")
+    if ((a >= 0.0) & (a <= 1.0)).all():  # the usual case in one pass (NaN fails both comparisons)
+        return (a >= 0.5).astype(np.float64)
     if a.size and not np.all(np.isfinite(a)):
         raise ValueError("acc must be finite for every trajectory (the reward's correctness, 0 or 1)")
     if a.size and (a.min() < 0.0 or a.max() > 1.0):

@@ -41,7 +41,7 @@ from verl.trainer.ppo import core_algos
 
 from verl_gdro.classifier import raw_bin
 from verl_gdro.integration.config import ESTIMATOR_NAME, GDROSettings, resolve_gdro
-from verl_gdro.integration.context import current_step, is_padding_uid
+from verl_gdro.integration.context import PADDING_UID_PREFIX, current_step, uid_keys
 from verl_gdro.prompt_gdro import PromptGDRO
 
 __all__ = ["ESTIMATOR_NAME", "compute_gdro_grpo_advantage", "reset_standalone", "standalone_state"]
@@ -106,16 +106,20 @@ def _norm_by_std(config: Any) -> bool:
         return bool(getattr(config, "norm_adv_by_std_in_grpo", True))
 
 
-def _group_ids(index: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(inverse group id per row, group sizes, is-padding per group) for verl's uid array."""
-    keys = [str(u) for u in index]
-    table: dict[str, int] = {}
-    inverse = np.empty(len(keys), dtype=np.int64)
-    for i, k in enumerate(keys):
-        inverse[i] = table.setdefault(k, len(table))
-    sizes = np.bincount(inverse, minlength=len(table))
-    padding = np.array([is_padding_uid(k) for k in table], dtype=bool)
-    return inverse, sizes, padding
+def _group_ids(index: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
+    """(inverse group id per row, group sizes, is-padding per group, uid per group) for verl's uid
+    array.
+
+    Groups are numbered in order of first appearance. Built with C-level passes (``dict.fromkeys``,
+    ``map``) rather than a per-row Python loop: this runs every step on every row.
+    """
+    keys = uid_keys(index)
+    groups = list(dict.fromkeys(keys))
+    table = dict(zip(groups, range(len(groups))))
+    inverse = np.fromiter(map(table.__getitem__, keys), dtype=np.int64, count=len(keys))
+    sizes = np.bincount(inverse, minlength=len(groups))
+    padding = np.fromiter((k.startswith(PADDING_UID_PREFIX) for k in groups), dtype=bool, count=len(groups))
+    return inverse, sizes, padding, groups
 
 
 def _standalone_multipliers(
@@ -175,7 +179,10 @@ def compute_gdro_grpo_advantage(
     """
     if index is None:
         raise ValueError("gdro_grpo needs the per-response uid (verl passes index=uid); got index=None")
-    settings = _settings_from(config)
+    step = current_step()
+    # Inside a GDRO trainer / demo step the caller hands over its resolved settings (validated at
+    # init to equal algorithm.gdro): resolving the group again cost ~0.1 ms per step.
+    settings = step.settings if step is not None and step.settings is not None else _settings_from(config)
     # verl's GRPO uses the mask only in its last line, ``scores.unsqueeze(-1) * response_mask``.
     # Handing it a [bs, 1] column of ones returns the per-row advantages [bs, 1]; singleton zeroing
     # and the multipliers then act on that column and the mask is applied once at the end. Same
@@ -191,16 +198,17 @@ def compute_gdro_grpo_advantage(
         norm_adv_by_std_in_grpo=_norm_by_std(config),
         config=config,
     )
-    inverse, sizes, padding = _group_ids(index)
+    keys = uid_keys(index)  # str per row, once
+    inverse, sizes, padding, groups = _group_ids(keys)
     singleton = sizes[inverse] == 1
     if singleton.any():
         advantages[torch.as_tensor(singleton)] = 0.0
 
-    step = current_step()
     mult: np.ndarray | None = None
     if step is not None:
         if not step.all_ones():
-            mult = step.lookup(index)
+            # one lookup per group (every row of a group has its multiplier), spread to the rows
+            mult = step.lookup(groups)[inverse]
     elif settings.enable and settings.prompt.enable:
         scores = token_level_rewards.sum(dim=-1).detach().cpu().double().numpy()
         mult = _standalone_multipliers(scores, inverse, padding, settings)

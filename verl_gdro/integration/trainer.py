@@ -36,8 +36,8 @@ from verl.utils import tensordict_utils as tu
 from verl.utils.dataset.rl_dataset import collate_fn
 
 from verl_gdro.integration.config import TRAINER_NAME, GDROSettings, to_plain, validate_gdro_config
-from verl_gdro.integration.context import gdro_step, is_padding_uid
-from verl_gdro.integration.controller import GDROController
+from verl_gdro.integration.context import gdro_step, uid_keys
+from verl_gdro.integration.controller import GDROController, describe_mode, group_multipliers, trajectory_rows
 from verl_gdro.integration.dataset import stable_prompt_uids, uid_field
 from verl_gdro.integration.sampler import GDROSampler
 
@@ -59,6 +59,12 @@ def _as_list(value: Any) -> list[Any]:
     if hasattr(value, "data"):
         return list(value.data) if isinstance(value.data, (list, tuple)) else [value.data]
     return list(value)
+
+
+def _int_column(value: Any) -> np.ndarray:
+    """A column of integer ids (ints, numpy ints or numeric strings) as int64, in one C-level pass."""
+    values = _as_list(value)
+    return np.fromiter(map(int, values), dtype=np.int64, count=len(values))
 
 
 def _padded_numpy(value: torch.Tensor, rows: np.ndarray) -> np.ndarray:
@@ -99,6 +105,10 @@ class GDROTrainerSync(PPOTrainerSync):
                 config.algorithm.gdro = OmegaConf.create(to_plain(config.gdro))
         super().__init__(config)
         self.gdro_settings: GDROSettings = settings
+        # one line at start naming the adversaries (gdro.prompt.enable defaults to true, so
+        # rollout.enable=true alone is joint mode: say so before the first step)
+        self.gdro_mode_line = describe_mode(settings, int(config.actor_rollout_ref.rollout.n))
+        print(self.gdro_mode_line, flush=True)
         self.gdro: GDROController | None = None
         if settings.enable:
             self.gdro = GDROController(settings, rollout_n=int(config.actor_rollout_ref.rollout.n))
@@ -154,12 +164,13 @@ class GDROTrainerSync(PPOTrainerSync):
                 f"gdro.uid_key={self.gdro_settings.uid_key}: the prompt batch has no '{self._gdro_uid_field}' column "
                 f"(columns: {sorted(batch.keys())})"
             )
-        stable = np.asarray([int(u) for u in _as_list(batch[self._gdro_uid_field])], dtype=np.int64)
-        verl_uids = [str(u) for u in _as_list(batch["uid"])]
+        stable = _int_column(batch[self._gdro_uid_field])
+        verl_uids = uid_keys(_as_list(batch["uid"]))
         self._gdro_time += time.perf_counter() - t0
         plan = self.gdro.before_generation(stable)
-        for uid, pos in zip(verl_uids, plan.positions.tolist(), strict=True):
-            self._gdro_positions[uid] = pos
+        if len(verl_uids) != plan.positions.size:
+            raise RuntimeError(f"verl-gdro: {len(verl_uids)} uids for {plan.positions.size} planned prompts")
+        self._gdro_positions.update(zip(verl_uids, plan.positions.tolist()))
         if self.gdro.rollout is not None:
             n = plan.rollout_n
             budget = len(verl_uids) * int(self.config.actor_rollout_ref.rollout.n)
@@ -168,7 +179,7 @@ class GDROTrainerSync(PPOTrainerSync):
                     f"verl-gdro: __rollout_n__ sums to {int(n.sum())} for {len(verl_uids)} prompts, not the exact "
                     f"budget {budget} = prompts * actor_rollout_ref.rollout.n"
                 )
-            tu.assign_non_tensor_stack(batch, ROLLOUT_N_KEY, [int(x) for x in n])
+            tu.assign_non_tensor_stack(batch, ROLLOUT_N_KEY, n.tolist())
         return batch
 
     # ------------------------------------------------------------------------------------------
@@ -183,13 +194,14 @@ class GDROTrainerSync(PPOTrainerSync):
         available: set[str] = set()
         if "extra_fields" in data.keys():
             infos = _as_list(data["extra_fields"])
-            picked = []
-            for i in rows.tolist():
-                info = infos[i].get("reward_extra_info", {}) if isinstance(infos[i], dict) else {}
-                available |= set(info)
-                picked.append(info.get(key))
-            if all(v is not None for v in picked):
+            extra = [
+                info.get("reward_extra_info", {}) if isinstance(info, dict) else {} for info in map(infos.__getitem__, rows.tolist())
+            ]
+            picked = [info.get(key) for info in extra]
+            if None not in picked:
                 values = picked
+            else:  # only for the error message
+                available = set().union(*extra)
         if values is None:
             try:
                 top = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=[key])
@@ -204,7 +216,7 @@ class GDROTrainerSync(PPOTrainerSync):
                 f"{sorted(available)}): the reward function must return a dict with the binary correctness under "
                 f"'{key}' (e.g. verl's math_dapo returns 'acc'), or set gdro.acc_key to the key it uses"
             )
-        return np.asarray([float(v) for v in values], dtype=np.float64)
+        return np.fromiter(map(float, values), dtype=np.float64, count=len(values))
 
     def _compute_advantage(self, batch: Any, metrics: dict) -> Any:
         if self.gdro is None:
@@ -212,21 +224,13 @@ class GDROTrainerSync(PPOTrainerSync):
         t0 = time.perf_counter()
         fields = ["uid", self._gdro_uid_field, "extra_fields"]
         data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
-        uids = [str(u) for u in _as_list(data["uid"])]
-        tags = list(batch.tags) if batch.tags is not None else [{}] * len(uids)
-        real = np.array(
-            [not (tag or {}).get("is_padding", False) and not is_padding_uid(u) for u, tag in zip(uids, tags)],
-            dtype=bool,
-        )
-        rows = np.flatnonzero(real)
-        try:
-            group_index = np.array([self._gdro_positions[uids[i]] for i in rows.tolist()], dtype=np.int64)
-        except KeyError as e:
-            raise RuntimeError(
-                f"verl-gdro: trajectory of prompt uid {e.args[0]!r} was not planned by _next_train_batch"
-            ) from None
+        uids = uid_keys(_as_list(data["uid"]))
+        padding = None
+        if batch.tags is not None:
+            padding = [bool(tag and tag.get("is_padding", False)) for tag in batch.tags]
+        rows, group_index = trajectory_rows(uids, self._gdro_positions, padding)
         if self._gdro_uid_field in data.keys():
-            stable = np.asarray([int(v) for v in _as_list(data[self._gdro_uid_field])], dtype=np.int64)[rows]
+            stable = _int_column(data[self._gdro_uid_field])[rows]
             planned = self.gdro.planned_uids(group_index)
             if not np.array_equal(stable, planned):
                 raise RuntimeError("verl-gdro: trajectories carry other stable prompt ids than their planned prompts")
@@ -234,7 +238,8 @@ class GDROTrainerSync(PPOTrainerSync):
         self._gdro_time += time.perf_counter() - t0
         multipliers = self.gdro.advantage_multipliers(group_index)
 
-        with gdro_step(uids=[uids[i] for i in rows.tolist()], values=multipliers):
+        table = group_multipliers(self._gdro_positions, group_index, multipliers)
+        with gdro_step(table, settings=self.gdro_settings):
             batch = super()._compute_advantage(batch, metrics)
 
         t1 = time.perf_counter()
