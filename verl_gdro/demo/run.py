@@ -194,8 +194,6 @@ def _run_one(cfg: DemoConfig, out: str, method: str, seed: int, resume: bool) ->
     import numpy as np
     import torch
 
-    from verl_gdro.integration.controller import describe_mode
-
     from .task import make_eval_set, make_train_set
     from .tokenizer import CharTokenizer
     from .train import MethodRun, evaluate
