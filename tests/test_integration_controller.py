@@ -326,3 +326,16 @@ def test_mode_line_names_the_adversaries_and_key_settings(group: dict, mode: str
         assert "set it false for Rollout-GDRO alone" in line
     paper = describe_mode(resolve_gdro({**group, "preset": "paper"}))
     assert ("preset paper" in paper) == group.get("enable", True)
+
+
+def test_the_documented_own_loop_runs():
+    """docs/integration.md's "GDRO outside verl" block runs as written (numpy and the controller only)."""
+    import re
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "integration.md").read_text()
+    (block,) = re.findall(r"```python own-loop\n(.*?)```", doc, flags=re.S)
+    scope: dict = {}
+    exec(compile(block, "docs/integration.md", "exec"), scope)
+    assert scope["ctrl"].num_steps == 20 and scope["metrics"]["gdro/num_rollouts"] == 128
+    assert "prompt" in scope["state"] and "rollout" in scope["state"]
