@@ -148,7 +148,9 @@ def make_trainer(tmp_path: Path, *overrides: str, num_rows: int = 24, index: Any
     ]
     with initialize_config_module(config_module="verl_gdro.config", version_base=None):
         cfg = compose(config_name="gdro_trainer", overrides=base + list(overrides))
-    trainer = GDROTrainerSync(cfg)
+    from verl.trainer.ppo.v1.trainer_base import get_trainer_cls
+
+    trainer = get_trainer_cls(cfg.trainer.v1.trainer_mode)(cfg)  # verl's registry: gdro_sync, gdro_*_async
     trainer.tokenizer = None  # 0.9.1's dataset only tokenises for the length filter (off here)
     trainer.processor = None
     trainer.global_steps = 1
