@@ -57,11 +57,14 @@ def grpo_batch() -> Callable[..., object]:
 
 @pytest.fixture
 def fake_tq(monkeypatch: pytest.MonkeyPatch) -> object:
-    """TransferQueue's kv_batch_get/kv_batch_put replaced by an in-memory store (integration_harness)."""
+    """TransferQueue's kv_batch_get/kv_batch_put/kv_list/kv_clear replaced by an in-memory store (integration_harness)."""
     import transfer_queue
     from integration_harness import FakeTQ
 
     store = FakeTQ()
     monkeypatch.setattr(transfer_queue, "kv_batch_get", store.get)
     monkeypatch.setattr(transfer_queue, "kv_batch_put", store.put)
+    # what verl's replay buffer calls (DAPO filtering, async trainers)
+    monkeypatch.setattr(transfer_queue, "kv_list", store.kv_list)
+    monkeypatch.setattr(transfer_queue, "kv_clear", store.clear)
     return store

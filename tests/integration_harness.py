@@ -65,6 +65,56 @@ class FakeTQ:
         return TensorDict(out, batch_size=[len(keys)])
 
 
+    # -- the calls verl's replay buffer makes (kv_list / kv_clear) --------------------------------
+
+    def kv_list(self, partition_id: str | None = None) -> dict[str, dict[str, dict]]:
+        out: dict[str, dict[str, dict]] = {}
+        for (part, key), tag in self.tags.items():
+            if partition_id is None or part == partition_id:
+                out.setdefault(part, {})[key] = dict(tag)
+        return out
+
+    def clear(self, keys: list[str], partition_id: str) -> None:
+        for key in keys:
+            self.rows.pop((partition_id, key), None)
+            self.tags.pop((partition_id, key), None)
+
+    def snapshot(self) -> FakeTQ:
+        """A copy (what tq.save_checkpoint / load_checkpoint carry across a restart)."""
+        other = FakeTQ()
+        other.rows = copy.deepcopy(self.rows)
+        other.tags = copy.deepcopy(self.tags)
+        return other
+
+
+class FakeAgentLoop:
+    """verl's ``AgentLoopManagerTQ.generate_sequences`` done synchronously into a :class:`FakeTQ`.
+
+    Every dispatched prompt gets ``__rollout_n__`` trajectories (as verl's agent loop reads it),
+    written like :func:`simulate_rollout`, and its prompt tag becomes ``finished``. ``calls`` keeps
+    what every generation call produced: the truth the DAPO/async tests check the trainer against.
+    """
+
+    def __init__(self, store: FakeTQ, trainer: GDROTrainerSync) -> None:
+        self.store = store
+        self.trainer = trainer
+        self.calls: list[dict[str, Any]] = []
+
+    def generate_sequences(self, batch: TensorDict) -> None:
+        step = int(self.trainer.global_steps)
+        _meta, truth = simulate_rollout(self.store, batch, step, self.trainer._gdro_uid_field, 4)
+        uids = [str(u) for u in batch["uid"]]
+        for uid in uids:
+            self.store.tags[("train", uid)] = {"is_prompt": True, "status": "finished", "global_steps": step}
+        acc: dict[str, list[float]] = {u: [] for u in uids}
+        for u, a in zip(truth["uid"], truth["acc"]):
+            acc[u].append(float(a))
+        self.calls.append({
+            "step": step, "uid": uids, "stable": [int(s) for s in batch[self.trainer._gdro_uid_field]],
+            "rollout_n": agent_loop_rollout_n(batch, 4), "acc": acc,
+        })
+
+
 def write_dataset(path: Path, num_rows: int, index: Any = "sparse") -> str:
     rows = []
     for i in range(num_rows):
@@ -98,7 +148,9 @@ def make_trainer(tmp_path: Path, *overrides: str, num_rows: int = 24, index: Any
     ]
     with initialize_config_module(config_module="verl_gdro.config", version_base=None):
         cfg = compose(config_name="gdro_trainer", overrides=base + list(overrides))
-    trainer = GDROTrainerSync(cfg)
+    from verl.trainer.ppo.v1.trainer_base import get_trainer_cls
+
+    trainer = get_trainer_cls(cfg.trainer.v1.trainer_mode)(cfg)  # verl's registry: gdro_sync, gdro_*_async
     trainer.tokenizer = None  # 0.9.1's dataset only tokenises for the length filter (off here)
     trainer.processor = None
     trainer.global_steps = 1

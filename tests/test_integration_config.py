@@ -104,11 +104,14 @@ CASES: list[tuple[str, list[str], str]] = [
      "actor_rollout_ref.rollout.n"),
     ("Rollout-GDRO without the GDRO trainer", ["trainer.v1.trainer_mode=sync", "gdro.rollout.enable=true"],
      "gdro.rollout.enable"),
-    ("Rollout-GDRO with DAPO group filtering", ["gdro.rollout.enable=true", "algorithm.filter_groups.enable=true"],
-     "algorithm.filter_groups.enable"),
-    ("Rollout-GDRO with refilled failed groups",
-     ["gdro.rollout.enable=true", "trainer.v1.sampler.sync_refill_failed_groups=true"],
-     "trainer.v1.sampler.sync_refill_failed_groups"),
+    ("several local updates per step, async", ["trainer.v1.trainer_mode=gdro_colocate_async",
+                                                "trainer.v1.colocate_async.parameter_sync_step=2"],
+     "trainer.v1.colocate_async.parameter_sync_step"),
+    ("custom replay buffer", ["trainer.v1.sampler.custom_sampler.path=my.py",
+                              "trainer.v1.sampler.custom_sampler.name=MyBuffer"],
+     "trainer.v1.sampler.custom_sampler.path"),
+    ("estimator/trainer mismatch, async", ["trainer.v1.trainer_mode=gdro_separate_async", "algorithm.adv_estimator=grpo"],
+     "algorithm.adv_estimator"),
     ("resample without the GDRO trainer", ["trainer.v1.trainer_mode=sync", "gdro.prompt.mode=resample"],
      "gdro.prompt.mode"),
     ("surrogate_kl without a reference policy", ["gdro.preset=paper"], "gdro.prompt.loss_signal"),
@@ -157,6 +160,13 @@ def test_valid_variations_pass() -> None:
         ["trainer.v1.trainer_mode=sync"],  # the estimator alone
         ["gdro.enable=false", "gdro.rollout.enable=true", "trainer.v1.trainer_mode=sync"],  # all off: nothing checked
         ["algorithm.gdro.prompt.eta=0.65"],  # equal to gdro: fine
+        # issue 12: Rollout-GDRO with DAPO filtering / refilled failures (exact budget per generation call)
+        ["gdro.rollout.enable=true", "algorithm.filter_groups.enable=true"],
+        ["gdro.rollout.enable=true", "trainer.v1.sampler.sync_refill_failed_groups=true"],
+        # the async GDRO trainers, with both adversaries and with resampling
+        ["trainer.v1.trainer_mode=gdro_colocate_async", "gdro.rollout.enable=true"],
+        ["trainer.v1.trainer_mode=gdro_separate_async", "gdro.rollout.enable=true", "gdro.prompt.mode=resample"],
+        ["trainer.v1.trainer_mode=gdro_colocate_async", "trainer.v1.sync.parameter_sync_step=2"],  # other mode's key
     ]
     for overrides in ok:
         validate_gdro_config(config(overrides))

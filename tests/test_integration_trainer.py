@@ -35,13 +35,25 @@ from verl_gdro.integration.trainer import ROLLOUT_N_KEY
 
 # ---------------------------------------------------------------------------------------------
 
+#: the trainer's flow counters (verl_gdro.integration.trainer.flow_metrics), 10 bins
+FLOW_KEYS = {
+    "gdro/flow/generated_rollouts", "gdro/flow/kept_rollouts", "gdro/flow/filtered_rollouts",
+    "gdro/flow/discarded_rollouts", "gdro/flow/lost_groups", "gdro/dispatch/calls", "gdro/dispatch/prompts",
+    "gdro/dispatch/rollouts", "gdro/staleness/mean", "gdro/staleness/max", "gdro/inflight_prompts",
+    *(f"gdro/flow/dropped_groups/{r}" for r in ("filtered", "surplus", "stale", "failed")),
+    *(f"gdro/flow/filtered_share/bin_{b}" for b in range(10)),
+}
+
 
 def test_init_switches_to_sync_and_mirrors_the_gdro_group(tmp_path: Path) -> None:
     trainer = make_trainer(tmp_path, "gdro.prompt.eta=0.5")
     assert trainer.trainer_mode == "sync" and trainer.config.trainer.v1.trainer_mode == "sync"
     assert trainer.config.algorithm.gdro.prompt.eta == 0.5
     assert trainer.gdro is not None and trainer.gdro.settings.prompt.eta == 0.5
-    assert type(trainer.replay_buffer).__name__ == "ReplayBuffer"  # not the async one
+    # verl's sync buffer (not the async one), as its GDRO subclass that reports removed groups
+    assert type(trainer.replay_buffer).__name__ == "GDROReplayBuffer"
+    assert type(trainer.replay_buffer).__mro__[2].__name__ == "ReplayBuffer"
+    assert trainer.replay_buffer.gdro_observer is not None
 
 
 def test_init_validates_the_config(tmp_path: Path) -> None:
@@ -151,12 +163,17 @@ def check_advantage_stage(tmp_path: Path, store: Any, steps: int) -> None:
         expected_metrics = shadow.after_advantage(group_index, np.array(truth["acc"], dtype=float))
 
         metrics = out["metrics"]
-        assert set(expected_metrics) == {k for k in metrics if k.startswith("gdro/")}
+        assert set(expected_metrics) | FLOW_KEYS == {k for k in metrics if k.startswith("gdro/")}
         for key, value in expected_metrics.items():
             if key != "gdro/controller_time_s":
                 assert metrics[key] == pytest.approx(value, abs=1e-12), key
         assert metrics["gdro/num_trajectories"] == len(truth["uid"])  # padding rows are not counted
         assert metrics["gdro/controller_time_s"] > 0
+        # no filtering here: one generation call, everything generated was kept
+        assert metrics["gdro/dispatch/calls"] == 1 and metrics["gdro/dispatch/prompts"] == 6
+        assert metrics["gdro/dispatch/rollouts"] == 24 == metrics["gdro/flow/generated_rollouts"]
+        assert metrics["gdro/flow/kept_rollouts"] == 24 and metrics["gdro/flow/filtered_rollouts"] == 0
+        assert metrics["gdro/inflight_prompts"] == 0 and metrics["gdro/staleness/max"] == 0
 
         # advantages written back = verl's grpo per uid x the prompt's multiplier; padding zero
         real_keys = [k for k, tag in zip(out["meta"].keys, out["meta"].tags) if not tag.get("is_padding")]

@@ -3,11 +3,12 @@
 verl persists neither the per-prompt ``__rollout_n__`` the GDRO trainer writes nor the controller
 state outside its binary checkpoint, yet the e2e tests must compare both with what verl actually
 did. Loaded next to the CPU platform through ``VERL_USE_EXTERNAL_MODULES`` when
-``E2E_PROBE_DIR`` is set, this module wraps two methods of ``GDROTrainerSync`` in place (the
-trainer mode stays ``gdro_sync``; every call goes to the original and its result is returned
+``E2E_PROBE_DIR`` is set, this module wraps two methods of ``GDROTrainerMixin`` (shared by every GDRO trainer mode) in
+place (the trainer mode stays as configured; every call goes to the original and its result is returned
 unchanged) and appends JSON lines to ``$E2E_PROBE_DIR``:
 
-- ``plan.jsonl``: per train step, the verl uid, stable prompt id and ``__rollout_n__`` of every
+- ``plan.jsonl``: per generation call (one per step in plain sync mode; DAPO refills and async
+  warm-up batches add calls), the step, verl uid, stable prompt id and ``__rollout_n__`` of every
   prompt, as returned by ``_next_train_batch`` (what verl's agent loop then reads);
 - ``state.jsonl``: after each ``_compute_advantage`` (the controller update), the controller's
   ``state_dict()``, so a resumed run's state after step 3 can be compared with the uninterrupted
@@ -55,7 +56,8 @@ def install() -> bool:
         return False
     from verl_gdro.integration import trainer as gdro_trainer
 
-    cls = gdro_trainer.GDROTrainerSync
+    # The mixin holds the hooks of every GDRO trainer mode (gdro_sync, gdro_colocate_async, ...).
+    cls = gdro_trainer.GDROTrainerMixin
     if getattr(cls, "_e2e_probe_installed", False):
         return True
     original_next = cls._next_train_batch

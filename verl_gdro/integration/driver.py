@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from verl_gdro.integration.config import ESTIMATOR_NAME, TRAINER_NAME, validate_gdro_config
+from verl_gdro.integration.config import ESTIMATOR_NAME, TRAINER_MODES, validate_gdro_config
 
 __all__ = ["install_driver_validation", "uses_gdro", "uses_gdro_trainer"]
 
@@ -23,12 +23,13 @@ _MARK = "_verl_gdro_driver_validation"
 
 
 def uses_gdro_trainer(config: Any) -> bool:
-    """True when the config selects ``trainer.v1.trainer_mode=gdro_sync`` (the trainer validates the rest)."""
+    """True when the config selects a GDRO trainer mode (``gdro_sync``, ``gdro_colocate_async``,
+    ``gdro_separate_async``; the trainer validates the rest)."""
     try:
         mode = config.trainer.v1.trainer_mode
     except Exception:  # not a PPO trainer config (or a partial one): nothing to validate here
         return False
-    return mode == TRAINER_NAME
+    return mode in TRAINER_MODES
 
 
 def uses_gdro(config: Any) -> bool:

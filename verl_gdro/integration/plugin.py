@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 
-from verl_gdro.integration.config import ESTIMATOR_NAME, TRAINER_NAME
+from verl_gdro.integration.config import ESTIMATOR_NAME, TRAINER_MODES, TRAINER_NAME
 
 __all__ = ["REGISTRATION_ERRORS", "check_registered", "register"]
 
@@ -30,7 +30,7 @@ def register() -> dict[str, str]:
         REGISTRATION_ERRORS[ESTIMATOR_NAME] = f"{type(e).__name__}: {e}"
         logger.warning("verl-gdro: registering the %s estimator failed: %s", ESTIMATOR_NAME, e, exc_info=True)
     try:
-        from verl_gdro.integration import trainer  # noqa: F401  (registers gdro_sync)
+        from verl_gdro.integration import trainer  # noqa: F401  (registers gdro_sync and the async modes)
 
         REGISTRATION_ERRORS.pop(TRAINER_NAME, None)
     except Exception as e:
@@ -55,8 +55,9 @@ def check_registered() -> None:
     problems = []
     if ESTIMATOR_NAME not in ADV_ESTIMATOR_REGISTRY:
         problems.append(f"advantage estimator '{ESTIMATOR_NAME}' ({REGISTRATION_ERRORS.get(ESTIMATOR_NAME, 'not imported')})")
-    if TRAINER_NAME not in TRAINER_REGISTRY:
-        problems.append(f"trainer '{TRAINER_NAME}' ({REGISTRATION_ERRORS.get(TRAINER_NAME, 'not imported')})")
+    for name in TRAINER_MODES:  # one module (verl_gdro.integration.trainer) registers them all
+        if name not in TRAINER_REGISTRY:
+            problems.append(f"trainer '{name}' ({REGISTRATION_ERRORS.get(TRAINER_NAME, 'not imported')})")
     if problems:
         raise RuntimeError(
             "verl-gdro is not registered with verl: " + "; ".join(problems) + ". Is the package installed "

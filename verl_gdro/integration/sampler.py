@@ -80,6 +80,9 @@ class GDROSampler(Sampler[int]):
         self._resume = False
         self._members: list[np.ndarray] | None = None
         self._members_version: int | None = None
+        #: Other state checkpointed with the controller (name -> object with state_dict /
+        #: load_state_dict), e.g. the async trainers' dispatch ledger.
+        self.companions: dict[str, Any] = {}
 
     def __len__(self) -> int:
         return int(self.uids.size)
@@ -155,6 +158,7 @@ class GDROSampler(Sampler[int]):
             "rng": deepcopy(self._rng.bit_generator.state),
             "epoch_rng": deepcopy(self._epoch_rng_state),
             "controller": self.controller.state_dict(),
+            "companions": {name: obj.state_dict() for name, obj in self.companions.items()},
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -169,6 +173,10 @@ class GDROSampler(Sampler[int]):
                 "differ); resume with the same data files and gdro.uid_key"
             )
         self.controller.load_state_dict(state["controller"])
+        saved = state.get("companions", {})  # absent in checkpoints written before the ledger existed
+        for name, obj in self.companions.items():
+            if name in saved:
+                obj.load_state_dict(saved[name])
         self._epoch = int(state["epoch"])
         self._cursor = int(state["cursor"])
         self._epoch_rng_state = deepcopy(state["epoch_rng"])

@@ -1,22 +1,39 @@
-"""``trainer.v1.trainer_mode=gdro_sync``: verl's synchronous V1 trainer plus the GDRO controllers.
+"""The GDRO trainers: verl's V1 trainers (sync, colocate_async, separate_async) plus the GDRO controllers.
 
-A subclass of ``PPOTrainerSync`` that overrides three narrow hooks of verl's step pipeline and
-always calls ``super()`` (VERL.md); ``fit()`` and ``step()`` are verl's own:
+One mixin, :class:`GDROTrainerMixin`, holds every line of GDRO code; each registered trainer is
+that mixin on one of verl's V1 trainer classes:
 
-- ``_init_dataloader``: validate the stable prompt ids, install :class:`GDROSampler` (all controller
-  state rides in verl's ``data.pt`` checkpoint), with ``data.dataloader_num_workers=0``.
-- ``_next_train_batch``: classify the step's prompts before generation and, with Rollout-GDRO on,
-  write ``__rollout_n__`` per prompt (verl's agent loop reads it); the exact budget
-  ``sum == prompts * rollout.n`` is asserted on every call.
-- ``_compute_advantage``: open a :func:`gdro_step` with each uid's Prompt-GDRO multiplier and run
-  verl's own advantage stage (which calls ``gdro_grpo``); then read per trajectory the prompt id,
-  ``acc``, advantages, old/ref log-probs and response mask (padding rows skipped), update the
-  controllers and add the ``gdro/`` metrics to the step's metrics. This runs before verl saves the
-  step's checkpoint, so the saved controller state includes the step.
+| ``trainer.v1.trainer_mode`` | class | verl trainer it extends |
+|---|---|---|
+| ``gdro_sync`` | :class:`GDROTrainerSync` | ``PPOTrainerSync`` |
+| ``gdro_colocate_async`` | :class:`GDROTrainerColocateAsync` | ``PPOTrainerColocateAsync`` |
+| ``gdro_separate_async`` | :class:`GDROTrainerSeparateAsync` | ``PPOTrainerSeparateAsync`` |
+
+The mixin overrides narrow hooks of verl's step pipeline and always calls ``super()`` (VERL.md);
+``fit()`` and ``step()`` stay verl's own:
+
+- ``_build_replay_buffer``: verl's own buffer, turned into its GDRO subclass
+  (:mod:`verl_gdro.integration.replay_buffer`) that reports every group it removes untrained
+  (DAPO-filtered, surplus, stale, failed) before deleting it.
+- ``_init_dataloader``: validate the stable prompt ids, install :class:`GDROSampler` (controller
+  state and the dispatch ledger ride in verl's ``data.pt`` checkpoint), ``dataloader_num_workers=0``.
+- ``_next_train_batch``: every generation call (the step's batch, DAPO refills, async warm-up and
+  eviction refills) classifies its prompts and allocates their rollouts with the controller state
+  of that moment (:meth:`GDROController.decide`), asserts the exact budget
+  ``sum(__rollout_n__) == prompts * rollout.n`` for that call, and records the decisions in the
+  :class:`DispatchLedger` under verl's per-dispatch uid.
+- ``_compute_advantage``: the consumed groups plus the groups removed since the last update are
+  re-adopted into one controller plan with their dispatch-time decisions; the multipliers go into
+  verl's own advantage stage (``gdro_grpo``); then one update observes every one of those groups
+  exactly once, and the ``gdro/`` metrics (spec section 4 plus the flow counters of
+  :func:`flow_metrics`) go into the step's metrics. This runs before verl saves the step's
+  checkpoint, so the saved state includes the step.
 
 At init the whole config is validated (:func:`validate_gdro_config`) and the registrations are
 checked (:func:`check_registered`), so a broken install or a bad key fails before Ray starts any
-worker.
+worker. The trainer sets ``trainer.v1.trainer_mode`` to verl's own mode name before verl's
+``__init__``: verl switches its async machinery on ``trainer_mode != "sync"`` and reads
+``trainer.v1.<mode>`` for the mode's settings.
 """
 
 from __future__ import annotations
@@ -30,18 +47,37 @@ import torch
 import transfer_queue as tq
 from omegaconf import DictConfig, OmegaConf, open_dict
 from torchdata.stateful_dataloader import StatefulDataLoader
+from transfer_queue import KVBatchMeta
 from verl.trainer.ppo.v1.trainer_base import register_trainer
+from verl.trainer.ppo.v1.trainer_colocate_async import PPOTrainerColocateAsync
+from verl.trainer.ppo.v1.trainer_separate_async import PPOTrainerSeparateAsync
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils import tensordict_utils as tu
 from verl.utils.dataset.rl_dataset import collate_fn
 
-from verl_gdro.integration.config import TRAINER_NAME, GDROSettings, to_plain, validate_gdro_config
-from verl_gdro.integration.context import gdro_step, uid_keys
-from verl_gdro.integration.controller import GDROController, describe_mode, group_multipliers, trajectory_rows
+from verl_gdro.integration.config import (
+    TRAINER_MODES,
+    TRAINER_NAME,
+    GDROSettings,
+    to_plain,
+    validate_gdro_config,
+)
+from verl_gdro.integration.context import gdro_step, is_padding_uid, uid_keys
+from verl_gdro.integration.controller import GDROController, describe_mode, group_multipliers
 from verl_gdro.integration.dataset import stable_prompt_uids, uid_field
+from verl_gdro.integration.ledger import DROP_REASONS, DispatchLedger, ObservedUpdate
+from verl_gdro.integration.replay_buffer import with_observer
 from verl_gdro.integration.sampler import GDROSampler
+from verl_gdro.metrics import PREFIX
 
-__all__ = ["GDROTrainerSync", "ROLLOUT_N_KEY"]
+__all__ = [
+    "ROLLOUT_N_KEY",
+    "GDROTrainerColocateAsync",
+    "GDROTrainerMixin",
+    "GDROTrainerSeparateAsync",
+    "GDROTrainerSync",
+    "flow_metrics",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -87,23 +123,78 @@ def _padded_numpy(value: torch.Tensor, rows: np.ndarray) -> np.ndarray:
     return out[rows]
 
 
-@register_trainer(TRAINER_NAME)
-class GDROTrainerSync(PPOTrainerSync):
-    """verl's sync trainer with the online difficulty classifier, Prompt-GDRO and Rollout-GDRO."""
+def flow_metrics(num_bins: int, update: ObservedUpdate, kept_group: np.ndarray, counters: dict[str, Any],
+                 global_steps: int, inflight: int) -> dict[str, float]:
+    """What generation produced versus what verl trained, next to what GDRO reallocated (all finite).
+
+    Args:
+        update: the groups of this controller update (consumed and removed-untrained ones).
+        kept_group: for every trained (non-padding) trajectory, its group's index in ``update.uids``.
+        counters: :meth:`DispatchLedger.finish_update`'s generation calls and lost groups.
+        global_steps: verl's step counter now (staleness = steps since a group's dispatch).
+        inflight: prompts dispatched and not yet observed after this update (async prefetch).
+    """
+    bins = update.bins
+    kept = np.bincount(bins[kept_group], minlength=num_bins).astype(np.float64)
+    generated = kept.copy()
+    filtered = np.zeros(num_bins)
+    by_reason = dict.fromkeys(DROP_REASONS, 0)
+    discarded = 0
+    index = {u: i for i, u in enumerate(update.uids)}
+    for uid, (acc, reason) in update.dropped.items():
+        b = bins[index[uid]]
+        by_reason[reason] += 1
+        generated[b] += len(acc)
+        if reason == "filtered":
+            filtered[b] += len(acc)
+        else:
+            discarded += len(acc)
+    share = np.divide(filtered, generated, out=np.zeros(num_bins), where=generated > 0)
+    calls = counters["calls"]
+    staleness = np.array([global_steps - d.step for d in update.decisions], dtype=np.float64)
+    out = {
+        PREFIX + "flow/generated_rollouts": float(generated.sum()),
+        PREFIX + "flow/kept_rollouts": float(kept.sum()),
+        PREFIX + "flow/filtered_rollouts": float(filtered.sum()),
+        PREFIX + "flow/discarded_rollouts": float(discarded),
+        PREFIX + "flow/lost_groups": float(counters["lost"]),
+        PREFIX + "dispatch/calls": float(len(calls)),
+        PREFIX + "dispatch/prompts": float(sum(p for p, _ in calls)),
+        PREFIX + "dispatch/rollouts": float(sum(r for _, r in calls)),
+        PREFIX + "staleness/mean": float(staleness.mean()) if staleness.size else 0.0,
+        PREFIX + "staleness/max": float(staleness.max()) if staleness.size else 0.0,
+        PREFIX + "inflight_prompts": float(inflight),
+    }
+    for reason, count in by_reason.items():
+        out[PREFIX + f"flow/dropped_groups/{reason}"] = float(count)
+    for b in range(num_bins):
+        out[PREFIX + f"flow/filtered_share/bin_{b}"] = float(share[b])
+    return out
+
+
+class GDROTrainerMixin:
+    """GDRO for a verl V1 trainer class: put it first in the bases (``class X(GDROTrainerMixin, PPOTrainerSync)``).
+
+    Subclasses set :attr:`GDRO_MODE` (a key of :data:`TRAINER_MODES`) and register themselves.
+    """
+
+    GDRO_MODE: str = TRAINER_NAME
 
     def __init__(self, config: DictConfig) -> None:
         from verl_gdro.integration.plugin import check_registered
 
         check_registered()
+        with open_dict(config):
+            config.trainer.v1.trainer_mode = self.GDRO_MODE
         settings = validate_gdro_config(config)
         with open_dict(config):
-            # Any other mode switches on verl's async machinery (ReplayBufferAsync, gen_batch_size 1,
-            # TransferQueue checkpoints): we are a sync trainer registered under our own name.
-            config.trainer.v1.trainer_mode = "sync"
+            # verl switches on its async machinery for trainer_mode != "sync" and reads the mode's
+            # settings from trainer.v1.<mode>: give it its own mode name.
+            config.trainer.v1.trainer_mode = TRAINER_MODES[self.GDRO_MODE]
             # The estimator only sees the `algorithm` group: give it the same gdro settings.
             if config.get("gdro") is not None:
                 config.algorithm.gdro = OmegaConf.create(to_plain(config.gdro))
-        super().__init__(config)
+        super().__init__(config)  # type: ignore[call-arg]
         self.gdro_settings: GDROSettings = settings
         # one line at start naming the adversaries (gdro.prompt.enable defaults to true, so
         # rollout.enable=true alone is joint mode: say so before the first step)
@@ -113,22 +204,60 @@ class GDROTrainerSync(PPOTrainerSync):
         if settings.enable:
             self.gdro = GDROController(settings, rollout_n=int(config.actor_rollout_ref.rollout.n))
         self.gdro_sampler: GDROSampler | None = None
+        self.gdro_ledger = DispatchLedger()
         self._gdro_uid_field = uid_field(settings.uid_key)
-        self._gdro_positions: dict[str, int] = {}
         self._gdro_time = 0.0
+        self._gdro_warned_missing_acc = False
+        if self.gdro is not None:
+            self.replay_buffer.gdro_observer = self._gdro_observe_removed
+
+    # ------------------------------------------------------------------------------------------
+    # 0. the replay buffer reports the groups it removes untrained
+    # ------------------------------------------------------------------------------------------
+
+    def _build_replay_buffer(self) -> Any:
+        return with_observer(super()._build_replay_buffer(), None)  # type: ignore[misc]
+
+    def _gdro_observe_removed(self, partition_id: str, keys: dict[str, list[str]], reasons: dict[str, str]) -> None:
+        """Record the correctness of groups the replay buffer is about to delete (read before the clear)."""
+        assert self.gdro is not None
+        t0 = time.perf_counter()
+        known = [u for u in keys if u in self.gdro_ledger.entries]
+        unknown = len(keys) - len(known)
+        if unknown:
+            logger.warning("verl-gdro: %d removed group(s) were not dispatched by this run's GDRO trainer", unknown)
+        flat = [k for u in known for k in keys[u]]
+        acc: np.ndarray | None = None
+        if flat:
+            data = tq.kv_batch_get(keys=flat, partition_id=partition_id, select_fields=["extra_fields"])
+            try:
+                acc = self._read_acc(data, np.arange(len(flat)), flat, partition_id)
+            except ValueError as e:
+                # e.g. a colocated reward model scores only after sampling: evicted groups have no
+                # reward yet. They are generated but cannot be observed; count them as lost.
+                if not self._gdro_warned_missing_acc:
+                    logger.warning("verl-gdro: removed groups without correctness are not observed: %s", e)
+                    self._gdro_warned_missing_acc = True
+        pos = 0
+        for uid in known:
+            count = len(keys[uid])
+            values = [] if acc is None else acc[pos : pos + count].tolist()
+            pos += count
+            self.gdro_ledger.drop(uid, values, reasons[uid])
+        self._gdro_time += time.perf_counter() - t0
 
     # ------------------------------------------------------------------------------------------
     # 1. data loader with the stateful sampler
     # ------------------------------------------------------------------------------------------
 
     def _init_dataloader(self) -> None:
-        super()._init_dataloader()
+        super()._init_dataloader()  # type: ignore[misc]
         if self.gdro is None:
             return
         workers = self.config.data.get("dataloader_num_workers", 0)
         if workers != 0:
             raise ValueError(
-                f"data.dataloader_num_workers={workers!r} is invalid with trainer.v1.trainer_mode={TRAINER_NAME}: "
+                f"data.dataloader_num_workers={workers!r} is invalid with trainer.v1.trainer_mode={self.GDRO_MODE}: "
                 "must be 0, or the adaptive sampler's draws run batches ahead of the controller updates"
             )
         uids = stable_prompt_uids(self.train_dataset, self.gdro_settings.uid_key)
@@ -138,6 +267,7 @@ class GDROTrainerSync(PPOTrainerSync):
             mode = "shuffle" if self.config.data.get("shuffle", True) else "sequential"
         seed = self.config.data.get("seed", None)
         self.gdro_sampler = GDROSampler(uids, self.gdro, mode=mode, seed=0 if seed is None else int(seed))
+        self.gdro_sampler.companions["ledger"] = self.gdro_ledger
         batch_size = self.train_dataloader.batch_size  # verl's choice (gen_batch_size or train_batch_size)
         self.train_dataloader = StatefulDataLoader(
             dataset=self.train_dataset,
@@ -151,11 +281,11 @@ class GDROTrainerSync(PPOTrainerSync):
         logger.info("verl-gdro: GDROSampler installed (mode=%s, %d prompts)", mode, uids.size)
 
     # ------------------------------------------------------------------------------------------
-    # 2. classification and rollout allocation before generation
+    # 2. classification and rollout allocation at every generation call
     # ------------------------------------------------------------------------------------------
 
     def _next_train_batch(self, num_prompts: int | None = None) -> Any:
-        batch = super()._next_train_batch(num_prompts)
+        batch = super()._next_train_batch(num_prompts)  # type: ignore[misc]
         if self.gdro is None:
             return batch
         t0 = time.perf_counter()  # the controller times itself; this counts the reads around it
@@ -167,26 +297,24 @@ class GDROTrainerSync(PPOTrainerSync):
         stable = _int_column(batch[self._gdro_uid_field])
         verl_uids = uid_keys(_as_list(batch["uid"]))
         self._gdro_time += time.perf_counter() - t0
-        plan = self.gdro.before_generation(stable)
-        if len(verl_uids) != plan.positions.size:
-            raise RuntimeError(f"verl-gdro: {len(verl_uids)} uids for {plan.positions.size} planned prompts")
-        self._gdro_positions.update(zip(verl_uids, plan.positions.tolist()))
+        plan = self.gdro.decide(stable)
+        n = plan.rollout_n
+        budget = len(verl_uids) * int(self.config.actor_rollout_ref.rollout.n)
+        if int(n.sum()) != budget:
+            raise RuntimeError(
+                f"verl-gdro: __rollout_n__ sums to {int(n.sum())} for {len(verl_uids)} prompts, not the exact "
+                f"budget {budget} = prompts * actor_rollout_ref.rollout.n"
+            )
+        self.gdro_ledger.dispatch(verl_uids, plan.uids, plan.bins, n, step=int(self.global_steps))
         if self.gdro.rollout is not None:
-            n = plan.rollout_n
-            budget = len(verl_uids) * int(self.config.actor_rollout_ref.rollout.n)
-            if int(n.sum()) != budget:
-                raise RuntimeError(
-                    f"verl-gdro: __rollout_n__ sums to {int(n.sum())} for {len(verl_uids)} prompts, not the exact "
-                    f"budget {budget} = prompts * actor_rollout_ref.rollout.n"
-                )
-            tu.assign_non_tensor_stack(batch, ROLLOUT_N_KEY, n.tolist())
+            tu.assign_non_tensor_stack(batch, ROLLOUT_N_KEY, [int(x) for x in n])
         return batch
 
     # ------------------------------------------------------------------------------------------
     # 3. multipliers into verl's advantage stage, then controller updates and metrics
     # ------------------------------------------------------------------------------------------
 
-    def _read_acc(self, data: Any, rows: np.ndarray, batch: Any) -> np.ndarray:
+    def _read_acc(self, data: Any, rows: np.ndarray, keys: list[str], partition_id: str) -> np.ndarray:
         """Per-trajectory correctness from the reward's extra info (streaming reward: inside
         ``extra_fields.reward_extra_info``; colocated reward model: a top-level field)."""
         key = self.gdro_settings.acc_key
@@ -204,7 +332,7 @@ class GDROTrainerSync(PPOTrainerSync):
                 available = set().union(*extra)
         if values is None:
             try:
-                top = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=[key])
+                top = tq.kv_batch_get(keys=keys, partition_id=partition_id, select_fields=[key])
                 if key in top.keys():
                     col = _as_list(top[key])
                     values = [col[i] for i in rows.tolist()]
@@ -218,31 +346,44 @@ class GDROTrainerSync(PPOTrainerSync):
             )
         return np.fromiter(map(float, values), dtype=np.float64, count=len(values))
 
-    def _compute_advantage(self, batch: Any, metrics: dict) -> Any:
+    def _compute_advantage(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
         if self.gdro is None:
-            return super()._compute_advantage(batch, metrics)
+            return super()._compute_advantage(batch, metrics)  # type: ignore[misc]
         t0 = time.perf_counter()
         fields = ["uid", self._gdro_uid_field, "extra_fields"]
         data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
         uids = uid_keys(_as_list(data["uid"]))
-        padding = None
-        if batch.tags is not None:
-            padding = [bool(tag and tag.get("is_padding", False)) for tag in batch.tags]
-        rows, group_index = trajectory_rows(uids, self._gdro_positions, padding)
+        tags = list(batch.tags) if batch.tags is not None else [{}] * len(uids)
+        real = np.array(
+            [not (tag or {}).get("is_padding", False) and not is_padding_uid(u) for u, tag in zip(uids, tags)],
+            dtype=bool,
+        )
+        rows = np.flatnonzero(real)
+        trained = [uids[i] for i in rows.tolist()]
+        update = self.gdro_ledger.begin_update(trained)
+        positions = self.gdro.adopt(update.stable_uids, update.bins, update.rollout_n)
+        slot = {u: i for i, u in enumerate(update.uids)}
+        kept_group = np.array([slot[u] for u in trained], dtype=np.int64)
+        group_index = positions[kept_group]
         if self._gdro_uid_field in data.keys():
-            stable = _int_column(data[self._gdro_uid_field])[rows]
-            planned = self.gdro.planned_uids(group_index)
-            if not np.array_equal(stable, planned):
+            stable = np.asarray([int(v) for v in _as_list(data[self._gdro_uid_field])], dtype=np.int64)[rows]
+            if not np.array_equal(stable, self.gdro.planned_uids(group_index)):
                 raise RuntimeError("verl-gdro: trajectories carry other stable prompt ids than their planned prompts")
-        acc = self._read_acc(data, rows, batch)
+        acc = self._read_acc(data, rows, batch.keys, batch.partition_id)
         self._gdro_time += time.perf_counter() - t0
         multipliers = self.gdro.advantage_multipliers(group_index)
 
-        table = group_multipliers(self._gdro_positions, group_index, multipliers)
+        # one multiplier per prompt group (not per row): gdro_step skips its per-row consistency check
+        table = group_multipliers(dict(zip(update.uids, positions.tolist())), group_index, multipliers)
         with gdro_step(table, settings=self.gdro_settings):
-            batch = super()._compute_advantage(batch, metrics)
+            batch = super()._compute_advantage(batch, metrics)  # type: ignore[misc]
 
         t1 = time.perf_counter()
+        # groups removed untrained since the last update: observed here, once, with their acc
+        dropped_index = np.array(
+            [positions[slot[u]] for u, (a, _r) in update.dropped.items() for _ in a], dtype=np.int64
+        )
+        dropped_acc = np.array([x for a, _r in update.dropped.values() for x in a], dtype=np.float64)
         extra: dict[str, np.ndarray] = {}
         needs_log_probs = self.gdro_settings.prompt.loss_signal != "failure_rate" and (
             self.gdro.prompt is not None or self.gdro.rollout is not None
@@ -255,10 +396,47 @@ class GDROTrainerSync(PPOTrainerSync):
             names = {"ref_log_prob": "ref_log_probs"}
             for field in wanted:
                 if field in td.keys():
-                    extra[names.get(field, field)] = _padded_numpy(td[field], rows)
+                    arr = _padded_numpy(td[field], rows)
+                    if dropped_index.size:
+                        # Removed groups reached no log-prob stage. verl's GRPO advantage of a
+                        # filtered group is exactly 0 (identical rewards), so its surrogate term is 0;
+                        # a zero mask makes every token term of these rows 0 (masked_token_mean).
+                        pad = np.zeros((dropped_index.size, arr.shape[1]), dtype=arr.dtype)
+                        arr = np.concatenate([arr, pad])
+                    extra[names.get(field, field)] = arr
         self._gdro_time += time.perf_counter() - t1
-        step_metrics = self.gdro.after_advantage(group_index, acc, extra_time_s=self._gdro_time, **extra)
-        self._gdro_positions.clear()
+        step_metrics = self.gdro.after_advantage(
+            np.concatenate([group_index, dropped_index]),
+            np.concatenate([acc, dropped_acc]),
+            extra_time_s=self._gdro_time,
+            **extra,
+        )
+        counters = self.gdro_ledger.finish_update(update)
         self._gdro_time = 0.0
+        step_metrics.update(
+            flow_metrics(self.gdro.num_bins, update, kept_group, counters, int(self.global_steps),
+                         len(self.gdro_ledger))
+        )
         metrics.update(step_metrics)
         return batch
+
+
+@register_trainer(TRAINER_NAME)
+class GDROTrainerSync(GDROTrainerMixin, PPOTrainerSync):
+    """verl's sync trainer with the online difficulty classifier, Prompt-GDRO and Rollout-GDRO."""
+
+    GDRO_MODE = TRAINER_NAME
+
+
+@register_trainer("gdro_colocate_async")
+class GDROTrainerColocateAsync(GDROTrainerMixin, PPOTrainerColocateAsync):
+    """verl's colocated async trainer (partial rollouts, warm-up batches) with GDRO."""
+
+    GDRO_MODE = "gdro_colocate_async"
+
+
+@register_trainer("gdro_separate_async")
+class GDROTrainerSeparateAsync(GDROTrainerMixin, PPOTrainerSeparateAsync):
+    """verl's separate async trainer (standalone rollout pool) with GDRO."""
+
+    GDRO_MODE = "gdro_separate_async"

@@ -1,0 +1,171 @@
+"""The dispatch ledger: GDRO decisions of every prompt dispatched for generation and not yet observed.
+
+verl's V1 trainers do not observe a prompt in the step that dispatched it in two configurations:
+
+- DAPO group filtering (``algorithm.filter_groups``): the replay buffer drops the all-correct and
+  all-wrong groups (and, in sync mode, discards surplus groups) before the advantage stage, and
+  refills with prompts dispatched in further generation calls of the same step;
+- the async trainers (``colocate_async``, ``separate_async``): a prompt dispatched at step t (or in
+  a warm-up batch) may be trained at step t + k, and stale or failed groups are evicted.
+
+So the GDRO trainers decide at dispatch (:meth:`GDROController.decide`, with the controller state
+of that moment) and record the decision here, keyed by verl's per-dispatch ``uid``. A group is
+observed exactly once: either when the advantage stage consumes its trajectories, or when the
+replay buffer removes it untrained (:meth:`DispatchLedger.drop`, folded into the next update). The
+ledger rides in verl's ``data.pt`` checkpoint with the controller (``GDROSampler`` companions), so a
+resumed async run finds the decisions of the prompts that TransferQueue's checkpoint restores.
+
+Pure Python and numpy: no verl, no torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+__all__ = ["DROP_REASONS", "Decision", "DispatchLedger", "ObservedUpdate"]
+
+_STATE_VERSION = 1
+
+#: Why the replay buffer removed a group without training on it (verl 0.9.1's V1 replay buffer).
+DROP_REASONS: tuple[str, ...] = ("filtered", "surplus", "stale", "failed")
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What GDRO decided for one dispatched prompt group, and when."""
+
+    stable_uid: int
+    bin: int
+    rollout_n: int
+    step: int  # verl's global_steps at dispatch
+    seq: int  # dispatch order over the run (orders every update deterministically)
+
+
+@dataclass
+class ObservedUpdate:
+    """The groups one controller update observes, in dispatch order.
+
+    ``uids`` are verl uids; ``dropped`` maps the dropped ones to (per-trajectory acc, reason).
+    """
+
+    uids: list[str]
+    decisions: list[Decision]
+    dropped: dict[str, tuple[list[float], str]] = field(default_factory=dict)
+
+    @property
+    def stable_uids(self) -> NDArray[np.int64]:
+        return np.array([d.stable_uid for d in self.decisions], dtype=np.int64)
+
+    @property
+    def bins(self) -> NDArray[np.int64]:
+        return np.array([d.bin for d in self.decisions], dtype=np.int64)
+
+    @property
+    def rollout_n(self) -> NDArray[np.int64]:
+        return np.array([d.rollout_n for d in self.decisions], dtype=np.int64)
+
+
+class DispatchLedger:
+    """Decisions of dispatched prompts until their single observation; per-call dispatch counters."""
+
+    def __init__(self) -> None:
+        self.entries: dict[str, Decision] = {}
+        self.dropped: dict[str, tuple[list[float], str]] = {}
+        self._seq = 0
+        #: (prompts, rollouts) of every generation call since the last update
+        self.calls: list[tuple[int, int]] = []
+        #: groups removed without any trajectory since the last update (failed generation)
+        self.lost = 0
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def dispatch(self, uids: list[str], stable: NDArray[np.int64], bins: NDArray[np.int64],
+                 rollout_n: NDArray[np.int64], step: int) -> None:
+        """Record one generation call's decisions (one verl ``_next_train_batch`` call)."""
+        if not (len(uids) == stable.size == bins.size == rollout_n.size):
+            raise ValueError("dispatch needs one stable id, bin and rollout_n per verl uid")
+        for uid, s, b, n in zip(uids, stable.tolist(), bins.tolist(), rollout_n.tolist(), strict=True):
+            if uid in self.entries:
+                raise RuntimeError(f"verl-gdro: prompt uid {uid!r} was dispatched twice")
+            self.entries[uid] = Decision(int(s), int(b), int(n), int(step), self._seq)
+            self._seq += 1
+        self.calls.append((len(uids), int(rollout_n.sum())))
+
+    def drop(self, uid: str, acc: list[float], reason: str) -> bool:
+        """A group the replay buffer removes untrained; observed at the next update. False when the
+        uid is unknown (dispatched outside this ledger) or already dropped."""
+        if reason not in DROP_REASONS:
+            raise ValueError(f"unknown drop reason {reason!r}: allowed {list(DROP_REASONS)}")
+        if uid not in self.entries or uid in self.dropped:
+            return False
+        if not acc:  # nothing was generated: no observation, the decision is forgotten
+            del self.entries[uid]
+            self.lost += 1
+            return True
+        self.dropped[uid] = ([float(a) for a in acc], reason)
+        return True
+
+    def begin_update(self, consumed: list[str]) -> ObservedUpdate:
+        """The groups of one update: the consumed uids plus every dropped group, in dispatch order.
+
+        Raises for a consumed uid without a decision (a prompt that no ``_next_train_batch`` of
+        this run dispatched).
+        """
+        unique = list(dict.fromkeys(consumed))
+        missing = [u for u in unique if u not in self.entries]
+        if missing:
+            raise RuntimeError(
+                f"verl-gdro: trajectory of prompt uid {missing[0]!r} was not planned by _next_train_batch"
+            )
+        both = [u for u in unique if u in self.dropped]
+        if both:
+            raise RuntimeError(f"verl-gdro: prompt uid {both[0]!r} was both dropped and consumed")
+        uids = sorted(set(unique) | set(self.dropped), key=lambda u: self.entries[u].seq)
+        return ObservedUpdate(uids=uids, decisions=[self.entries[u] for u in uids], dropped=dict(self.dropped))
+
+    def finish_update(self, update: ObservedUpdate) -> dict[str, Any]:
+        """Forget the observed groups; return the dispatch counters since the last update, reset."""
+        for uid in update.uids:
+            self.entries.pop(uid, None)
+            self.dropped.pop(uid, None)
+        calls, lost = self.calls, self.lost
+        self.calls, self.lost = [], 0
+        return {"calls": calls, "lost": lost}
+
+    # -- checkpointing -----------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        uids = list(self.entries)
+        dec = [self.entries[u] for u in uids]
+        return {
+            "version": _STATE_VERSION,
+            "uids": uids,
+            "stable": np.array([d.stable_uid for d in dec], dtype=np.int64),
+            "bins": np.array([d.bin for d in dec], dtype=np.int64),
+            "rollout_n": np.array([d.rollout_n for d in dec], dtype=np.int64),
+            "step": np.array([d.step for d in dec], dtype=np.int64),
+            "seq": np.array([d.seq for d in dec], dtype=np.int64),
+            "next_seq": self._seq,
+            "dropped": {u: (list(a), r) for u, (a, r) in self.dropped.items()},
+            "calls": list(self.calls),
+            "lost": self.lost,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if not isinstance(state, dict) or state.get("version") != _STATE_VERSION:
+            raise ValueError(f"not a DispatchLedger state of version {_STATE_VERSION}")
+        self.entries = {
+            u: Decision(int(s), int(b), int(n), int(t), int(q))
+            for u, s, b, n, t, q in zip(state["uids"], state["stable"].tolist(), state["bins"].tolist(),
+                                        state["rollout_n"].tolist(), state["step"].tolist(),
+                                        state["seq"].tolist(), strict=True)
+        }
+        self.dropped = {u: (list(a), str(r)) for u, (a, r) in state["dropped"].items()}
+        self._seq = int(state["next_seq"])
+        self.calls = [(int(p), int(r)) for p, r in state["calls"]]
+        self.lost = int(state["lost"])

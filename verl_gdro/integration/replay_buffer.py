@@ -1,0 +1,83 @@
+"""verl 0.9.1's V1 replay buffers, made to report every group they remove without training on it.
+
+The replay buffer is where verl scores and filters groups: DAPO filtering
+(``algorithm.filter_groups``) evicts finished groups whose metric is identical across the group
+(all correct or all wrong), the sync buffer discards the surplus groups it drained, and the async
+buffer evicts stale (``max_off_policy_strategy=drop``) and failed groups. All of those go through
+``ReplayBuffer._clear_groups``, which deletes the trajectories from TransferQueue. These subclasses
+hand the cleared groups' trajectory keys to the GDRO trainer's observer first (it reads their
+correctness), so that the controllers observe every group the policy generated exactly once: the
+trained ones at the advantage stage, the removed ones here.
+
+Both classes add no state in ``__init__``; the trainer swaps the class of the buffer verl built
+(``GDROTrainerMixin._build_replay_buffer``), so verl's own constructor arguments stay verl's.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+
+from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer, ReplayBufferAsync
+
+__all__ = ["GDROReplayBuffer", "GDROReplayBufferAsync", "GDROReplayBufferMixin", "Observer", "with_observer"]
+
+#: (partition_id, {uid: trajectory keys}, {uid: reason}) -> None; called before the keys are cleared.
+Observer = Callable[[str, dict[str, list[str]], dict[str, str]], None]
+
+
+class GDROReplayBufferMixin:
+    """Calls ``gdro_observer`` with every training group the buffer clears untrained, and why."""
+
+    gdro_observer: Observer | None = None
+    _gdro_reasons: dict[str, str] | None = None
+
+    def _evict_terminal_groups(
+        self, global_steps: int, partition_id: str, eviction_reasons: tuple[set[str], set[str], set[str], Counter]
+    ) -> tuple[set[str], int, int, dict]:
+        stale, dapo, failed, _counts = eviction_reasons
+        # The sets may overlap; verl evicts their union once. Name the reason the user cares about
+        # most: filtered (no signal) over stale over failed.
+        reasons = {u: "failed" for u in failed}
+        reasons.update({u: "stale" for u in stale})
+        reasons.update({u: "filtered" for u in dapo})
+        self._gdro_reasons = reasons
+        try:
+            return super()._evict_terminal_groups(global_steps, partition_id, eviction_reasons)  # type: ignore[misc]
+        finally:
+            self._gdro_reasons = None
+
+    def _clear_groups(self, partition_id: str, uids: set[str]) -> None:
+        if uids and partition_id == "train" and self.gdro_observer is not None:
+            keys: dict[str, list[str]] = {u: [] for u in uids}
+            for key in self.partitions[partition_id]:  # type: ignore[attr-defined]
+                uid = key.split("_")[0]
+                if uid in keys:
+                    keys[uid].append(key)
+            # Outside an eviction pass the only caller is the sync buffer discarding its surplus.
+            reasons = {u: (self._gdro_reasons or {}).get(u, "surplus") for u in uids}
+            self.gdro_observer(partition_id, keys, reasons)
+        super()._clear_groups(partition_id, uids)  # type: ignore[misc]
+
+
+class GDROReplayBuffer(GDROReplayBufferMixin, ReplayBuffer):
+    """verl's sync ``ReplayBuffer`` (DAPO filtering, surplus discard) with the GDRO observer."""
+
+
+class GDROReplayBufferAsync(GDROReplayBufferMixin, ReplayBufferAsync):
+    """verl's ``ReplayBufferAsync`` (DAPO, stale and failed evictions) with the GDRO observer."""
+
+
+def with_observer(buffer: ReplayBuffer, observer: Observer | None) -> ReplayBuffer:
+    """Turn verl's built-in buffer into its GDRO subclass in place and attach the observer."""
+    if type(buffer) is ReplayBuffer:
+        buffer.__class__ = GDROReplayBuffer
+    elif type(buffer) is ReplayBufferAsync:
+        buffer.__class__ = GDROReplayBufferAsync
+    elif not isinstance(buffer, GDROReplayBufferMixin):
+        raise TypeError(
+            f"verl-gdro: replay buffer {type(buffer).__name__} is not verl's built-in one; the GDRO trainer cannot "
+            "observe the groups it removes (remove trainer.v1.sampler.custom_sampler)"
+        )
+    buffer.gdro_observer = observer  # type: ignore[attr-defined]
+    return buffer
