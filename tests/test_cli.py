@@ -19,7 +19,7 @@ from verl_gdro.errors import UsageError, usage_errors
         (["demo", "--gdro", "prompt.eta=[1"], "verl-gdro demo: error:"),  # not YAML
         (["demo", "--methods", "bogus"], "unknown method 'bogus'"),
         (["demo", "--steps", "0"], "steps=0 must be >= 1"),
-        (["demo", "--set", "lr=abc"], "could not convert string to float"),
+        (["demo", "--set", "lr=abc"], "--set lr='abc': expected a float"),
         (["plot", "/no/such/run"], "RUN_OR_JSONL='/no/such/run': no such file"),
         (["eval", "--run", "a=/no/such/dump"], "verl-gdro eval: error:"),
     ],

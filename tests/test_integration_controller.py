@@ -77,7 +77,7 @@ def test_budget_is_exact_for_every_call_and_calls_accumulate() -> None:
 
 def test_multipliers_follow_prompt_gdro_with_mean_one() -> None:
     c = ctrl()
-    shadow = PromptGDRO(10)
+    shadow = PromptGDRO(10, min_ess=0.8)  # the robust preset's ESS floor
     shadow_cls = OnlineDifficultyClassifier()
     for step in range(6):
         uids = np.arange(step, step + 20)
@@ -188,7 +188,7 @@ def test_joint_mode_matches_the_three_controllers_called_directly(utility: str) 
     from verl_gdro.rollout_gdro import RolloutGDRO
 
     c = ctrl(rollout={"enable": True, "arm_utility": utility})
-    cls, prompt = OnlineDifficultyClassifier(), PromptGDRO(10)
+    cls, prompt = OnlineDifficultyClassifier(), PromptGDRO(10, min_ess=0.8)
     alloc = RolloutGDRO(10, arm_utility=utility, selection="auto")
     for step in range(12):
         uids = np.random.default_rng(step).choice(40, size=16, replace=False)

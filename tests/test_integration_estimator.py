@@ -150,7 +150,7 @@ def test_v1_multi_trajectory_path_matches_grpo(grpo_batch) -> None:
 def test_standalone_reweights_like_prompt_gdro_over_steps(grpo_batch, caplog) -> None:
     """Standalone: bins from each group's own correctness, Prompt-GDRO state kept across steps."""
     edges = np.arange(1, 10) / 10
-    shadow = PromptGDRO(10)
+    shadow = PromptGDRO(10, min_ess=0.8)  # the robust preset's ESS floor
     caplog.set_level(logging.WARNING, logger="verl_gdro.integration.estimator")
     for step in range(4):
         data = grpo_batch(SIZES, seed=10 + step)

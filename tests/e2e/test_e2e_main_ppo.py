@@ -346,7 +346,7 @@ def async_run(e2e_root: Path, assets: dict[str, str]) -> RunResult:
 
 def _check_flow_run(run: RunResult) -> dict[int, dict[str, Any]]:
     """Every gdro/ metric finite at every step, and every generation call on its exact budget."""
-    from verl_gdro.metrics import PREFIX, metric_keys
+    from verl_gdro.metrics import PREFIX, step_keys
 
     _assert_ok(run)
     records = _train_records(run)
@@ -356,7 +356,9 @@ def _check_flow_run(run: RunResult) -> dict[int, dict[str, Any]]:
             "gdro/dispatch/rollouts", "gdro/inflight_prompts", "gdro/staleness/max"]
     flow += [f"gdro/flow/filtered_share/bin_{b}" for b in range(num_bins)]
     for step, data in records.items():
-        missing = [k for k in metric_keys(num_bins) + flow if k not in data]
+        # per-bin averages are logged for the bins present in the step only (step_keys)
+        counts = [data[f"{PREFIX}count/bin_{b}"] for b in range(num_bins)]
+        missing = [k for k in step_keys(counts) + flow if k not in data]
         assert not missing, f"step {step}: gdro metrics missing: {missing}"
         bad = {k: data[k] for k in data if k.startswith(PREFIX) and not finite(data[k])}
         assert not bad, f"step {step}: non-finite gdro metrics: {bad}"

@@ -391,6 +391,7 @@ def _resolve_prompt(c: dict[str, Any], preset: str, num_bins: int) -> PromptSett
     if share_floor is not None:
         share_floor = _float(f"{p}.share_floor", share_floor, 0.0, 1.0, low_open=True)
     min_ess = _float(f"{p}.min_ess", c["min_ess"], 0.0, 1.0, high_open=True)
+    _choice(f"{p}.weight_normalization", c["weight_normalization"], WEIGHT_NORMALIZATIONS)
     if min_ess > 0 and c["weight_normalization"] != "mean_one":
         raise ValueError(
             f"{p}.min_ess={min_ess} is invalid with {p}.weight_normalization={c['weight_normalization']!r}: the "
@@ -471,6 +472,8 @@ def resolve_gdro(group: Any = None) -> GDROSettings:
     for section, keys in resolve_preset(preset).items():
         for key, value in keys.items():
             if c[section][key] is None:
+                if (section, key) == ("prompt", "min_ess") and c["prompt"]["weight_normalization"] != "mean_one":
+                    value = 0.0  # the floor acts on mean_one multipliers; raw weights keep the preset's other choices
                 c[section][key] = value
     uid_key = _choice("gdro.uid_key", c["uid_key"], UID_KEYS)
     acc_key = c["acc_key"]
