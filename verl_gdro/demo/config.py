@@ -17,6 +17,7 @@ __all__ = [
     "METHOD_KEYS",
     "QUICK_METHODS",
     "DemoConfig",
+    "gdro_override",
     "method_gdro_group",
     "parse_method",
 ]
@@ -40,6 +41,19 @@ QUICK_METHODS = ("grpo", "prompt_gdro", "rollout_gdro")
 METHOD_KEYS = ("enable", "preset", "prompt.enable", "rollout.enable", "rollout.seed")
 
 
+def gdro_override(item: str) -> tuple[str, Any] | None:
+    """``(dotted key under gdro, YAML value)`` of one ``key=value`` item (a leading ``gdro.`` is
+    dropped), or None when it is not ``key=value``: the one parser of ``--gdro`` and of a variant's
+    keys, so both read values the same way. Callers name their own flag in the error."""
+    import yaml
+
+    key, sep, value = item.partition("=")
+    key = key.strip().removeprefix("gdro.")
+    if not sep or not key:
+        return None
+    return key, yaml.safe_load(value)
+
+
 def parse_method(spec: str) -> tuple[str, str, tuple[tuple[str, Any], ...]]:
     """``(label, method, overrides)`` of a ``--methods`` entry.
 
@@ -47,8 +61,6 @@ def parse_method(spec: str) -> tuple[str, str, tuple[tuple[str, Any], ...]]:
     ablation arm: METHOD's group with those ``gdro.*`` keys set (values parsed as YAML), reported
     under LABEL, e.g. ``pg_ess=prompt_gdro:prompt.min_ess=0.5,classifier.k=1``.
     """
-    import yaml
-
     if "=" not in spec.split(":", 1)[0]:
         if ":" in spec:
             raise ValueError(f"--methods {spec!r}: a variant needs a label, LABEL=METHOD:key=value,...")
@@ -60,10 +72,10 @@ def parse_method(spec: str) -> tuple[str, str, tuple[tuple[str, Any], ...]]:
         raise ValueError(f"--methods {spec!r}: the label must be letters, digits, '_' or '-'")
     overrides = []
     for item in filter(None, (k.strip() for k in keys.split(","))):
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
+        parsed = gdro_override(item)
+        if parsed is None:
             raise ValueError(f"--methods {spec!r}: {item!r} is not key=value")
-        overrides.append((key.strip().removeprefix("gdro."), yaml.safe_load(value)))
+        overrides.append(parsed)
     return label, method, tuple(overrides)
 
 

@@ -38,7 +38,7 @@ import yaml
 
 from verl_gdro.errors import UsageError
 
-from .config import DEFAULT_METHODS, METHODS, DemoConfig, parse_method
+from .config import DEFAULT_METHODS, METHODS, DemoConfig, gdro_override, parse_method
 
 __all__ = ["add_arguments", "add_study_arguments", "main", "main_study", "run_demo"]
 
@@ -120,11 +120,10 @@ def _config_from_args(args: argparse.Namespace) -> DemoConfig:
             raise ValueError(f"--set {key}={value!r}: expected a {kind.__name__}") from None
     gdro: list[tuple[str, Any]] = []
     for item in args.gdro or []:
-        key, sep, value = item.partition("=")
-        key = key.strip().removeprefix("gdro.")
-        if not sep or not key:
+        parsed = gdro_override(item)
+        if parsed is None:
             raise ValueError(f"--gdro {item!r}: expected KEY=VALUE with KEY a gdro.* key, e.g. prompt.max_weight=3")
-        gdro.append((key, yaml.safe_load(value)))
+        gdro.append(parsed)
     if gdro:
         over["gdro"] = tuple(gdro)
     cfg = replace(cfg, **over)
