@@ -214,6 +214,7 @@ class Bench:
         from omegaconf import OmegaConf
 
         from verl_gdro.integration.controller import GDROController
+        from verl_gdro.integration.ledger import DispatchLedger
 
         group = {
             "preset": preset,
@@ -221,6 +222,8 @@ class Bench:
             "rollout": {"enable": adversary == "rollout"},
         }
         self.ctrl = GDROController.from_config(group, rollout_n=N_MEAN)
+        self.ledger = DispatchLedger()  # the trainer decides at dispatch and records it here
+        self.global_steps = 1
         # the `algorithm` group verl hands the estimator; the GDRO trainer mirrors `gdro` into it
         self.algo_cfg = OmegaConf.create(
             {"adv_estimator": "gdro_grpo", "norm_adv_by_std_in_grpo": True, "gdro": group}
@@ -256,16 +259,28 @@ class Bench:
         from verl.trainer.ppo.v1.utils import compute_advantage_for_multi_trajectories
 
         from verl_gdro.integration.context import gdro_step, uid_keys
-        from verl_gdro.integration.controller import group_multipliers, trajectory_rows
+        from verl_gdro.integration.glue import acc_from_extra_fields, consume, flow_metrics, real_rows
+        from verl_gdro.integration.trainer import _as_list, _int_column
         from verl_gdro.integration.trainer import _padded_numpy as read_tokens
 
+        ctrl, ledger = self.ctrl, self.ledger
         prompt_uids = self.rng.choice(DATASET_PROMPTS, size=shape.prompts, replace=False).astype(np.int64)
+        # the prompt batch as verl's _next_train_batch hands it over: stable ids, a uid per group
+        prompt_batch = {"uid": np.array([str(uuid.uuid4()) for _ in range(shape.prompts)], dtype=object),
+                        "stable": prompt_uids.astype(object)}
 
-        verl_uids = [str(uuid.uuid4()) for _ in range(shape.prompts)]  # verl's uid per prompt group
+        # GDROTrainerMixin._next_train_batch: read the ids, decide, check the budget, record
         t0 = time.perf_counter()
-        plan = self.ctrl.before_generation(prompt_uids)
-        positions = dict(zip(verl_uids, plan.positions.tolist()))  # as _next_train_batch keeps it
+        stable = _int_column(prompt_batch["stable"])
+        verl_uids = uid_keys(_as_list(prompt_batch["uid"]))
+        plan = ctrl.decide(stable)
+        n = plan.rollout_n
+        if int(n.sum()) != N_MEAN * len(verl_uids):
+            raise AssertionError("exact budget")
+        ledger.dispatch(verl_uids, plan.uids, plan.bins, n, step=self.global_steps)
+        rollout_n_column = [int(x) for x in n] if ctrl.rollout is not None else None
         t_plan = time.perf_counter() - t0
+        del rollout_n_column
 
         if self.adversary == "rollout":
             sizes = plan.rollout_n
@@ -274,10 +289,19 @@ class Bench:
         else:
             sizes = np.full(shape.prompts, shape.n, dtype=np.int64)
         assert int(sizes.sum()) == tokens.response_mask.shape[0]
-        group_index = np.repeat(plan.positions, sizes)
-        acc = (self.rng.random(group_index.size) < self.true_p[prompt_uids][np.repeat(np.arange(sizes.size), sizes)])
-        data = make_batch(tokens, np.array(verl_uids, dtype=object), sizes, acc.astype(np.float64))
+        prompt_of_row = np.repeat(np.arange(sizes.size), sizes)
+        acc = (self.rng.random(prompt_of_row.size) < self.true_p[prompt_uids][prompt_of_row]).astype(np.float64)
+        data = make_batch(tokens, np.array(verl_uids, dtype=object), sizes, acc)
         grpo_data, gdro_data, v1_data = shallow_copy(data), shallow_copy(data), shallow_copy(data)
+        # what the trainer's tq.kv_batch_get returns besides the tensors: per-row verl uid, stable
+        # id, the streaming reward's extra fields; and the KVBatchMeta tags (one dict per row)
+        fetched = {
+            "uid": np.repeat(prompt_batch["uid"], sizes),
+            "stable": np.repeat(prompt_batch["stable"], sizes),
+            "extra_fields": np.array([{"reward_extra_info": {"acc": a, "score": 2 * a - 1}} for a in acc.tolist()],
+                                     dtype=object),
+        }
+        tags = [{} for _ in range(acc.size)]
         # TransferQueue keys of the V1 agent loop: {uid}_{session_id}_{output index}
         v1_keys = [f"{u}_{j}_0" for u, k in zip(verl_uids, sizes.tolist()) for j in range(k)]
 
@@ -299,20 +323,30 @@ class Bench:
         parts: dict[str, float] = {"plan": t_plan}
 
         def run_gdro() -> float:
-            # GDROTrainerSync._compute_advantage with the trainer's own helpers: uid -> plan
-            # position and padding rows (trajectory_rows), acc per trajectory, the multipliers
-            # into gdro_step per prompt group (group_multipliers) with the resolved settings,
-            # verl's stage, the token arrays for the loss signal (_padded_numpy), update + metrics
+            # GDROTrainerMixin._compute_advantage line by line, through the same glue functions
+            # (verl_gdro.integration.glue), minus TransferQueue's reads: real rows, the ledger
+            # update adopted into the controller's plan, the stable-id check, acc, the multipliers
+            # into verl's stage (gdro_grpo) per prompt group, the token arrays for the surrogate
+            # loss signals (preset paper), the controller updates, the ledger and flow metrics
             t = time.perf_counter()
-            uids = uid_keys(gdro_data.non_tensor_batch["uid"])
-            rows, g = trajectory_rows(uids, positions)  # the trainer's own helper
-            acc_col = gdro_data.non_tensor_batch["acc"]
-            acc_rows = np.fromiter(map(float, acc_col[rows].tolist()), dtype=np.float64, count=rows.size)
-            mult = self.ctrl.advantage_multipliers(g)
-            with gdro_step(group_multipliers(positions, g, mult), settings=self.ctrl.settings):
+            uids = uid_keys(_as_list(fetched["uid"]))
+            rows = real_rows(uids, tags)
+            trained = uids if rows.size == len(uids) else list(map(uids.__getitem__, rows.tolist()))
+            consumed = consume(ledger, ctrl, trained)
+            stable_rows = _int_column(fetched["stable"])[rows]
+            if not np.array_equal(stable_rows, ctrl.planned_uids(consumed.group_index)):
+                raise AssertionError("stable ids")
+            values, _ = acc_from_extra_fields(_as_list(fetched["extra_fields"]), rows, "acc")
+            assert values is not None
+            acc_rows = np.fromiter(map(float, values), dtype=np.float64, count=len(values))
+            t_glue = time.perf_counter()
+            mult = ctrl.advantage_multipliers(consumed.group_index)
+            with gdro_step(consumed.multiplier_table(mult), settings=ctrl.settings,
+                           rows=consumed.row_plan(uids, rows, mult)):
                 t1 = time.perf_counter()
                 compute_advantage(gdro_data, "gdro_grpo", norm_adv_by_std_in_grpo=True, config=self.algo_cfg)
                 t2 = time.perf_counter()
+            dropped_index, dropped_acc = consumed.dropped()
             extra: dict[str, np.ndarray] = {}
             if self.needs_log_probs:
                 batch = gdro_data.batch
@@ -320,9 +354,14 @@ class Bench:
                                   ("advantages", "advantages"), ("ref_log_probs", "ref_log_prob")):
                     extra[name] = read_tokens(batch[key], rows)
             t3 = time.perf_counter()
-            self.ctrl.after_advantage(g, acc_rows, **extra)
+            metrics = ctrl.after_advantage(np.concatenate([consumed.group_index, dropped_index]),
+                                           np.concatenate([acc_rows, dropped_acc]), **extra)
+            counters = ledger.finish_update(consumed.update)
+            metrics.update(flow_metrics(ctrl.num_bins, consumed.update, consumed.kept_group, counters,
+                                        self.global_steps, len(ledger)))
             t4 = time.perf_counter()
-            parts.update(multipliers=t1 - t, estimator=t2 - t1, read_tokens=t3 - t2, update_metrics=t4 - t3)
+            parts.update(glue=t_glue - t, multipliers=t1 - t_glue, estimator=t2 - t1, read_tokens=t3 - t2,
+                         update_metrics=t4 - t3)
             return t4 - t
 
         if grpo_first:
@@ -333,6 +372,7 @@ class Bench:
             v1_s = run_v1_grpo()
             gdro_s = run_gdro()
             grpo_s = run_grpo()
+        self.global_steps += 1
         return grpo_s, t_plan + gdro_s, v1_s, parts
 
 

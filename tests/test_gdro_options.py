@@ -16,7 +16,14 @@ from verl_gdro.demo.config import METHODS, method_gdro_group, parse_method
 from verl_gdro.demo.stats import bootstrap_ci, rollouts_to_reach, summarise
 from verl_gdro.integration.config import resolve_gdro
 from verl_gdro.integration.controller import GDROController
-from verl_gdro.prompt_gdro import PromptGDRO, effective_sample_size, ess_floor_multipliers
+from verl_gdro.prompt_gdro import (
+    PromptGDRO,
+    advantage_multipliers,
+    effective_sample_size,
+    ess_floor_multipliers,
+    exp_weights,
+    mix_probs,
+)
 from verl_gdro.rollout_gdro import (
     RolloutGDRO,
     arm_utility_values,
@@ -152,6 +159,68 @@ def test_ess_floor_holds_and_the_step_is_the_largest_that_does(scores, bins, rho
         bigger, _ = ess_floor_multipliers(s, b, eta=0.65 * (scale + 0.01), score_clip=10.0, gamma=0.01,
                                           max_weight=15.0, min_ess=0.0)
         assert effective_sample_size(bigger[b]) < rho + 1e-6
+
+
+def _ess_floor_reference(scores, bins, eta, score_clip, gamma, max_weight, min_ess, iterations=40):
+    """The floor's bisection with every step decided by the per-element ESS share (the code before
+    the per-bin fast path), the reference the fast path must match bit for bit."""
+    def weights_at(scale):
+        q = mix_probs(exp_weights(scores, scale * eta, score_clip), gamma)
+        return advantage_multipliers(q, q, bins, max_weight, "mean_one")
+
+    w = weights_at(1.0)
+    if bins.size == 0 or effective_sample_size(w[bins]) >= min_ess:
+        return w, 1.0
+    lo, hi = 0.0, 1.0
+    for _ in range(iterations):
+        mid = 0.5 * (lo + hi)
+        if effective_sample_size(weights_at(mid)[bins]) >= min_ess:
+            lo = mid
+        else:
+            hi = mid
+    return weights_at(lo), lo
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    scores=st.lists(st.floats(-12.0, 12.0), min_size=2, max_size=12),
+    seed=st.integers(0, 2**16),
+    size=st.integers(1, 2048),
+    rho=st.floats(0.05, 0.99),
+    max_weight=st.sampled_from([1.5, 3.0, 15.0]),
+    gamma=st.sampled_from([0.0, 0.01, 0.2]),
+    on_a_step=st.booleans(),
+)
+def test_ess_floor_fast_path_is_bit_identical_to_the_per_element_bisection(
+    scores, seed, size, rho, max_weight, gamma, on_a_step
+):
+    s = np.array(scores)
+    b = np.random.default_rng(seed).integers(0, s.size, size=size)
+    args = {"eta": 2.0, "score_clip": 10.0, "gamma": gamma, "max_weight": max_weight}
+    if on_a_step:
+        # a floor equal to the per-element share at a dyadic scale the bisection visits: the
+        # per-bin share then lies within the margin and the per-element one must decide
+        q = mix_probs(exp_weights(s, 0.375 * args["eta"], 10.0), gamma)
+        rho = effective_sample_size(advantage_multipliers(q, q, b, max_weight, "mean_one")[b])
+    w, scale = ess_floor_multipliers(s, b, min_ess=rho, **args)
+    w_ref, scale_ref = _ess_floor_reference(s, b, min_ess=rho, **args)
+    assert scale == scale_ref
+    np.testing.assert_array_equal(w, w_ref)
+
+
+def test_ess_floor_falls_back_to_the_per_element_share_next_to_the_floor(monkeypatch):
+    import verl_gdro.prompt_gdro as pg
+
+    s = np.array([3.0, 0.0, -1.0, 2.0])
+    b = np.random.default_rng(1).integers(0, 4, size=300)
+    q = mix_probs(exp_weights(s, 0.375 * 2.0, 10.0), 0.01)
+    rho = effective_sample_size(advantage_multipliers(q, q, b, 15.0, "mean_one")[b])
+    calls = []
+    monkeypatch.setattr(pg, "effective_sample_size", lambda w: calls.append(1) or effective_sample_size(w))
+    _, scale = pg.ess_floor_multipliers(s, b, eta=2.0, score_clip=10.0, gamma=0.01, max_weight=15.0, min_ess=rho)
+    assert scale == 0.375  # reached exactly: the floor holds with equality there
+    # the first check, then only the steps within ~1e-9 of 0.375 (the last ~10 of 40)
+    assert 2 <= len(calls) <= 15
 
 
 def test_prompt_gdro_without_the_floor_is_unchanged_and_with_it_is_milder():

@@ -9,14 +9,11 @@ import pytest
 
 from verl_gdro.classifier import OnlineDifficultyClassifier
 from verl_gdro.integration.config import resolve_gdro
-from verl_gdro.integration.context import gdro_step
 from verl_gdro.integration.controller import (
     EXTRA_METRICS,
     GDROController,
     describe_mode,
-    group_multipliers,
     mode_name,
-    trajectory_rows,
 )
 from verl_gdro.metrics import PREFIX, metric_keys, step_keys
 from verl_gdro.prompt_gdro import PromptGDRO
@@ -242,65 +239,6 @@ def test_a_refused_step_leaves_every_controller_as_it_was(monkeypatch: pytest.Mo
     c.after_advantage(g, acc)  # the same step again, accepted this time
     np.testing.assert_equal(c.state_dict(), reference.state_dict())
     assert run(c, range(3, 6)) == run(reference, range(3, 6))
-
-
-# ----------------------------------------------------------------------------------------------
-# trainer glue shared with benchmarks/overhead.py (issue 13: vectorised per-row work)
-# ----------------------------------------------------------------------------------------------
-
-
-def _rows_reference(uids: list[str], positions: dict[str, int], padding: list[bool]) -> tuple[list[int], list[int]]:
-    """The trainer's former per-row loops, as the reference the vectorised helper must match."""
-    rows = [i for i, (u, tag) in enumerate(zip(uids, padding)) if not tag and not u.startswith("pad")]
-    return rows, [positions[uids[i]] for i in rows]
-
-
-def test_trajectory_rows_matches_the_per_row_reference() -> None:
-    rng = np.random.default_rng(0)
-    planned = [f"u{i}" for i in range(40)]
-    positions = {u: i for i, u in enumerate(planned)}
-    for _ in range(20):
-        uids = list(rng.choice(planned, size=120)) + [f"pad{i}" for i in range(rng.integers(0, 4))]
-        rng.shuffle(uids)
-        padding = [bool(rng.random() < 0.1) for _ in uids]
-        rows, g = trajectory_rows(uids, positions, padding)
-        ref_rows, ref_g = _rows_reference(uids, positions, padding)
-        assert rows.tolist() == ref_rows and g.tolist() == ref_g
-        assert g.dtype == np.int64
-    rows, g = trajectory_rows(["u1", "pad9", "u0"], positions)  # no tags: the pad uid alone decides
-    assert rows.tolist() == [0, 2] and g.tolist() == [1, 0]
-
-
-def test_trajectory_rows_refuses_an_unplanned_uid_but_skips_tagged_padding() -> None:
-    positions = {"a": 0, "b": 1}
-    with pytest.raises(RuntimeError, match="'zz' was not planned"):
-        trajectory_rows(["a", "zz", "b"], positions)
-    rows, g = trajectory_rows(["a", "zz", "b"], positions, [False, True, False])
-    assert rows.tolist() == [0, 2] and g.tolist() == [0, 1]
-    with pytest.raises(ValueError, match="one flag per row"):
-        trajectory_rows(["a", "b"], positions, [False])
-
-
-def test_group_multipliers_give_each_group_its_rows_value() -> None:
-    c = ctrl()
-    c.prompt.update(np.arange(10), np.linspace(1.0, 0.0, 10))  # non-uniform weights
-    uids = np.arange(10)
-    c.classifier.observe(uids, np.array([0, 1, 2, 3, 5, 8, 12, 20, 40, 70]), np.full(10, 100))  # several bins
-    plan = c.before_generation(uids)
-    assert len(set(plan.bins.tolist())) > 4
-    positions = {f"v{p}": int(p) for p in plan.positions}
-    g = np.repeat(plan.positions, plan.rollout_n)
-    g = g[g != 3]  # prompt 3's generation failed: no rows
-    mult = c.advantage_multipliers(g)
-    table = group_multipliers(positions, g, mult)
-    assert list(table) == list(positions)
-    for uid, p in positions.items():
-        expected = mult[g == p]
-        assert table[uid] == (expected[0] if expected.size else 1.0)
-        assert np.all(expected == table[uid])
-    assert len(set(table.values())) > 3
-    with gdro_step(table) as step:  # what the estimator reads back per row
-        np.testing.assert_array_equal(step.lookup([f"v{p}" for p in g]), mult)
 
 
 @pytest.mark.parametrize(

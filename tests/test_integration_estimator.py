@@ -13,7 +13,7 @@ from verl.trainer.ppo.ray_trainer import compute_advantage
 from verl.trainer.ppo.v1.utils import compute_advantage_for_multi_trajectories
 
 from verl_gdro.integration import estimator as est
-from verl_gdro.integration.context import gdro_step
+from verl_gdro.integration.context import RowPlan, gdro_step
 from verl_gdro.prompt_gdro import PromptGDRO
 
 SIZES = [2, 3, 5, 4, 12, 2, 7]  # Rollout-GDRO-like variable group sizes
@@ -221,3 +221,38 @@ def test_gdro_step_per_row_values_must_agree_within_a_uid() -> None:
         pass
     with pytest.raises(ValueError, match="finite and >= 0; uid 'x'"), gdro_step({"w": 1.0, "x": float("nan")}):
         pass
+
+
+def _row_plan(uids: list[str], table: dict[str, float]) -> RowPlan:
+    counts = {u: uids.count(u) for u in set(uids)}
+    return RowPlan(uids=list(uids), multipliers=np.array([table[u] for u in uids]),
+                   singleton=np.array([counts[u] == 1 for u in uids]))
+
+
+@pytest.mark.parametrize("sizes", [SIZES, [3, 1, 4, 1, 2]])  # with singleton groups too
+def test_row_plan_gives_the_tables_bits_and_skips_the_grouping(grpo_batch, monkeypatch, sizes) -> None:
+    data = grpo_batch(sizes, seed=31)
+    uids = data.non_tensor_batch["uid"].tolist()
+    table = {f"g{g}": 0.25 + 0.5 * g for g in range(len(sizes))}
+    with gdro_step(table):
+        ref = advantages(data, "gdro_grpo")
+    grouped = []
+    real_group_ids = est._group_ids
+    monkeypatch.setattr(est, "_group_ids", lambda keys: grouped.append(1) or real_group_ids(keys))
+    with gdro_step(table, rows=_row_plan(uids, table)):
+        got = advantages(data, "gdro_grpo")
+    assert torch.equal(got, ref) and not grouped  # same bits, and the rows were not regrouped
+    # rows in another order than the batch: the estimator groups the rows itself, same bits
+    with gdro_step(table, rows=_row_plan(uids[::-1], table)):
+        got = advantages(data, "gdro_grpo")
+    assert torch.equal(got, ref) and grouped
+
+
+def test_row_plan_refuses_bad_rows() -> None:
+    with pytest.raises(ValueError, match="one entry per uid"):
+        RowPlan(uids=["a", "b"], multipliers=np.ones(3), singleton=np.zeros(2, dtype=bool))
+    with pytest.raises(ValueError, match="finite and >= 0; row 1"):
+        RowPlan(uids=["a", "b"], multipliers=np.array([1.0, np.nan]), singleton=np.zeros(2, dtype=bool))
+    plan = RowPlan(uids=["a", "b"], multipliers=np.ones(2), singleton=np.zeros(2, dtype=bool))
+    assert plan.matches(np.array(["a", "b"], dtype=object)) and plan.matches(["a", "b"])
+    assert not plan.matches(["b", "a"]) and not plan.matches(["a"])

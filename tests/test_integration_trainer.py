@@ -126,6 +126,20 @@ def test_advantage_stage_matches_direct_controllers_and_skips_padding(tmp_path: 
     check_advantage_stage(tmp_path, fake_tq, steps=4)
 
 
+def test_without_padding_the_estimator_gets_the_trainers_rows(
+    tmp_path: Path, fake_tq: FakeTQ, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No padding rows: the trainer hands verl's estimator its per-row view (RowPlan), which
+    gives the same advantages without regrouping the rows by uid."""
+    from verl_gdro.integration import estimator
+
+    grouped = []
+    real = estimator._group_ids
+    monkeypatch.setattr(estimator, "_group_ids", lambda keys: grouped.append(len(keys)) or real(keys))
+    check_advantage_stage(tmp_path, fake_tq, steps=3, pad=0)
+    assert not grouped
+
+
 @pytest.fixture(scope="module")
 def real_tq() -> Iterator[Any]:
     yield from start_real_tq()
@@ -147,11 +161,11 @@ def test_missing_acc_on_real_transfer_queue(tmp_path: Path, real_tq: Any) -> Non
         trainer._compute_advantage(meta, {})
 
 
-def check_advantage_stage(tmp_path: Path, store: Any, steps: int) -> None:
+def check_advantage_stage(tmp_path: Path, store: Any, steps: int, pad: int = 3) -> None:
     trainer = make_trainer(tmp_path, "gdro.rollout.enable=true")
     shadow = GDROController(trainer.gdro_settings, rollout_n=4)
     for step in range(1, steps + 1):
-        out = run_step(trainer, store, step, pad=3)
+        out = run_step(trainer, store, step, pad=pad)
         truth = out["truth"]
         # the same decisions and updates, computed directly on the same data
         stable_batch = np.array([int(s) for s in out["batch"]["index"]])
@@ -194,7 +208,7 @@ def check_advantage_stage(tmp_path: Path, store: Any, steps: int) -> None:
             assert torch.allclose(adv, expected, atol=1e-6), (step, i)
         pads = stored_field(store, [k for k, t in zip(out["meta"].keys, out["meta"].tags) if t.get("is_padding")],
                             "advantages")
-        assert len(pads) == 3 and all(torch.count_nonzero(p) == 0 for p in pads)
+        assert len(pads) == pad and all(torch.count_nonzero(p) == 0 for p in pads)
     assert _state_equal(trainer.gdro.state_dict(), shadow.state_dict())
     assert trainer.gdro.prompt is not None and np.any(trainer.gdro.prompt.scores != 0)
 

@@ -163,7 +163,7 @@ def test_dry_run_every_recipe(tmp_path, recipe, capsys):
 )
 def test_invalid_override_fails_naming_the_key(tmp_path, capsys, recipe, override, key):
     argv = recipe_argv(tmp_path, recipe, env={"DRY_RUN": "1"}, args=(override,))
-    assert dry_run(argv[2:], print_config=False) == 1
+    assert dry_run(argv[2:], print_config=False) == 2
     err = capsys.readouterr().err
     assert err.startswith("DRY RUN FAILED:") and key in err, err
 
@@ -184,13 +184,13 @@ def test_data_prepared_with_another_template_is_refused(tmp_path, capsys):
     pd.read_parquet(tmp_path / "boxed_data" / "boxed" / "val.parquet").to_parquet(
         tmp_path / "data" / "answer" / "val.parquet"
     )
-    assert dry_run(argv, print_config=False) == 1
+    assert dry_run(argv, print_config=False) == 2
     err = capsys.readouterr().err
     assert "data.val_files" in err and "template ['boxed']" in err and "'answer'" in err
     os.remove(tmp_path / "data" / "answer" / "train.parquet")
     assert (
         dry_run(argv + ["template=boxed", "paths.data_dir=" + str(tmp_path / "nowhere")], require_data=True)
-        == 1
+        == 2
     )
     assert "does not exist" in capsys.readouterr().err
 
@@ -218,7 +218,7 @@ def test_dry_run_through_bash_end_to_end(tmp_path):
         timeout=600,
     )
     assert (
-        bad.returncode == 1 and "DRY RUN FAILED" in bad.stderr and "actor_rollout_ref.rollout.n" in bad.stderr
+        bad.returncode == 2 and "DRY RUN FAILED" in bad.stderr and "actor_rollout_ref.rollout.n" in bad.stderr
     )
 
 
@@ -235,5 +235,17 @@ def test_dry_run_cli_namespace_entry(tmp_path, capsys):
     dryrun.add_arguments(parser)
     ns = parser.parse_args(["--quiet", *argv[2:]])
     assert ns.config_name == "gdro_trainer" and ns.config_dir == [str(REPO / "hydra_configs")]
-    assert dryrun.main(ns) == 1
+    assert dryrun.main(ns) == 2
     assert "gdro.rollout.n_max=3" in capsys.readouterr().err
+
+
+def test_verl_gdro_dry_run_answers_a_bad_key_with_one_line_and_exit_2(tmp_path, capsys):
+    """``verl-gdro dry-run`` follows the CLI's convention for bad input (issue 13)."""
+    from verl_gdro import cli
+
+    argv = recipe_argv(tmp_path, "prompt_gdro_qwen3_1.7b.sh", env={"DRY_RUN": "1"}, args=("gdro.prompt.eta=-1",))
+    assert cli.main(["dry-run", "--quiet", *argv[2:]]) == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if not line.lstrip().startswith(("warnings.warn", "/"))]
+    assert len([line for line in lines if "DRY RUN FAILED" in line]) == 1 and "gdro.prompt.eta" in err
+    assert "Traceback" not in err

@@ -287,7 +287,8 @@ def derived_quantities(cfg, settings: Any, train_rows: int | None) -> dict[str, 
 
 
 def dry_run(argv: list[str], require_data: bool = False, print_config: bool = True, out: Any = None) -> int:
-    """Compose and validate; print the config and derived quantities. Returns the exit status."""
+    """Compose and validate; print the config and derived quantities. Returns the exit status:
+    0, or 2 with one ``DRY RUN FAILED: <reason>`` line on stderr for a config that fails a check."""
     from omegaconf import OmegaConf
 
     out = sys.stdout if out is None else out  # looked up per call (pytest's capsys swaps it)
@@ -306,7 +307,7 @@ def dry_run(argv: list[str], require_data: bool = False, print_config: bool = Tr
         derived = derived_quantities(cfg, settings, train_rows)
     except DryRunError as e:
         print(f"DRY RUN FAILED: {e}", file=sys.stderr)
-        return 1
+        return 2  # bad input, as argparse and every other verl-gdro subcommand answer it
     if print_config:
         print("=== resolved config ===", file=out)
         print(OmegaConf.to_yaml(OmegaConf.create(resolved)), file=out)

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["GDROStep", "PADDING_UID_PREFIX", "current_step", "gdro_step", "is_padding_uid", "uid_keys"]
+__all__ = ["GDROStep", "PADDING_UID_PREFIX", "RowPlan", "current_step", "gdro_step", "is_padding_uid", "uid_keys"]
 
 # verl's _balance_batch pads with zero-mask rows whose uid is f"pad{uuid4().hex}" (padding_utils.py).
 PADDING_UID_PREFIX = "pad"
@@ -42,6 +42,44 @@ def uid_keys(index: Sequence[object]) -> list[str]:
 
 
 @dataclass(frozen=True)
+class RowPlan:
+    """The caller's per-row view of the very batch the estimator will see (optional).
+
+    ``uids``: verl's uid of every row, in the batch's row order; ``multipliers``: each row's
+    multiplier (its group's value); ``singleton``: whether the row's uid occurs once in ``uids``.
+    The GDRO trainer already holds all three (the rows it fetched, their plan positions and
+    multipliers), so it hands them over and the estimator, after checking that its ``index`` is
+    exactly ``uids``, skips grouping the rows by uid and looking the multipliers up (about a
+    third of a millisecond per step at 1,024 rows, benchmarks/overhead.py). When the rows differ
+    in any way the estimator takes its general path over the per-uid table.
+    """
+
+    uids: list[str]
+    multipliers: np.ndarray
+    singleton: np.ndarray
+
+    def __post_init__(self) -> None:
+        m = np.asarray(self.multipliers, dtype=np.float64)
+        s = np.asarray(self.singleton, dtype=bool)
+        if m.shape != (len(self.uids),) or s.shape != (len(self.uids),):
+            raise ValueError(
+                f"RowPlan: multipliers {m.shape} and singleton {s.shape} need one entry per uid ({len(self.uids)})"
+            )
+        if not np.all(np.isfinite(m) & (m >= 0)):
+            bad = int(np.flatnonzero(~(np.isfinite(m) & (m >= 0)))[0])
+            raise ValueError(f"RowPlan: multipliers must be finite and >= 0; row {bad} has {m[bad]}")
+        object.__setattr__(self, "multipliers", m)
+        object.__setattr__(self, "singleton", s)
+
+    def matches(self, index: Sequence[object]) -> bool:
+        """Whether verl's ``index`` (uid per row) is exactly these rows, in this order."""
+        if len(index) != len(self.uids):
+            return False
+        rows = index.tolist() if isinstance(index, np.ndarray) else list(index)
+        return rows == self.uids
+
+
+@dataclass(frozen=True)
 class GDROStep:
     """The multiplier of every prompt group of one advantage computation, keyed by verl ``uid``.
 
@@ -53,6 +91,7 @@ class GDROStep:
 
     multipliers: Mapping[str, float]
     settings: Any = None
+    rows: RowPlan | None = None
 
     def lookup(self, index: Sequence[object]) -> np.ndarray:
         """Per-row multipliers for verl's ``index`` (uid) array; padding groups get 1.
@@ -83,13 +122,16 @@ _CURRENT: contextvars.ContextVar[GDROStep | None] = contextvars.ContextVar("verl
 
 @contextmanager
 def gdro_step(multipliers: Mapping[str, float] | None = None, *, uids: Sequence[object] | None = None,
-              values: Sequence[float] | np.ndarray | None = None, settings: Any = None) -> Iterator[GDROStep]:
+              values: Sequence[float] | np.ndarray | None = None, settings: Any = None,
+              rows: RowPlan | None = None) -> Iterator[GDROStep]:
     """Open a step: the estimator applies these per-uid multipliers instead of running standalone.
 
     Either ``multipliers`` (uid -> multiplier) or parallel ``uids`` / ``values`` (one per prompt
     group, or one per row: repeated uids must carry the same value). ``settings``: the resolved
     ``gdro`` settings the estimator should use (see :class:`GDROStep`); ``None`` resolves them
-    from the estimator's config as standalone. Steps do not nest.
+    from the estimator's config as standalone. ``rows``: the per-row view of the batch
+    (:class:`RowPlan`), which must agree with the multipliers; the estimator then skips its own
+    grouping when its batch is exactly these rows. Steps do not nest.
     """
     if multipliers is None:
         if uids is None or values is None:
@@ -117,7 +159,7 @@ def gdro_step(multipliers: Mapping[str, float] | None = None, *, uids: Sequence[
         raise ValueError(f"gdro_step: multipliers must be finite and >= 0; uid {key!r} has {table[key]}")
     if _CURRENT.get() is not None:
         raise RuntimeError("gdro_step: a step is already open (steps do not nest)")
-    step = GDROStep(multipliers=table, settings=settings)
+    step = GDROStep(multipliers=table, settings=settings, rows=rows)
     token = _CURRENT.set(step)
     try:
         yield step

@@ -24,9 +24,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
-from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -34,12 +33,11 @@ from numpy.typing import ArrayLike, NDArray
 
 from verl_gdro.classifier import MAX_TRIALS_PER_VISIT, OnlineDifficultyClassifier
 from verl_gdro.integration.config import GDROSettings, resolve_gdro
-from verl_gdro.integration.context import is_padding_uid
 from verl_gdro.metrics import PREFIX, step_metrics
 from verl_gdro.prompt_gdro import PromptGDRO, failure_rate_loss, surrogate_kl_loss, surrogate_loss
 from verl_gdro.rollout_gdro import FULL_INFORMATION_UTILITIES, RolloutGDRO, smoothed_rate
 
-__all__ = ["EXTRA_METRICS", "GDROController", "StepPlan", "describe_mode", "group_multipliers", "mode_name", "trajectory_rows"]
+__all__ = ["EXTRA_METRICS", "GDROController", "StepPlan", "describe_mode", "mode_name"]
 
 logger = logging.getLogger(__name__)
 
@@ -525,55 +523,6 @@ def describe_mode(settings: GDROSettings, rollout_n: int | None = None) -> str:
     if settings.advantage_clip is not None:
         parts.append(f"advantage_clip {settings.advantage_clip:g}")
     return " | ".join(parts)
-
-
-def trajectory_rows(
-    uids: Sequence[str], positions: Mapping[str, int], padding: ArrayLike | None = None
-) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
-    """``(rows, group_index)`` of a fetched batch: its non-padding rows, and the plan position of
-    each one's prompt (``positions``: verl uid -> position, as the trainer recorded at planning).
-
-    A row is padding when ``padding`` (verl's ``is_padding`` tag per row) says so or its uid is one
-    of verl's padding uids; any other row whose uid was never planned raises (a trajectory of a
-    prompt the controller did not plan would silently skew its statistics). The GDRO trainer and
-    ``benchmarks/overhead.py`` share this. One C-level dict pass over the rows instead of three
-    per-row Python loops (padding test, uid -> position, row selection), which were part of GDRO's
-    fixed per-step cost.
-    """
-    pos = np.fromiter(map(positions.get, uids, repeat(-1)), dtype=np.int64, count=len(uids))
-    real = pos >= 0
-    if padding is not None:
-        tagged = np.asarray(padding, dtype=bool)
-        if tagged.shape != real.shape:
-            raise ValueError(f"padding must hold one flag per row ({real.size}), got shape {tagged.shape}")
-        real &= ~tagged
-    else:
-        tagged = np.zeros(real.shape, dtype=bool)
-    for i in np.flatnonzero((pos < 0) & ~tagged).tolist():  # unplanned: padding uids only (usually none)
-        if not is_padding_uid(uids[i]):
-            raise RuntimeError(f"verl-gdro: trajectory of prompt uid {uids[i]!r} was not planned by _next_train_batch")
-    rows = np.flatnonzero(real)
-    return rows, pos[rows]
-
-
-def group_multipliers(
-    positions: Mapping[str, int], group_index: ArrayLike, multipliers: ArrayLike
-) -> dict[str, float]:
-    """verl uid -> multiplier of each planned prompt group, for :func:`gdro_step`, from the per-row
-    ``multipliers`` of :meth:`GDROController.advantage_multipliers` (``group_index``: their rows'
-    plan positions).
-
-    Every row of a group carries its prompt's bin weight, so one value per group says the same as
-    one per row; handing ``gdro_step`` the groups (256 at 256 x 4) instead of the rows skips its
-    per-row consistency check. Planned prompts without any row (a failed generation) get 1.0: the
-    estimator never sees them.
-    """
-    g = np.asarray(group_index, dtype=np.int64)
-    m = np.asarray(multipliers, dtype=np.float64)
-    pos = np.fromiter(positions.values(), dtype=np.int64, count=len(positions))
-    per_position = np.ones(int(pos.max()) + 1 if pos.size else 0, dtype=np.float64)
-    per_position[g] = m
-    return dict(zip(positions.keys(), per_position[pos].tolist()))
 
 
 def _int_array(name: str, values: ArrayLike) -> NDArray[np.int64]:

@@ -33,6 +33,7 @@ top-level ``gdro`` group there). Missing keys take the package defaults.
 from __future__ import annotations
 
 import logging
+from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -106,19 +107,18 @@ def _norm_by_std(config: Any) -> bool:
         return bool(getattr(config, "norm_adv_by_std_in_grpo", True))
 
 
-def _group_ids(index: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
+def _group_ids(keys: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
     """(inverse group id per row, group sizes, is-padding per group, uid per group) for verl's uid
-    array.
+    of every row (as str, :func:`uid_keys`).
 
     Groups are numbered in order of first appearance. Built with C-level passes (``dict.fromkeys``,
     ``map``) rather than a per-row Python loop: this runs every step on every row.
     """
-    keys = uid_keys(index)
     groups = list(dict.fromkeys(keys))
     table = dict(zip(groups, range(len(groups))))
     inverse = np.fromiter(map(table.__getitem__, keys), dtype=np.int64, count=len(keys))
     sizes = np.bincount(inverse, minlength=len(groups))
-    padding = np.fromiter((k.startswith(PADDING_UID_PREFIX) for k in groups), dtype=bool, count=len(groups))
+    padding = np.fromiter(map(str.startswith, groups, repeat(PADDING_UID_PREFIX)), dtype=bool, count=len(groups))
     return inverse, sizes, padding, groups
 
 
@@ -198,20 +198,26 @@ def compute_gdro_grpo_advantage(
         norm_adv_by_std_in_grpo=_norm_by_std(config),
         config=config,
     )
-    keys = uid_keys(index)  # str per row, once
-    inverse, sizes, padding, groups = _group_ids(keys)
-    singleton = sizes[inverse] == 1
-    if singleton.any():
-        advantages[torch.as_tensor(singleton)] = 0.0
-
     mult: np.ndarray | None = None
-    if step is not None:
-        if not step.all_ones():
-            # one lookup per group (every row of a group has its multiplier), spread to the rows
-            mult = step.lookup(groups)[inverse]
-    elif settings.enable and settings.prompt.enable:
-        scores = token_level_rewards.sum(dim=-1).detach().cpu().double().numpy()
-        mult = _standalone_multipliers(scores, inverse, padding, settings)
+    rows = step.rows if step is not None else None
+    if rows is not None and rows.matches(index):
+        # the caller's per-row view of exactly this batch: no grouping, no lookup
+        if rows.singleton.any():
+            advantages[torch.as_tensor(rows.singleton)] = 0.0
+        mult = rows.multipliers
+    else:
+        keys = uid_keys(index)  # str per row, once
+        inverse, sizes, padding, groups = _group_ids(keys)
+        singleton = sizes[inverse] == 1
+        if singleton.any():
+            advantages[torch.as_tensor(singleton)] = 0.0
+        if step is not None:
+            if not step.all_ones():
+                # one lookup per group (every row of a group has its multiplier), spread to the rows
+                mult = step.lookup(groups)[inverse]
+        elif settings.enable and settings.prompt.enable:
+            scores = token_level_rewards.sum(dim=-1).detach().cpu().double().numpy()
+            mult = _standalone_multipliers(scores, inverse, padding, settings)
     if mult is not None and not np.all(mult == 1.0):
         advantages = advantages * torch.as_tensor(mult, dtype=advantages.dtype, device=advantages.device)[:, None]
     if settings.advantage_clip is not None:

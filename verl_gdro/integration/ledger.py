@@ -21,7 +21,10 @@ Pure Python and numpy: no verl, no torch.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from functools import cached_property
+from itertools import chain, repeat
+from operator import attrgetter
+from typing import Any, NamedTuple
 
 import numpy as np
 from numpy.typing import NDArray
@@ -29,14 +32,19 @@ from numpy.typing import NDArray
 __all__ = ["DROP_REASONS", "Decision", "DispatchLedger", "ObservedUpdate"]
 
 _STATE_VERSION = 1
+_SEQ = attrgetter("seq")
 
 #: Why the replay buffer removed a group without training on it (verl 0.9.1's V1 replay buffer).
 DROP_REASONS: tuple[str, ...] = ("filtered", "surplus", "stale", "failed")
 
 
-@dataclass(frozen=True)
-class Decision:
-    """What GDRO decided for one dispatched prompt group, and when."""
+class Decision(NamedTuple):
+    """What GDRO decided for one dispatched prompt group, and when.
+
+    A named tuple rather than a frozen dataclass: the trainer records one per dispatched prompt
+    every generation call, and a tuple is built in C (a frozen dataclass's ``__init__`` goes
+    through ``object.__setattr__`` per field, ~1 us a decision).
+    """
 
     stable_uid: int
     bin: int
@@ -56,17 +64,34 @@ class ObservedUpdate:
     decisions: list[Decision]
     dropped: dict[str, tuple[list[float], str]] = field(default_factory=dict)
 
+    @cached_property
+    def _columns(self) -> NDArray[np.int64]:
+        """[groups, 5] int64: the decisions' fields as columns, built once in one C-level pass."""
+        width = len(Decision._fields)
+        flat = np.fromiter(chain.from_iterable(self.decisions), dtype=np.int64, count=width * len(self.decisions))
+        return flat.reshape(len(self.decisions), width)
+
     @property
     def stable_uids(self) -> NDArray[np.int64]:
-        return np.array([d.stable_uid for d in self.decisions], dtype=np.int64)
+        return self._columns[:, 0].copy()
 
     @property
     def bins(self) -> NDArray[np.int64]:
-        return np.array([d.bin for d in self.decisions], dtype=np.int64)
+        return self._columns[:, 1].copy()
 
     @property
     def rollout_n(self) -> NDArray[np.int64]:
-        return np.array([d.rollout_n for d in self.decisions], dtype=np.int64)
+        return self._columns[:, 2].copy()
+
+    @property
+    def steps(self) -> NDArray[np.int64]:
+        """verl's ``global_steps`` at each group's dispatch."""
+        return self._columns[:, 3].copy()
+
+    @cached_property
+    def slot(self) -> dict[str, int]:
+        """verl uid -> index in :attr:`uids`."""
+        return dict(zip(self.uids, range(len(self.uids))))
 
 
 class DispatchLedger:
@@ -89,12 +114,23 @@ class DispatchLedger:
         """Record one generation call's decisions (one verl ``_next_train_batch`` call)."""
         if not (len(uids) == stable.size == bins.size == rollout_n.size):
             raise ValueError("dispatch needs one stable id, bin and rollout_n per verl uid")
-        for uid, s, b, n in zip(uids, stable.tolist(), bins.tolist(), rollout_n.tolist(), strict=True):
-            if uid in self.entries:
-                raise RuntimeError(f"verl-gdro: prompt uid {uid!r} was dispatched twice")
-            self.entries[uid] = Decision(int(s), int(b), int(n), int(step), self._seq)
-            self._seq += 1
-        self.calls.append((len(uids), int(rollout_n.sum())))
+        count = len(uids)
+        fresh = dict.fromkeys(uids)
+        if len(fresh) != count or not self.entries.keys().isdisjoint(fresh):
+            seen: set[str] = set(self.entries)
+            for uid in uids:  # name the first repeat (error path only)
+                if uid in seen:
+                    raise RuntimeError(f"verl-gdro: prompt uid {uid!r} was dispatched twice")
+                seen.add(uid)
+        decisions = map(
+            Decision._make,
+            zip(np.asarray(stable, dtype=np.int64).tolist(), np.asarray(bins, dtype=np.int64).tolist(),
+                np.asarray(rollout_n, dtype=np.int64).tolist(), repeat(int(step)),
+                range(self._seq, self._seq + count)),
+        )
+        self.entries.update(zip(uids, decisions))
+        self._seq += count
+        self.calls.append((count, int(rollout_n.sum())))
 
     def drop(self, uid: str, acc: list[float], reason: str) -> bool:
         """A group the replay buffer removes untrained; observed at the next update. False when the
@@ -116,23 +152,30 @@ class DispatchLedger:
         Raises for a consumed uid without a decision (a prompt that no ``_next_train_batch`` of
         this run dispatched).
         """
-        unique = list(dict.fromkeys(consumed))
-        missing = [u for u in unique if u not in self.entries]
-        if missing:
+        unique = dict.fromkeys(consumed)
+        if not self.entries.keys() >= unique.keys():
+            missing = next(u for u in unique if u not in self.entries)
             raise RuntimeError(
-                f"verl-gdro: trajectory of prompt uid {missing[0]!r} was not planned by _next_train_batch"
+                f"verl-gdro: trajectory of prompt uid {missing!r} was not planned by _next_train_batch"
             )
-        both = [u for u in unique if u in self.dropped]
-        if both:
-            raise RuntimeError(f"verl-gdro: prompt uid {both[0]!r} was both dropped and consumed")
-        uids = sorted(set(unique) | set(self.dropped), key=lambda u: self.entries[u].seq)
-        return ObservedUpdate(uids=uids, decisions=[self.entries[u] for u in uids], dropped=dict(self.dropped))
+        if not unique.keys().isdisjoint(self.dropped):
+            both = next(u for u in unique if u in self.dropped)
+            raise RuntimeError(f"verl-gdro: prompt uid {both!r} was both dropped and consumed")
+        unique.update(dict.fromkeys(self.dropped))
+        # dispatch order: sort the (seq, uid) pairs, seq first (distinct, so uids are never compared)
+        decisions = list(map(self.entries.__getitem__, unique))
+        order = sorted(zip(map(_SEQ, decisions), range(len(decisions))))
+        uids_in = list(unique)
+        uids = [uids_in[i] for _s, i in order]
+        decisions = [decisions[i] for _s, i in order]
+        return ObservedUpdate(uids=uids, decisions=decisions, dropped=dict(self.dropped))
 
     def finish_update(self, update: ObservedUpdate) -> dict[str, Any]:
         """Forget the observed groups; return the dispatch counters since the last update, reset."""
+        entries, dropped = self.entries, self.dropped
         for uid in update.uids:
-            self.entries.pop(uid, None)
-            self.dropped.pop(uid, None)
+            entries.pop(uid, None)
+            dropped.pop(uid, None)
         calls, lost = self.calls, self.lost
         self.calls, self.lost = [], 0
         return {"calls": calls, "lost": lost}

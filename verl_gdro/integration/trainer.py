@@ -62,13 +62,13 @@ from verl_gdro.integration.config import (
     to_plain,
     validate_gdro_config,
 )
-from verl_gdro.integration.context import gdro_step, is_padding_uid, uid_keys
-from verl_gdro.integration.controller import GDROController, describe_mode, group_multipliers
+from verl_gdro.integration.context import gdro_step, uid_keys
+from verl_gdro.integration.controller import GDROController, describe_mode
 from verl_gdro.integration.dataset import stable_prompt_uids, uid_field
-from verl_gdro.integration.ledger import DROP_REASONS, DispatchLedger, ObservedUpdate
+from verl_gdro.integration.glue import acc_from_extra_fields, consume, flow_metrics, real_rows
+from verl_gdro.integration.ledger import DispatchLedger
 from verl_gdro.integration.replay_buffer import with_observer
 from verl_gdro.integration.sampler import GDROSampler
-from verl_gdro.metrics import PREFIX
 
 __all__ = [
     "ROLLOUT_N_KEY",
@@ -121,55 +121,6 @@ def _padded_numpy(value: torch.Tensor, rows: np.ndarray) -> np.ndarray:
     if rows.size == out.shape[0] and np.array_equal(rows, np.arange(out.shape[0])):
         return out
     return out[rows]
-
-
-def flow_metrics(num_bins: int, update: ObservedUpdate, kept_group: np.ndarray, counters: dict[str, Any],
-                 global_steps: int, inflight: int) -> dict[str, float]:
-    """What generation produced versus what verl trained, next to what GDRO reallocated (all finite).
-
-    Args:
-        update: the groups of this controller update (consumed and removed-untrained ones).
-        kept_group: for every trained (non-padding) trajectory, its group's index in ``update.uids``.
-        counters: :meth:`DispatchLedger.finish_update`'s generation calls and lost groups.
-        global_steps: verl's step counter now (staleness = steps since a group's dispatch).
-        inflight: prompts dispatched and not yet observed after this update (async prefetch).
-    """
-    bins = update.bins
-    kept = np.bincount(bins[kept_group], minlength=num_bins).astype(np.float64)
-    generated = kept.copy()
-    filtered = np.zeros(num_bins)
-    by_reason = dict.fromkeys(DROP_REASONS, 0)
-    discarded = 0
-    index = {u: i for i, u in enumerate(update.uids)}
-    for uid, (acc, reason) in update.dropped.items():
-        b = bins[index[uid]]
-        by_reason[reason] += 1
-        generated[b] += len(acc)
-        if reason == "filtered":
-            filtered[b] += len(acc)
-        else:
-            discarded += len(acc)
-    share = np.divide(filtered, generated, out=np.zeros(num_bins), where=generated > 0)
-    calls = counters["calls"]
-    staleness = np.array([global_steps - d.step for d in update.decisions], dtype=np.float64)
-    out = {
-        PREFIX + "flow/generated_rollouts": float(generated.sum()),
-        PREFIX + "flow/kept_rollouts": float(kept.sum()),
-        PREFIX + "flow/filtered_rollouts": float(filtered.sum()),
-        PREFIX + "flow/discarded_rollouts": float(discarded),
-        PREFIX + "flow/lost_groups": float(counters["lost"]),
-        PREFIX + "dispatch/calls": float(len(calls)),
-        PREFIX + "dispatch/prompts": float(sum(p for p, _ in calls)),
-        PREFIX + "dispatch/rollouts": float(sum(r for _, r in calls)),
-        PREFIX + "staleness/mean": float(staleness.mean()) if staleness.size else 0.0,
-        PREFIX + "staleness/max": float(staleness.max()) if staleness.size else 0.0,
-        PREFIX + "inflight_prompts": float(inflight),
-    }
-    for reason, count in by_reason.items():
-        out[PREFIX + f"flow/dropped_groups/{reason}"] = float(count)
-    for b in range(num_bins):
-        out[PREFIX + f"flow/filtered_share/bin_{b}"] = float(share[b])
-    return out
 
 
 class GDROTrainerMixin:
@@ -321,15 +272,7 @@ class GDROTrainerMixin:
         values: list[Any] | None = None
         available: set[str] = set()
         if "extra_fields" in data.keys():
-            infos = _as_list(data["extra_fields"])
-            extra = [
-                info.get("reward_extra_info", {}) if isinstance(info, dict) else {} for info in map(infos.__getitem__, rows.tolist())
-            ]
-            picked = [info.get(key) for info in extra]
-            if None not in picked:
-                values = picked
-            else:  # only for the error message
-                available = set().union(*extra)
+            values, available = acc_from_extra_fields(_as_list(data["extra_fields"]), rows, key)
         if values is None:
             try:
                 top = tq.kv_batch_get(keys=keys, partition_id=partition_id, select_fields=[key])
@@ -353,20 +296,12 @@ class GDROTrainerMixin:
         fields = ["uid", self._gdro_uid_field, "extra_fields"]
         data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
         uids = uid_keys(_as_list(data["uid"]))
-        tags = list(batch.tags) if batch.tags is not None else [{}] * len(uids)
-        real = np.array(
-            [not (tag or {}).get("is_padding", False) and not is_padding_uid(u) for u, tag in zip(uids, tags)],
-            dtype=bool,
-        )
-        rows = np.flatnonzero(real)
-        trained = [uids[i] for i in rows.tolist()]
-        update = self.gdro_ledger.begin_update(trained)
-        positions = self.gdro.adopt(update.stable_uids, update.bins, update.rollout_n)
-        slot = {u: i for i, u in enumerate(update.uids)}
-        kept_group = np.array([slot[u] for u in trained], dtype=np.int64)
-        group_index = positions[kept_group]
+        rows = real_rows(uids, None if batch.tags is None else list(batch.tags))
+        trained = uids if rows.size == len(uids) else list(map(uids.__getitem__, rows.tolist()))
+        consumed = consume(self.gdro_ledger, self.gdro, trained)
+        update, group_index = consumed.update, consumed.group_index
         if self._gdro_uid_field in data.keys():
-            stable = np.asarray([int(v) for v in _as_list(data[self._gdro_uid_field])], dtype=np.int64)[rows]
+            stable = _int_column(data[self._gdro_uid_field])[rows]
             if not np.array_equal(stable, self.gdro.planned_uids(group_index)):
                 raise RuntimeError("verl-gdro: trajectories carry other stable prompt ids than their planned prompts")
         acc = self._read_acc(data, rows, batch.keys, batch.partition_id)
@@ -374,16 +309,13 @@ class GDROTrainerMixin:
         multipliers = self.gdro.advantage_multipliers(group_index)
 
         # one multiplier per prompt group (not per row): gdro_step skips its per-row consistency check
-        table = group_multipliers(dict(zip(update.uids, positions.tolist())), group_index, multipliers)
-        with gdro_step(table, settings=self.gdro_settings):
+        with gdro_step(consumed.multiplier_table(multipliers), settings=self.gdro_settings,
+                       rows=consumed.row_plan(uids, rows, multipliers)):
             batch = super()._compute_advantage(batch, metrics)  # type: ignore[misc]
 
         t1 = time.perf_counter()
         # groups removed untrained since the last update: observed here, once, with their acc
-        dropped_index = np.array(
-            [positions[slot[u]] for u, (a, _r) in update.dropped.items() for _ in a], dtype=np.int64
-        )
-        dropped_acc = np.array([x for a, _r in update.dropped.values() for x in a], dtype=np.float64)
+        dropped_index, dropped_acc = consumed.dropped()
         extra: dict[str, np.ndarray] = {}
         needs_log_probs = self.gdro_settings.prompt.loss_signal != "failure_rate" and (
             self.gdro.prompt is not None or self.gdro.rollout is not None
@@ -414,7 +346,7 @@ class GDROTrainerMixin:
         counters = self.gdro_ledger.finish_update(update)
         self._gdro_time = 0.0
         step_metrics.update(
-            flow_metrics(self.gdro.num_bins, update, kept_group, counters, int(self.global_steps),
+            flow_metrics(self.gdro.num_bins, update, consumed.kept_group, counters, int(self.global_steps),
                          len(self.gdro_ledger))
         )
         metrics.update(step_metrics)

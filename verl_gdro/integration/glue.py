@@ -1,0 +1,196 @@
+"""The GDRO trainer's per-step numpy glue between verl's fetched batch and the controller.
+
+Everything here is pure Python and numpy (no verl, no torch), and it is all of the per-row work
+the GDRO trainer adds to verl's advantage stage besides the controller itself:
+
+- :func:`real_rows`: which fetched rows are real trajectories (not verl's padding);
+- :func:`acc_from_extra_fields`: the per-trajectory correctness in the reward's extra info;
+- :func:`consume`: the consumed groups plus the groups removed since the last update, re-adopted
+  into one controller plan with their dispatch-time decisions (:class:`ConsumedBatch`);
+- :func:`flow_metrics`: generated versus trained rollouts, per bin, next to GDRO's reallocation.
+
+``benchmarks/overhead.py`` times the trainer's step through these same functions, so the benchmark
+measures what the trainer runs, not a copy of it. Each one works in C-level passes (``map``,
+``dict`` builds, numpy) rather than a Python loop per row: this runs on every step over every row
+(1,024-2,048 at the paper's shapes), and such loops were most of GDRO's fixed per-step cost.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from itertools import repeat
+from operator import itemgetter
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from verl_gdro.integration.context import PADDING_UID_PREFIX, RowPlan
+from verl_gdro.integration.ledger import DROP_REASONS, DispatchLedger, ObservedUpdate
+from verl_gdro.metrics import PREFIX
+
+if TYPE_CHECKING:
+    from verl_gdro.integration.controller import GDROController
+
+__all__ = ["ConsumedBatch", "acc_from_extra_fields", "consume", "flow_metrics", "real_rows"]
+
+
+def _is_padding_tag(tag: Mapping[str, Any] | None) -> bool:
+    return bool(tag) and bool(tag.get("is_padding", False))  # type: ignore[union-attr]
+
+
+def real_rows(uids: Sequence[str], tags: Sequence[Mapping[str, Any] | None] | None = None) -> NDArray[np.int64]:
+    """Indices of the rows that are real trajectories: neither tagged ``is_padding`` by verl's
+    batch balancing (``tags``: one dict or None per row) nor carrying one of its padding uids.
+
+    The usual batch has no padding at all: that is settled on the distinct uids (one per prompt
+    group) and one C-level ``any`` over the tags, without a pass per row.
+    """
+    count = len(uids)
+    tagged = False
+    if tags is not None:
+        if len(tags) != count:
+            raise ValueError(f"tags must hold one entry per row ({count}), got {len(tags)}")
+        tagged = any(tags) and any(map(_is_padding_tag, tags))
+    if not tagged and not any(u.startswith(PADDING_UID_PREFIX) for u in dict.fromkeys(uids)):
+        return np.arange(count, dtype=np.int64)
+    pad = np.fromiter(map(str.startswith, uids, repeat(PADDING_UID_PREFIX)), dtype=bool, count=count)
+    if tagged:
+        pad |= np.fromiter(map(_is_padding_tag, tags), dtype=bool, count=count)  # type: ignore[arg-type]
+    return np.flatnonzero(~pad)
+
+
+_REWARD_EXTRA_INFO = itemgetter("reward_extra_info")
+
+
+def acc_from_extra_fields(
+    infos: Sequence[Any], rows: NDArray[np.int64], key: str
+) -> tuple[list[Any] | None, set[str]]:
+    """The ``key`` value of each of ``rows`` from verl's per-row ``extra_fields`` (the streaming
+    reward puts the reward function's extra dict under ``reward_extra_info``).
+
+    Returns ``(values, set())``, or ``(None, keys seen)`` when a row lacks the key (the caller then
+    tries the top-level field and names what it saw in its error).
+    """
+    picked = list(map(infos.__getitem__, rows.tolist()))
+    try:  # the usual case, in C-level passes: every row has the dict and the key
+        values = list(map(itemgetter(key), map(_REWARD_EXTRA_INFO, picked)))
+    except (KeyError, TypeError, IndexError):
+        values = None
+    if values is not None and None not in values:
+        return values, set()
+    extra = [info.get("reward_extra_info", {}) if isinstance(info, dict) else {} for info in picked]
+    return None, set().union(*(e for e in extra if isinstance(e, dict)))
+
+
+@dataclass
+class ConsumedBatch:
+    """One controller update's groups and the plan positions of the trained rows.
+
+    ``update``: the ledger's groups (consumed and removed-untrained), in dispatch order;
+    ``positions``: the plan position of each of ``update.uids``; ``kept_group``: for every trained
+    row, its group's index in ``update.uids``; ``group_index``: for every trained row, its plan
+    position (what :meth:`GDROController.advantage_multipliers` and ``after_advantage`` take).
+    """
+
+    update: ObservedUpdate
+    positions: NDArray[np.int64]
+    kept_group: NDArray[np.int64]
+    group_index: NDArray[np.int64]
+
+    def multiplier_table(self, multipliers: NDArray[np.float64]) -> dict[str, float]:
+        """verl uid -> multiplier of each group, for :func:`gdro_step`, from the per-row
+        ``multipliers`` of :meth:`GDROController.advantage_multipliers`.
+
+        Every row of a group carries its prompt's bin weight, so one value per group says the same
+        as one per row, and ``gdro_step`` skips its per-row consistency check. Groups without a
+        trained row (removed untrained) get 1.0: the estimator never sees them.
+        """
+        per_group = np.ones(len(self.update.uids), dtype=np.float64)
+        per_group[self.kept_group] = np.asarray(multipliers, dtype=np.float64)
+        return dict(zip(self.update.uids, per_group.tolist()))
+
+    def row_plan(self, uids: list[str], rows: NDArray[np.int64], multipliers: NDArray[np.float64]) -> RowPlan | None:
+        """The estimator's per-row view of the fetched batch (:class:`RowPlan`), or None when the
+        batch has padding rows (the estimator then groups the rows itself).
+
+        ``uids``: verl's uid of every fetched row; ``rows``: the real ones (:func:`real_rows`);
+        ``multipliers``: per real row, as given to :meth:`multiplier_table`. A row is a singleton
+        when its group has no other trained row, which is what the estimator computes from the uids.
+        """
+        if rows.size != len(uids):
+            return None
+        sizes = np.bincount(self.kept_group, minlength=len(self.update.uids))
+        return RowPlan(uids=uids, multipliers=np.asarray(multipliers, dtype=np.float64),
+                       singleton=sizes[self.kept_group] == 1)
+
+    def dropped(self) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
+        """(plan position, acc) of every trajectory of the groups removed untrained, in the order
+        of ``update.dropped``: observed with this update, once."""
+        dropped = self.update.dropped
+        if not dropped:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float64)
+        slot = self.update.slot
+        index = [int(self.positions[slot[u]]) for u, (a, _r) in dropped.items() for _ in a]
+        acc = [x for a, _r in dropped.values() for x in a]
+        return np.array(index, dtype=np.int64), np.array(acc, dtype=np.float64)
+
+
+def consume(ledger: DispatchLedger, controller: GDROController, trained: list[str]) -> ConsumedBatch:
+    """Begin the ledger update of the ``trained`` rows' verl uids (one per row, repeats per group)
+    and adopt its groups into the controller's plan with their dispatch-time decisions."""
+    update = ledger.begin_update(trained)
+    positions = controller.adopt(update.stable_uids, update.bins, update.rollout_n)
+    slot = update.slot
+    kept_group = np.fromiter(map(slot.__getitem__, trained), dtype=np.int64, count=len(trained))
+    return ConsumedBatch(update=update, positions=positions, kept_group=kept_group, group_index=positions[kept_group])
+
+
+def flow_metrics(num_bins: int, update: ObservedUpdate, kept_group: NDArray[np.int64], counters: dict[str, Any],
+                 global_steps: int, inflight: int) -> dict[str, float]:
+    """What generation produced versus what verl trained, next to what GDRO reallocated (all finite).
+
+    Args:
+        update: the groups of this controller update (consumed and removed-untrained ones).
+        kept_group: for every trained (non-padding) trajectory, its group's index in ``update.uids``.
+        counters: :meth:`DispatchLedger.finish_update`'s generation calls and lost groups.
+        global_steps: verl's step counter now (staleness = steps since a group's dispatch).
+        inflight: prompts dispatched and not yet observed after this update (async prefetch).
+    """
+    bins = update.bins
+    kept = np.bincount(bins[kept_group], minlength=num_bins).astype(np.float64)
+    generated = kept.copy()
+    filtered = np.zeros(num_bins)
+    by_reason = dict.fromkeys(DROP_REASONS, 0)
+    discarded = 0
+    slot = update.slot
+    for uid, (acc, reason) in update.dropped.items():
+        b = bins[slot[uid]]
+        by_reason[reason] += 1
+        generated[b] += len(acc)
+        if reason == "filtered":
+            filtered[b] += len(acc)
+        else:
+            discarded += len(acc)
+    share = np.divide(filtered, generated, out=np.zeros(num_bins), where=generated > 0)
+    calls = counters["calls"]
+    staleness = global_steps - update.steps
+    out = {
+        PREFIX + "flow/generated_rollouts": float(generated.sum()),
+        PREFIX + "flow/kept_rollouts": float(kept.sum()),
+        PREFIX + "flow/filtered_rollouts": float(filtered.sum()),
+        PREFIX + "flow/discarded_rollouts": float(discarded),
+        PREFIX + "flow/lost_groups": float(counters["lost"]),
+        PREFIX + "dispatch/calls": float(len(calls)),
+        PREFIX + "dispatch/prompts": float(sum(p for p, _ in calls)),
+        PREFIX + "dispatch/rollouts": float(sum(r for _, r in calls)),
+        PREFIX + "staleness/mean": float(staleness.mean()) if staleness.size else 0.0,
+        PREFIX + "staleness/max": float(staleness.max()) if staleness.size else 0.0,
+        PREFIX + "inflight_prompts": float(inflight),
+    }
+    for reason, count in by_reason.items():
+        out[PREFIX + f"flow/dropped_groups/{reason}"] = float(count)
+    for b in range(num_bins):
+        out[PREFIX + f"flow/filtered_share/bin_{b}"] = float(share[b])
+    return out
