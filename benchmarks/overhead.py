@@ -7,12 +7,15 @@ by side in one process on the same batches:
 
 - GRPO: ``verl.trainer.ppo.ray_trainer.compute_advantage`` with ``AdvantageEstimator.GRPO`` on a
   real ``verl.protocol.DataProto``;
-- GDRO: everything the GDRO trainer adds or replaces, through the same public step API the trainer
-  and the CPU demo use (:class:`verl_gdro.integration.controller.GDROController`):
-  classification and the allocation DP (``before_generation``), the Eq. 16 multipliers, the
-  ``gdro_grpo`` estimator through the same ``compute_advantage`` (inside ``gdro_step``), then the
-  per-prompt loss signal from the token arrays, the controller updates and the metrics
-  (``after_advantage``).
+- GDRO: everything the GDRO trainer adds or replaces, through the very functions
+  ``GDROTrainerMixin`` calls (:mod:`verl_gdro.integration.glue`, the dispatch ledger and the step
+  API :class:`verl_gdro.integration.controller.GDROController`), minus TransferQueue's reads: at
+  ``_next_train_batch``, classification and the allocation DP (``decide``) and the ledger's
+  record; at ``_compute_advantage``, the real rows, the ledger update adopted into the plan, the
+  stable-id check, ``acc`` from the reward's per-row extra fields, the Eq. 16 multipliers, the
+  ``gdro_grpo`` estimator through the same ``compute_advantage`` (inside ``gdro_step``, with the
+  trainer's per-row view), the per-prompt loss signal from the token arrays (surrogate signals
+  only), the controller updates, the metrics and the ledger's flow metrics.
 
 Batches have the trainer's layout: int64 ``response_mask`` (verl's V1 ``_lengths_to_mask``),
 float32 ``token_level_rewards`` (the outcome reward on the last response token), float32

@@ -793,3 +793,29 @@ def test_controllers_benchmark_quick_runs() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     assert "solve_exact_budget" in result.stdout
     assert "classifier" in result.stdout
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 2**16), cache_max=st.sampled_from([8, 64, 1 << 16]))
+def test_slot_cache_and_window_sums_follow_the_rings(seed: int, cache_max: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The remembered slots are the hash index's slots, through new prompts, cache clears and a
+    checkpoint load; the bins equal those of a classifier restored without any cache."""
+    monkeypatch.setattr(classifier_module, "_SLOT_CACHE_MAX", cache_max)
+    rng = np.random.default_rng(seed)
+    clf = OnlineDifficultyClassifier(num_bins=5, window=4, hysteresis=0.0)
+    for step in range(12):
+        uids = rng.choice(30, size=int(rng.integers(1, 25)), replace=False)  # revisits: the rings wrap
+        np.testing.assert_array_equal(clf._slots(uids), clf._index.lookup(uids, clf._uids))
+        fresh = OnlineDifficultyClassifier(num_bins=5, window=4, hysteresis=0.0)
+        fresh.load_state_dict(clf.state_dict())
+        np.testing.assert_array_equal(clf.bins(uids), fresh.bins(uids))
+        trials = rng.integers(1, 5, size=uids.size)
+        clf.observe(uids, rng.integers(0, trials + 1), trials)
+        np.testing.assert_array_equal(clf._slots(uids), clf._index.lookup(uids, clf._uids))
+        assert len(clf._slot_cache) <= max(cache_max, 25)
+        n = clf.num_seen  # the window sums follow the rings through wrap-around (window 4, 12 steps)
+        np.testing.assert_array_equal(clf._succ_sum[:n], clf._succ[:n].sum(axis=1))
+        np.testing.assert_array_equal(clf._trials_sum[:n], clf._trials[:n].sum(axis=1))
+        if step == 6:
+            clf.load_state_dict(clf.state_dict())  # a resume empties the cache
+            assert not clf._slot_cache

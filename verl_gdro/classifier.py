@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Mapping, Sequence
+from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -154,6 +155,8 @@ _MIX2 = np.uint64(0x94D049BB133111EB)
 # Vectorised probe rounds before the few keys still probing finish in a scalar loop: a batch's
 # cost would otherwise be set by its longest probe sequence (~log n at 1e7 keys).
 _VECTOR_ROUNDS = 6
+# Slots remembered from recent lookups (OnlineDifficultyClassifier._slots): a few MB at most.
+_SLOT_CACHE_MAX = 1 << 16
 # Bulk inserts (checkpoint load, rehash) go in chunks so temporaries stay a few MB.
 _INSERT_CHUNK = 1 << 20
 MAX_PROMPTS = 2**31 - 2  # slots are stored as int32 (slot + 1) in the hash table
@@ -554,9 +557,15 @@ class OnlineDifficultyClassifier:
         self._uids = np.zeros(capacity, dtype=np.int64)
         self._succ = np.zeros((capacity, width), dtype=np.uint8)
         self._trials = np.zeros((capacity, width), dtype=np.uint8)
+        # Window sums of every ring row, kept in step with the rings by observe(): the pooled
+        # estimate and window_counts then read two numbers per prompt instead of summing
+        # ``window`` ring cells each (a gather of 2 x 100 bytes per prompt per classification).
+        self._succ_sum = np.zeros(capacity, dtype=np.int64)
+        self._trials_sum = np.zeros(capacity, dtype=np.int64)
         self._visits = np.zeros(capacity, dtype=np.int64)
         self._bin = np.full(capacity, _NO_BIN, dtype=np.int8)
         self._index = _UidIndex(2 * capacity) if index is None else index
+        self._slot_cache: dict[int, int] = {}
 
     def _resize(self, capacity: int, width: int) -> None:
         """Reallocate to ``capacity`` rows of ``width`` ring columns, keeping the contents.
@@ -589,6 +598,8 @@ class OnlineDifficultyClassifier:
         if capacity != self._cap:
             self._uids = moved(self._uids, 0, (capacity,))
             self._visits = moved(self._visits, 0, (capacity,))
+            self._succ_sum = moved(self._succ_sum, 0, (capacity,))
+            self._trials_sum = moved(self._trials_sum, 0, (capacity,))
             self._bin = moved(self._bin, _NO_BIN, (capacity,))
         self._cap, self._width = capacity, width
 
@@ -605,11 +616,32 @@ class OnlineDifficultyClassifier:
 
     def memory_bytes(self) -> int:
         """Bytes held by the arrays (allocated capacity, including the uid hash table)."""
-        arrays = (self._uids, self._succ, self._trials, self._visits, self._bin, self._index.table)
+        arrays = (self._uids, self._succ, self._trials, self._visits, self._bin, self._succ_sum, self._trials_sum,
+                  self._index.table)
         return int(sum(a.nbytes for a in arrays))
 
     def _slots(self, uids: np.ndarray) -> np.ndarray:
-        return self._index.lookup(uids, self._uids)
+        """Slot of each uid (-1: never observed).
+
+        A training step looks the same prompts up twice: when it classifies them before
+        generation and when it records their visit after. The slots found are remembered in a
+        small dict (at most :data:`_SLOT_CACHE_MAX` entries, emptied when full; slots never change
+        once given), so the second lookup is one C-level pass instead of the vectorised probing.
+        """
+        cache = self._slot_cache
+        if not cache:
+            slots = self._index.lookup(uids, self._uids)
+        else:
+            slots = np.fromiter(map(cache.get, uids.tolist(), repeat(-1)), dtype=np.int64, count=uids.size)
+            miss = slots < 0
+            if not miss.any():
+                return slots
+            slots[miss] = self._index.lookup(uids[miss], self._uids)
+        found = slots >= 0
+        if len(cache) + uids.size > _SLOT_CACHE_MAX:
+            cache.clear()
+        cache.update(zip(uids[found].tolist(), slots[found].tolist()))
+        return slots
 
     # -- the step API ----------------------------------------------------------------------
 
@@ -655,6 +687,9 @@ class OnlineDifficultyClassifier:
         # Ring column of this visit; while the ring is narrower than the window no prompt has
         # wrapped, so v % window == v < width.
         col = self._visits[slots] % self._window
+        # the cell this visit overwrites (0 until the ring wraps) leaves the window sums
+        self._succ_sum[slots] += s - self._succ[slots, col]
+        self._trials_sum[slots] += t - self._trials[slots, col]
         self._succ[slots, col] = s
         self._trials[slots, col] = t
         self._visits[slots] += 1
@@ -662,8 +697,8 @@ class OnlineDifficultyClassifier:
     def _estimate_slots(self, slots: np.ndarray) -> np.ndarray:
         """Estimate for existing slots (all with >= 1 visit)."""
         if self._estimator == "pooled":
-            s_sum = self._succ[slots].sum(axis=1, dtype=np.int64)
-            t_sum = self._trials[slots].sum(axis=1, dtype=np.int64)
+            s_sum = self._succ_sum[slots]
+            t_sum = self._trials_sum[slots]
             return snap(pooled_pass_at_k(s_sum, t_sum, self._k))
         visits_in_window = np.minimum(self._visits[slots], self._window)
         return snap(any_of_n_rate(self._succ[slots], visits_in_window))
@@ -693,8 +728,8 @@ class OnlineDifficultyClassifier:
         t_out = np.zeros(u.size, dtype=np.int64)
         seen = slots >= 0
         if seen.any():
-            s_out[seen] = self._succ[slots[seen]].sum(axis=1, dtype=np.int64)
-            t_out[seen] = self._trials[slots[seen]].sum(axis=1, dtype=np.int64)
+            s_out[seen] = self._succ_sum[slots[seen]]
+            t_out[seen] = self._trials_sum[slots[seen]]
         return s_out, t_out
 
     def raw_bins(self, p: Any) -> np.ndarray:
@@ -859,6 +894,10 @@ class OnlineDifficultyClassifier:
         self._visits[:] = visits
         self._bin[:] = cbin
         _unpack_rows(succ, trials, recorded, self._succ, self._trials)
+        for ring, sums in ((self._succ, self._succ_sum), (self._trials, self._trials_sum)):
+            for start in range(0, n, _CHUNK_ROWS):  # chunks keep the int64 temporaries small
+                stop = min(n, start + _CHUNK_ROWS)
+                sums[start:stop] = ring[start:stop].sum(axis=1, dtype=np.int64)
 
     def __repr__(self) -> str:
         return (

@@ -53,7 +53,7 @@ def real_rows(uids: Sequence[str], tags: Sequence[Mapping[str, Any] | None] | No
         if len(tags) != count:
             raise ValueError(f"tags must hold one entry per row ({count}), got {len(tags)}")
         tagged = any(tags) and any(map(_is_padding_tag, tags))
-    if not tagged and not any(u.startswith(PADDING_UID_PREFIX) for u in dict.fromkeys(uids)):
+    if not tagged and not any(map(str.startswith, dict.fromkeys(uids), repeat(PADDING_UID_PREFIX))):
         return np.arange(count, dtype=np.int64)
     pad = np.fromiter(map(str.startswith, uids, repeat(PADDING_UID_PREFIX)), dtype=bool, count=count)
     if tagged:
