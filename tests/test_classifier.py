@@ -796,15 +796,22 @@ def test_controllers_benchmark_quick_runs() -> None:
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(seed=st.integers(0, 2**16), cache_max=st.sampled_from([8, 64, 1 << 16]))
-def test_slot_cache_and_window_sums_follow_the_rings(seed: int, cache_max: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The remembered slots are the hash index's slots, through new prompts, cache clears and a
-    checkpoint load; the bins equal those of a classifier restored without any cache."""
+@given(seed=st.integers(0, 2**16), cache_max=st.sampled_from([8, 64, 1 << 16]),
+       dense_uids=st.sampled_from([1 << 22, 20, 0]), negative=st.booleans())
+def test_slot_lookups_and_window_sums_follow_the_index_and_the_rings(
+    seed: int, cache_max: int, dense_uids: int, negative: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The direct-address table (uids in [0, _DENSE_UIDS)) and, once a uid outside it is stored,
+    the remembered slots give the hash index's slots, through new prompts, cache clears and a
+    checkpoint load; the bins equal those of a classifier restored from the state alone."""
     monkeypatch.setattr(classifier_module, "_SLOT_CACHE_MAX", cache_max)
+    monkeypatch.setattr(classifier_module, "_DENSE_UIDS", dense_uids)
     rng = np.random.default_rng(seed)
     clf = OnlineDifficultyClassifier(num_bins=5, window=4, hysteresis=0.0)
     for step in range(12):
         uids = rng.choice(30, size=int(rng.integers(1, 25)), replace=False)  # revisits: the rings wrap
+        if negative and step == 8:
+            uids[0] = -5  # a negative id also leaves direct addressing
         np.testing.assert_array_equal(clf._slots(uids), clf._index.lookup(uids, clf._uids))
         fresh = OnlineDifficultyClassifier(num_bins=5, window=4, hysteresis=0.0)
         fresh.load_state_dict(clf.state_dict())
@@ -819,3 +826,5 @@ def test_slot_cache_and_window_sums_follow_the_rings(seed: int, cache_max: int, 
         if step == 6:
             clf.load_state_dict(clf.state_dict())  # a resume empties the cache
             assert not clf._slot_cache
+    stored = clf._uids[: clf.num_seen]
+    assert (clf._dense is None) == bool(stored.min() < 0 or stored.max() >= dense_uids)

@@ -157,6 +157,8 @@ _MIX2 = np.uint64(0x94D049BB133111EB)
 _VECTOR_ROUNDS = 6
 # Slots remembered from recent lookups (OnlineDifficultyClassifier._slots): a few MB at most.
 _SLOT_CACHE_MAX = 1 << 16
+# uids below this are also addressed directly (4 bytes per uid up to the largest stored: 16 MB at most)
+_DENSE_UIDS = 1 << 22
 # Bulk inserts (checkpoint load, rehash) go in chunks so temporaries stay a few MB.
 _INSERT_CHUNK = 1 << 20
 MAX_PROMPTS = 2**31 - 2  # slots are stored as int32 (slot + 1) in the hash table
@@ -566,6 +568,10 @@ class OnlineDifficultyClassifier:
         self._bin = np.full(capacity, _NO_BIN, dtype=np.int8)
         self._index = _UidIndex(2 * capacity) if index is None else index
         self._slot_cache: dict[int, int] = {}
+        # uid -> slot + 1 by direct addressing while every stored uid is in [0, _DENSE_UIDS)
+        # (dataset row indices, DAPO's extra_info.index): one gather per lookup instead of the
+        # hash index's probe rounds. None once a uid outside that range is stored.
+        self._dense: np.ndarray | None = np.zeros(0, dtype=np.int32)
 
     def _resize(self, capacity: int, width: int) -> None:
         """Reallocate to ``capacity`` rows of ``width`` ring columns, keeping the contents.
@@ -616,9 +622,27 @@ class OnlineDifficultyClassifier:
 
     def memory_bytes(self) -> int:
         """Bytes held by the arrays (allocated capacity, including the uid hash table)."""
-        arrays = (self._uids, self._succ, self._trials, self._visits, self._bin, self._succ_sum, self._trials_sum,
-                  self._index.table)
+        arrays = [self._uids, self._succ, self._trials, self._visits, self._bin, self._succ_sum, self._trials_sum,
+                  self._index.table]
+        if self._dense is not None:
+            arrays.append(self._dense)
         return int(sum(a.nbytes for a in arrays))
+
+    def _index_dense(self, uids: np.ndarray, slots: np.ndarray) -> None:
+        """Add stored uids to the direct-address table, or drop the table for good (until the
+        next load) when one lies outside [0, _DENSE_UIDS)."""
+        dense = self._dense
+        if dense is None or uids.size == 0:
+            return
+        low, high = int(uids.min()), int(uids.max())
+        if low < 0 or high >= _DENSE_UIDS:
+            self._dense = None
+            return
+        if high >= dense.size:
+            grown = np.zeros(min(_DENSE_UIDS, max(high + 1, 2 * dense.size, 1024)), dtype=np.int32)
+            grown[: dense.size] = dense
+            self._dense = dense = grown
+        dense[uids] = slots.astype(np.int32) + 1
 
     def _slots(self, uids: np.ndarray) -> np.ndarray:
         """Slot of each uid (-1: never observed).
@@ -628,6 +652,14 @@ class OnlineDifficultyClassifier:
         small dict (at most :data:`_SLOT_CACHE_MAX` entries, emptied when full; slots never change
         once given), so the second lookup is one C-level pass instead of the vectorised probing.
         """
+        dense = self._dense
+        if dense is not None:
+            inside = (uids >= 0) & (uids < dense.size)
+            if inside.all():
+                return dense[uids].astype(np.int64) - 1
+            slots = np.full(uids.size, -1, dtype=np.int64)
+            slots[inside] = dense[uids[inside]].astype(np.int64) - 1
+            return slots
         cache = self._slot_cache
         if not cache:
             slots = self._index.lookup(uids, self._uids)
@@ -682,6 +714,7 @@ class OnlineDifficultyClassifier:
             new_slots = np.arange(self._n, self._n + n_new, dtype=np.int64)
             self._uids[new_slots] = u[new]
             self._index.insert(u[new], new_slots)
+            self._index_dense(u[new], new_slots)
             slots[new] = new_slots
             self._n += n_new
         # Ring column of this visit; while the ring is narrower than the window no prompt has
@@ -893,6 +926,7 @@ class OnlineDifficultyClassifier:
         self._uids[:] = uids
         self._visits[:] = visits
         self._bin[:] = cbin
+        self._index_dense(self._uids[:n], np.arange(n, dtype=np.int64))
         _unpack_rows(succ, trials, recorded, self._succ, self._trials)
         for ring, sums in ((self._succ, self._succ_sum), (self._trials, self._trials_sum)):
             for start in range(0, n, _CHUNK_ROWS):  # chunks keep the int64 temporaries small
