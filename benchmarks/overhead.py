@@ -85,6 +85,7 @@ class Row:
     v1_grpo_s: list[float] = field(default_factory=list)
     gdro_s: list[float] = field(default_factory=list)
     parts_s: dict[str, list[float]] = field(default_factory=dict)
+    profile_s: dict[str, float] = field(default_factory=dict)  # --profile: mean seconds per step
 
     @property
     def grpo(self) -> float:
@@ -128,6 +129,7 @@ class Row:
             "ratio_v1": self.ratio_v1,
             "parts_s": {k: statistics.median(v) for k, v in self.parts_s.items()},
             "reps": len(self.gdro_s),
+            "profile_s": dict(self.profile_s),
         }
 
 
@@ -341,7 +343,7 @@ class Bench:
                 raise AssertionError("stable ids")
             values, _ = acc_from_extra_fields(_as_list(fetched["extra_fields"]), rows, "acc")
             assert values is not None
-            acc_rows = np.fromiter(map(float, values), dtype=np.float64, count=len(values))
+            acc_rows = np.asarray(values, dtype=np.float64)
             t_glue = time.perf_counter()
             mult = ctrl.advantage_multipliers(consumed.group_index)
             with gdro_step(consumed.multiplier_table(mult), settings=ctrl.settings,
@@ -379,14 +381,71 @@ class Bench:
         return grpo_s, t_plan + gdro_s, v1_s, parts
 
 
+#: What ``--profile`` times inside the GDRO step: (module, class or None, function names).
+PROFILED = (
+    ("verl_gdro.classifier", "OnlineDifficultyClassifier", ("bins", "observe", "_slots")),
+    ("verl_gdro.prompt_gdro", "PromptGDRO", ("bin_multipliers", "update")),
+    ("verl_gdro.rollout_gdro", "RolloutGDRO", ("allocate", "update")),
+    ("verl_gdro.integration.controller", "GDROController", ("decide", "adopt", "advantage_multipliers",
+                                                           "after_advantage")),
+    ("verl_gdro.integration.controller", None, ("step_metrics",)),
+    ("verl_gdro.integration.ledger", "DispatchLedger", ("dispatch", "begin_update", "finish_update")),
+    ("verl_gdro.integration.glue", None, ("real_rows", "acc_from_extra_fields", "consume", "flow_metrics")),
+)
+
+
+class Profiler:
+    """Cumulative seconds in each :data:`PROFILED` function while installed (``--profile``).
+
+    A ``perf_counter`` pair around each call (~1 us of its own per call): where the GDRO step's
+    time goes, measured inside the benchmark's own step (cold caches after verl's [N, T] passes),
+    which a profiler's per-line overhead would distort.
+    """
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._saved: list[tuple[Any, str, Any]] = []
+
+    def __enter__(self) -> Profiler:
+        import functools
+        import importlib
+
+        for module_name, cls_name, names in PROFILED:
+            module = importlib.import_module(module_name)
+            owner = module if cls_name is None else getattr(module, cls_name)
+            for name in names:
+                fn = getattr(owner, name)
+                label = f"{cls_name or module_name.rsplit('.', 1)[-1]}.{name}"
+
+                def timed(*a: Any, _fn: Any = fn, _label: str = label, **k: Any) -> Any:
+                    t = time.perf_counter()
+                    try:
+                        return _fn(*a, **k)
+                    finally:
+                        self.seconds[_label] = self.seconds.get(_label, 0.0) + time.perf_counter() - t
+
+                self._saved.append((owner, name, fn))
+                setattr(owner, name, functools.wraps(fn)(timed))
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for owner, name, fn in reversed(self._saved):
+            setattr(owner, name, fn)
+        self._saved.clear()
+
+
 def measure(
-    shape: Shape, adversary: str, preset: str, width: int, reps: int, warmup: int, history: int, seed: int
+    shape: Shape, adversary: str, preset: str, width: int, reps: int, warmup: int, history: int, seed: int,
+    profile: bool = False,
 ) -> Row:
     rng = np.random.default_rng(seed)
     bench = Bench(adversary, preset, width, rng, history)
     tokens = TokenArrays(shape.prompts * N_MEAN, width, rng)
     row = Row(shape=shape.name, adversary=adversary, preset=preset)
+    profiler = Profiler() if profile else None
     for i in range(warmup + reps):
+        if profiler is not None and i == warmup:
+            profiler.__enter__()
         grpo_s, gdro_s, v1_s, parts = bench.step(shape, tokens, grpo_first=i % 2 == 0)
         if i >= warmup:
             row.grpo_s.append(grpo_s)
@@ -394,6 +453,9 @@ def measure(
             row.gdro_s.append(gdro_s)
             for k, v in parts.items():
                 row.parts_s.setdefault(k, []).append(v)
+    if profiler is not None:
+        profiler.__exit__(None, None, None)
+        row.profile_s = {k: v / reps for k, v in sorted(profiler.seconds.items(), key=lambda kv: -kv[1])}
     return row
 
 
@@ -416,6 +478,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--shapes", default=None, help="comma-separated shape names to run (default: all)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--profile", action="store_true",
+                   help="also print the mean time per step in each controller / glue function (timing wrappers)")
     return p.parse_args(argv)
 
 
@@ -453,7 +517,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             if adversary == "rollout" and shape.n is None:
                 continue  # Rollout-GDRO's batches are variable-n by construction (its allocation)
             for preset in presets:
-                row = measure(shape, adversary, preset, width, reps, warmup, history, args.seed + si)
+                row = measure(shape, adversary, preset, width, reps, warmup, history, args.seed + si, args.profile)
                 rows.append(row)
                 parts = "  ".join(f"{k}={statistics.median(v):.4f}" for k, v in row.parts_s.items())
                 print(
@@ -463,6 +527,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     f"target {TARGETS[adversary]:.2f}x; vs verl V1 grpo path {row.ratio_v1:5.2f}x)  [{parts}]",
                     flush=True,
                 )
+                if row.profile_s:
+                    print("      profile (ms/step, nested calls count in their callers too): " + "  ".join(
+                        f"{k}={v * 1e3:.3f}" for k, v in row.profile_s.items()), flush=True)
 
     def worst(adversary: str, preset: str) -> float:
         vals = [r.ratio for r in rows if r.adversary == adversary and r.preset == preset]

@@ -52,3 +52,26 @@ def test_overhead_benchmark_quick_reports_finite_positive_ratios() -> None:
     assert summary["rollout_gdro_ratio"] == max(r["ratio"] for r in robust if r["adversary"] == "rollout")
     # one human-readable line per row precedes the JSON
     assert sum(" grpo " in line and " gdro " in line for line in lines[:-1]) == len(rows)
+
+
+@pytest.mark.slow
+def test_overhead_benchmark_profile_times_the_trainers_functions_and_restores_them() -> None:
+    """--profile attributes the GDRO step to the functions the trainer calls (the glue, the
+    ledger, the controllers) and puts the originals back afterwards."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import overhead
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    from verl_gdro.integration import glue
+
+    original = glue.consume
+    summary = overhead.main(["--quick", "--profile", "--presets", "robust", "--shapes", "32x4", "--reps", "2"])
+    assert glue.consume is original
+    for row in summary["rows"]:
+        profile = row["profile_s"]
+        assert {"glue.consume", "glue.real_rows", "DispatchLedger.dispatch", "GDROController.after_advantage",
+                "GDROController.decide", "OnlineDifficultyClassifier.bins"} <= set(profile)
+        assert all(math.isfinite(v) and v > 0 for v in profile.values())
+        # the step's own parts contain the functions timed inside them
+        assert profile["GDROController.after_advantage"] <= row["parts_s"]["update_metrics"] * 1.5 + 1e-3

@@ -73,7 +73,10 @@ def acc_from_extra_fields(
     Returns ``(values, set())``, or ``(None, keys seen)`` when a row lacks the key (the caller then
     tries the top-level field and names what it saw in its error).
     """
-    picked = list(map(infos.__getitem__, rows.tolist()))
+    if rows.size == len(infos) and np.array_equal(rows, np.arange(rows.size)):
+        picked = infos  # every row, in order (no padding): no copy
+    else:
+        picked = list(map(infos.__getitem__, rows.tolist()))
     try:  # the usual case, in C-level passes: every row has the dict and the key
         values = list(map(itemgetter(key), map(_REWARD_EXTRA_INFO, picked)))
     except (KeyError, TypeError, IndexError):

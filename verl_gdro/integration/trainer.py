@@ -287,7 +287,7 @@ class GDROTrainerMixin:
                 f"{sorted(available)}): the reward function must return a dict with the binary correctness under "
                 f"'{key}' (e.g. verl's math_dapo returns 'acc'), or set gdro.acc_key to the key it uses"
             )
-        return np.fromiter(map(float, values), dtype=np.float64, count=len(values))
+        return np.asarray(values, dtype=np.float64)  # bools, ints, floats, numpy scalars: one C-level pass
 
     def _compute_advantage(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
         if self.gdro is None:
