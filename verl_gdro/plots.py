@@ -37,6 +37,7 @@ __all__ = [
     "load_series",
     "main",
     "num_bins_of",
+    "series_from_rows",
     "series_matrix",
 ]
 
@@ -77,7 +78,13 @@ def load_series(path: str | Path, name: str | None = None) -> dict[str, list[dic
         p = p / "metrics.jsonl"
     if not p.exists():
         raise ValueError(f"RUN_OR_JSONL={str(path)!r}: no such file (expected a run directory or a .jsonl file)")
-    rows = _rows_of(p)
+    return series_from_rows(_rows_of(p), name, source=str(p))
+
+
+def series_from_rows(
+    rows: list[dict[str, Any]], name: str | None = None, source: str = "rows"
+) -> dict[str, list[dict[str, Any]]]:
+    """:func:`load_series` on rows already in memory (demo rows or verl file-logger rows)."""
     series: dict[str, list[dict[str, Any]]] = defaultdict(list)
     seeds = {r.get("seed") for r in rows if "data" not in r}
     for r in rows:
@@ -94,7 +101,7 @@ def load_series(path: str | Path, name: str | None = None) -> dict[str, list[dic
             continue
         series[key].append(flat)
     if not series:
-        raise ValueError(f"{p}: no rows with gdro/ metrics (is this a GDRO run's metrics file?)")
+        raise ValueError(f"{source}: no rows with gdro/ metrics (is this a GDRO run's metrics file?)")
     out = {}
     for key, rs in series.items():
         # a resumed run may have re-logged a step: keep the last row of each step

@@ -382,12 +382,9 @@ def run_demo(cfg: DemoConfig, out: Path, resume: bool = False, plots: bool = Tru
     _atomic_write(out / "results.json", json.dumps(summary, indent=1))
     _atomic_write(out / "results.md", markdown(summary))
     if plots:
-        from verl_gdro.plots import draw_all, draw_learning_curves, load_series
+        from verl_gdro.plots import draw_all, draw_learning_curves, series_from_rows
 
-        seed0 = [r for r in merged if r["seed"] == 0]
-        _atomic_write(out / "plots_seed0.jsonl", "".join(json.dumps(r) + "\n" for r in seed0))
-        draw_all(load_series(out / "plots_seed0.jsonl"), out / "plots")
-        (out / "plots_seed0.jsonl").unlink()
+        draw_all(series_from_rows([r for r in merged if r["seed"] == 0]), out / "plots")
         draw_learning_curves(summary, out / "plots")
     return summary
 
