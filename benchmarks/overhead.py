@@ -264,7 +264,7 @@ class Bench:
         from verl.trainer.ppo.v1.utils import compute_advantage_for_multi_trajectories
 
         from verl_gdro.integration.context import gdro_step, uid_keys
-        from verl_gdro.integration.glue import acc_from_extra_fields, consume, flow_metrics, real_rows
+        from verl_gdro.integration.glue import acc_from_extra_fields, consume, flow_metrics
         from verl_gdro.integration.trainer import _as_list, _int_column
         from verl_gdro.integration.trainer import _padded_numpy as read_tokens
 
@@ -283,9 +283,9 @@ class Bench:
         if int(n.sum()) != N_MEAN * len(verl_uids):
             raise AssertionError("exact budget")
         ledger.dispatch(verl_uids, plan.uids, plan.bins, n, step=self.global_steps)
-        rollout_n_column = [int(x) for x in n] if ctrl.rollout is not None else None
+        if ctrl.rollout is not None:
+            n.tolist()  # the __rollout_n__ column the trainer hands verl's agent loop
         t_plan = time.perf_counter() - t0
-        del rollout_n_column
 
         if self.adversary == "rollout":
             sizes = plan.rollout_n
@@ -335,9 +335,8 @@ class Bench:
             # loss signals (preset paper), the controller updates, the ledger and flow metrics
             t = time.perf_counter()
             uids = uid_keys(_as_list(fetched["uid"]))
-            rows = real_rows(uids, tags)
-            trained = uids if rows.size == len(uids) else list(map(uids.__getitem__, rows.tolist()))
-            consumed = consume(ledger, ctrl, trained)
+            consumed = consume(ledger, ctrl, uids, tags)
+            rows = consumed.rows
             stable_rows = _int_column(fetched["stable"])[rows]
             if not np.array_equal(stable_rows, ctrl.planned_uids(consumed.group_index)):
                 raise AssertionError("stable ids")
@@ -347,7 +346,7 @@ class Bench:
             t_glue = time.perf_counter()
             mult = ctrl.advantage_multipliers(consumed.group_index)
             with gdro_step(consumed.multiplier_table(mult), settings=ctrl.settings,
-                           rows=consumed.row_plan(uids, rows, mult)):
+                           rows=consumed.row_plan(mult)):
                 t1 = time.perf_counter()
                 compute_advantage(gdro_data, "gdro_grpo", norm_adv_by_std_in_grpo=True, config=self.algo_cfg)
                 t2 = time.perf_counter()

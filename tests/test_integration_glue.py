@@ -169,6 +169,7 @@ def test_consume_matches_the_per_row_reference(calls: list[int], seed: int) -> N
     rng.shuffle(trained)
 
     consumed = consume(ledger, ctrl, trained)
+    assert consumed.rows.tolist() == list(range(len(trained))) and consumed.uids is trained
     assert isinstance(consumed, ConsumedBatch)
     update = consumed.update
     mult = ctrl.advantage_multipliers(consumed.group_index)
@@ -179,10 +180,27 @@ def test_consume_matches_the_per_row_reference(calls: list[int], seed: int) -> N
     assert consumed.multiplier_table(mult) == table
     with gdro_step(consumed.multiplier_table(mult)) as step:  # what the estimator reads back per row
         np.testing.assert_array_equal(step.lookup(trained), mult)
+    plan = consumed.row_plan(mult)  # no padding: the estimator gets the rows themselves
+    assert plan is not None and plan.uids is trained
+    np.testing.assert_array_equal(plan.multipliers, mult)
+    assert plan.singleton.tolist() == [trained.count(u) == 1 for u in trained]
+
     got_index, got_acc = consumed.dropped()
     assert got_index.tolist() == dropped_index and got_acc.tolist() == dropped_acc
     # the controller's plan holds the dispatch-time decisions of every group of the update
     assert ctrl.planned_uids(consumed.positions).tolist() == update.stable_uids.tolist()
+
+
+def test_consume_leaves_padding_rows_out_and_then_hands_no_row_plan() -> None:
+    ctrl, ledger = _ctrl(), DispatchLedger()
+    plan = ctrl.decide(np.array([3, 4]))
+    ledger.dispatch(["a", "b"], plan.uids, plan.bins, plan.rollout_n, step=1)
+    uids = ["a", "pad0", "b", "a", "x"]
+    tags = [{}, {}, None, {}, {"is_padding": True}]
+    consumed = consume(ledger, ctrl, uids, tags)
+    assert consumed.rows.tolist() == [0, 2, 3] and consumed.uids is uids
+    assert ctrl.planned_uids(consumed.group_index).tolist() == [3, 4, 3]
+    assert consumed.row_plan(ctrl.advantage_multipliers(consumed.group_index)) is None
 
 
 def test_flow_metrics_count_kept_filtered_and_discarded_rollouts() -> None:

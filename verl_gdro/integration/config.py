@@ -391,10 +391,10 @@ def _resolve_prompt(c: dict[str, Any], preset: str, num_bins: int) -> PromptSett
     if share_floor is not None:
         share_floor = _float(f"{p}.share_floor", share_floor, 0.0, 1.0, low_open=True)
     min_ess = _float(f"{p}.min_ess", c["min_ess"], 0.0, 1.0, high_open=True)
-    _choice(f"{p}.weight_normalization", c["weight_normalization"], WEIGHT_NORMALIZATIONS)
-    if min_ess > 0 and c["weight_normalization"] != "mean_one":
+    weight_normalization = _choice(f"{p}.weight_normalization", c["weight_normalization"], WEIGHT_NORMALIZATIONS)
+    if min_ess > 0 and weight_normalization != "mean_one":
         raise ValueError(
-            f"{p}.min_ess={min_ess} is invalid with {p}.weight_normalization={c['weight_normalization']!r}: the "
+            f"{p}.min_ess={min_ess} is invalid with {p}.weight_normalization={weight_normalization!r}: the "
             "effective-sample-size floor acts on mean_one multipliers"
         )
     low = _float(f"{p}.clip_ratio_low", c["clip_ratio_low"], 0.0, 1.0, high_open=True)
@@ -410,7 +410,7 @@ def _resolve_prompt(c: dict[str, Any], preset: str, num_bins: int) -> PromptSett
         score_clip=score_clip,
         normalize_by_share=_bool(f"{p}.normalize_by_share", c["normalize_by_share"]),
         share_floor=share_floor,
-        weight_normalization=_choice(f"{p}.weight_normalization", c["weight_normalization"], WEIGHT_NORMALIZATIONS),
+        weight_normalization=weight_normalization,
         min_ess=min_ess,
         kl_coef=_float(f"{p}.kl_coef", c["kl_coef"], low=0.0),
         clip_ratio_low=low,

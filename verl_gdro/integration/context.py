@@ -41,6 +41,12 @@ def uid_keys(index: Sequence[object]) -> list[str]:
     return list(map(str, index))
 
 
+def _first_invalid(multipliers: np.ndarray) -> int | None:
+    """Index of the first multiplier that is not finite and >= 0 (NaN included), or None."""
+    bad = np.flatnonzero(~(np.isfinite(multipliers) & (multipliers >= 0)))
+    return int(bad[0]) if bad.size else None
+
+
 @dataclass(frozen=True)
 class RowPlan:
     """The caller's per-row view of the very batch the estimator will see (optional).
@@ -65,8 +71,8 @@ class RowPlan:
             raise ValueError(
                 f"RowPlan: multipliers {m.shape} and singleton {s.shape} need one entry per uid ({len(self.uids)})"
             )
-        if not np.all(np.isfinite(m) & (m >= 0)):
-            bad = int(np.flatnonzero(~(np.isfinite(m) & (m >= 0)))[0])
+        bad = _first_invalid(m)
+        if bad is not None:
             raise ValueError(f"RowPlan: multipliers must be finite and >= 0; row {bad} has {m[bad]}")
         object.__setattr__(self, "multipliers", m)
         object.__setattr__(self, "singleton", s)
@@ -153,9 +159,9 @@ def gdro_step(multipliers: Mapping[str, float] | None = None, *, uids: Sequence[
     else:
         table = dict(zip(uid_keys(list(multipliers.keys())), map(float, multipliers.values())))
     table_values = np.fromiter(table.values(), dtype=np.float64, count=len(table))
-    bad = np.flatnonzero(~np.isfinite(table_values) | (table_values < 0))
-    if bad.size:
-        key = list(table)[int(bad[0])]
+    bad = _first_invalid(table_values)
+    if bad is not None:
+        key = list(table)[bad]
         raise ValueError(f"gdro_step: multipliers must be finite and >= 0; uid {key!r} has {table[key]}")
     if _CURRENT.get() is not None:
         raise RuntimeError("gdro_step: a step is already open (steps do not nest)")

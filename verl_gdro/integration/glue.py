@@ -91,12 +91,15 @@ def acc_from_extra_fields(
 class ConsumedBatch:
     """One controller update's groups and the plan positions of the trained rows.
 
+    ``uids``: verl's uid of every fetched row; ``rows``: the real ones (:func:`real_rows`);
     ``update``: the ledger's groups (consumed and removed-untrained), in dispatch order;
     ``positions``: the plan position of each of ``update.uids``; ``kept_group``: for every trained
     row, its group's index in ``update.uids``; ``group_index``: for every trained row, its plan
     position (what :meth:`GDROController.advantage_multipliers` and ``after_advantage`` take).
     """
 
+    uids: list[str]
+    rows: NDArray[np.int64]
     update: ObservedUpdate
     positions: NDArray[np.int64]
     kept_group: NDArray[np.int64]
@@ -114,18 +117,17 @@ class ConsumedBatch:
         per_group[self.kept_group] = np.asarray(multipliers, dtype=np.float64)
         return dict(zip(self.update.uids, per_group.tolist()))
 
-    def row_plan(self, uids: list[str], rows: NDArray[np.int64], multipliers: NDArray[np.float64]) -> RowPlan | None:
+    def row_plan(self, multipliers: NDArray[np.float64]) -> RowPlan | None:
         """The estimator's per-row view of the fetched batch (:class:`RowPlan`), or None when the
         batch has padding rows (the estimator then groups the rows itself).
 
-        ``uids``: verl's uid of every fetched row; ``rows``: the real ones (:func:`real_rows`);
         ``multipliers``: per real row, as given to :meth:`multiplier_table`. A row is a singleton
         when its group has no other trained row, which is what the estimator computes from the uids.
         """
-        if rows.size != len(uids):
+        if self.rows.size != len(self.uids):
             return None
         sizes = np.bincount(self.kept_group, minlength=len(self.update.uids))
-        return RowPlan(uids=uids, multipliers=np.asarray(multipliers, dtype=np.float64),
+        return RowPlan(uids=self.uids, multipliers=np.asarray(multipliers, dtype=np.float64),
                        singleton=sizes[self.kept_group] == 1)
 
     def dropped(self) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
@@ -140,14 +142,24 @@ class ConsumedBatch:
         return np.array(index, dtype=np.int64), np.array(acc, dtype=np.float64)
 
 
-def consume(ledger: DispatchLedger, controller: GDROController, trained: list[str]) -> ConsumedBatch:
-    """Begin the ledger update of the ``trained`` rows' verl uids (one per row, repeats per group)
-    and adopt its groups into the controller's plan with their dispatch-time decisions."""
+def consume(
+    ledger: DispatchLedger, controller: GDROController, uids: list[str],
+    tags: Sequence[Mapping[str, Any] | None] | None = None,
+) -> ConsumedBatch:
+    """Begin the ledger update of a fetched batch and adopt its groups into the controller's plan
+    with their dispatch-time decisions.
+
+    ``uids``: verl's uid of every fetched row (repeats per group); ``tags``: verl's per-row tags,
+    whose ``is_padding`` rows (and padding uids) are left out (:func:`real_rows`).
+    """
+    rows = real_rows(uids, tags)
+    trained = uids if rows.size == len(uids) else list(map(uids.__getitem__, rows.tolist()))
     update = ledger.begin_update(trained)
     positions = controller.adopt(update.stable_uids, update.bins, update.rollout_n)
     slot = update.slot
     kept_group = np.fromiter(map(slot.__getitem__, trained), dtype=np.int64, count=len(trained))
-    return ConsumedBatch(update=update, positions=positions, kept_group=kept_group, group_index=positions[kept_group])
+    return ConsumedBatch(uids=uids, rows=rows, update=update, positions=positions, kept_group=kept_group,
+                         group_index=positions[kept_group])
 
 
 def flow_metrics(num_bins: int, update: ObservedUpdate, kept_group: NDArray[np.int64], counters: dict[str, Any],

@@ -29,7 +29,7 @@ from typing import Any, NamedTuple
 import numpy as np
 from numpy.typing import NDArray
 
-__all__ = ["DROP_REASONS", "Decision", "DispatchLedger", "ObservedUpdate"]
+__all__ = ["DROP_REASONS", "Decision", "DispatchLedger", "ObservedUpdate", "decision_columns"]
 
 _STATE_VERSION = 1
 _SEQ = attrgetter("seq")
@@ -53,6 +53,14 @@ class Decision(NamedTuple):
     seq: int  # dispatch order over the run (orders every update deterministically)
 
 
+def decision_columns(decisions: list[Decision]) -> dict[str, NDArray[np.int64]]:
+    """Each :class:`Decision` field as an int64 array over ``decisions``, built in one C-level pass."""
+    width = len(Decision._fields)
+    flat = np.fromiter(chain.from_iterable(decisions), dtype=np.int64, count=width * len(decisions))
+    table = flat.reshape(len(decisions), width)
+    return {name: table[:, j] for j, name in enumerate(Decision._fields)}
+
+
 @dataclass
 class ObservedUpdate:
     """The groups one controller update observes, in dispatch order.
@@ -65,28 +73,25 @@ class ObservedUpdate:
     dropped: dict[str, tuple[list[float], str]] = field(default_factory=dict)
 
     @cached_property
-    def _columns(self) -> NDArray[np.int64]:
-        """[groups, 5] int64: the decisions' fields as columns, built once in one C-level pass."""
-        width = len(Decision._fields)
-        flat = np.fromiter(chain.from_iterable(self.decisions), dtype=np.int64, count=width * len(self.decisions))
-        return flat.reshape(len(self.decisions), width)
+    def _columns(self) -> dict[str, NDArray[np.int64]]:
+        return decision_columns(self.decisions)
 
     @property
     def stable_uids(self) -> NDArray[np.int64]:
-        return self._columns[:, 0].copy()
+        return self._columns["stable_uid"].copy()
 
     @property
     def bins(self) -> NDArray[np.int64]:
-        return self._columns[:, 1].copy()
+        return self._columns["bin"].copy()
 
     @property
     def rollout_n(self) -> NDArray[np.int64]:
-        return self._columns[:, 2].copy()
+        return self._columns["rollout_n"].copy()
 
     @property
     def steps(self) -> NDArray[np.int64]:
         """verl's ``global_steps`` at each group's dispatch."""
-        return self._columns[:, 3].copy()
+        return self._columns["step"].copy()
 
     @cached_property
     def slot(self) -> dict[str, int]:
@@ -183,16 +188,15 @@ class DispatchLedger:
     # -- checkpointing -----------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        uids = list(self.entries)
-        dec = [self.entries[u] for u in uids]
+        cols = {k: v.copy() for k, v in decision_columns(list(self.entries.values())).items()}
         return {
             "version": _STATE_VERSION,
-            "uids": uids,
-            "stable": np.array([d.stable_uid for d in dec], dtype=np.int64),
-            "bins": np.array([d.bin for d in dec], dtype=np.int64),
-            "rollout_n": np.array([d.rollout_n for d in dec], dtype=np.int64),
-            "step": np.array([d.step for d in dec], dtype=np.int64),
-            "seq": np.array([d.seq for d in dec], dtype=np.int64),
+            "uids": list(self.entries),
+            "stable": cols["stable_uid"],
+            "bins": cols["bin"],
+            "rollout_n": cols["rollout_n"],
+            "step": cols["step"],
+            "seq": cols["seq"],
             "next_seq": self._seq,
             "dropped": {u: (list(a), r) for u, (a, r) in self.dropped.items()},
             "calls": list(self.calls),

@@ -65,7 +65,7 @@ from verl_gdro.integration.config import (
 from verl_gdro.integration.context import gdro_step, uid_keys
 from verl_gdro.integration.controller import GDROController, describe_mode
 from verl_gdro.integration.dataset import stable_prompt_uids, uid_field
-from verl_gdro.integration.glue import acc_from_extra_fields, consume, flow_metrics, real_rows
+from verl_gdro.integration.glue import acc_from_extra_fields, consume, flow_metrics
 from verl_gdro.integration.ledger import DispatchLedger
 from verl_gdro.integration.replay_buffer import with_observer
 from verl_gdro.integration.sampler import GDROSampler
@@ -258,7 +258,7 @@ class GDROTrainerMixin:
             )
         self.gdro_ledger.dispatch(verl_uids, plan.uids, plan.bins, n, step=int(self.global_steps))
         if self.gdro.rollout is not None:
-            tu.assign_non_tensor_stack(batch, ROLLOUT_N_KEY, [int(x) for x in n])
+            tu.assign_non_tensor_stack(batch, ROLLOUT_N_KEY, n.tolist())  # Python ints
         return batch
 
     # ------------------------------------------------------------------------------------------
@@ -296,10 +296,8 @@ class GDROTrainerMixin:
         fields = ["uid", self._gdro_uid_field, "extra_fields"]
         data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
         uids = uid_keys(_as_list(data["uid"]))
-        rows = real_rows(uids, None if batch.tags is None else list(batch.tags))
-        trained = uids if rows.size == len(uids) else list(map(uids.__getitem__, rows.tolist()))
-        consumed = consume(self.gdro_ledger, self.gdro, trained)
-        update, group_index = consumed.update, consumed.group_index
+        consumed = consume(self.gdro_ledger, self.gdro, uids, None if batch.tags is None else list(batch.tags))
+        rows, update, group_index = consumed.rows, consumed.update, consumed.group_index
         if self._gdro_uid_field in data.keys():
             stable = _int_column(data[self._gdro_uid_field])[rows]
             if not np.array_equal(stable, self.gdro.planned_uids(group_index)):
@@ -310,7 +308,7 @@ class GDROTrainerMixin:
 
         # one multiplier per prompt group (not per row): gdro_step skips its per-row consistency check
         with gdro_step(consumed.multiplier_table(multipliers), settings=self.gdro_settings,
-                       rows=consumed.row_plan(uids, rows, multipliers)):
+                       rows=consumed.row_plan(multipliers)):
             batch = super()._compute_advantage(batch, metrics)  # type: ignore[misc]
 
         t1 = time.perf_counter()
