@@ -219,8 +219,9 @@ def test_ess_floor_falls_back_to_the_per_element_share_next_to_the_floor(monkeyp
     monkeypatch.setattr(pg, "effective_sample_size", lambda w: calls.append(1) or effective_sample_size(w))
     _, scale = pg.ess_floor_multipliers(s, b, eta=2.0, score_clip=10.0, gamma=0.01, max_weight=15.0, min_ess=rho)
     assert scale == 0.375  # reached exactly: the floor holds with equality there
-    # the first check, then only the steps within ~1e-9 of 0.375 (the last ~10 of 40)
-    assert 2 <= len(calls) <= 15
+    # only the steps whose per-bin share lies within the margin of the floor go per element: the
+    # step at 0.375 itself (share equal to the floor) and at most a few beside it
+    assert 1 <= len(calls) <= 15
 
 
 def test_prompt_gdro_without_the_floor_is_unchanged_and_with_it_is_milder():
@@ -362,7 +363,7 @@ def test_summary_pairs_each_seed_with_grpos_same_seed():
 
 def test_ess_share_by_bin_matches_the_per_element_share():
     """The per-bin share that decides most bisection steps equals the per-element one to far inside
-    the 1e-11 margin (rounding only), on random scores, bin mixes, caps and mixing weights."""
+    the 1e-12 margin (rounding only), on random scores, bin mixes, caps and mixing weights."""
     from verl_gdro.prompt_gdro import _ESS_MARGIN, _ess_share_by_bin
 
     rng = np.random.default_rng(0)

@@ -48,7 +48,7 @@ def test_real_rows_matches_the_per_row_reference() -> None:
 def test_acc_from_extra_fields_reads_the_rows_or_names_the_keys_seen() -> None:
     infos = [{"reward_extra_info": {"acc": float(i % 2), "score": 1.0}} for i in range(5)]
     values, seen = acc_from_extra_fields(infos, np.array([4, 1, 2]), "acc")
-    assert values == [0.0, 1.0, 0.0] and seen == set()
+    assert values.dtype == np.float64 and values.tolist() == [0.0, 1.0, 0.0] and seen == set()
     infos[1] = {"reward_extra_info": {"score": 1.0, "pred": "x"}}
     values, seen = acc_from_extra_fields(infos, np.array([0, 1]), "acc")
     assert values is None and seen == {"acc", "score", "pred"}

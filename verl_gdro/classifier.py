@@ -39,6 +39,7 @@ __all__ = [
     "COMPARE_DECIMALS",
     "any_of_n_rate",
     "hysteresis_move",
+    "hysteresis_thresholds",
     "pooled_pass_at_k",
     "raw_bin",
     "snap",
@@ -76,15 +77,24 @@ def pooled_pass_at_k(successes: np.ndarray, trials: np.ndarray, k: int) -> np.nd
         # Both branches reduce to S/T; dividing once keeps pass@1 exact (1 - (T-S)/T is not:
         # 1 - 160/200 = 0.19999999999999996 would fall below an edge at 0.2).
         return s / t
-    fails = t - s
-    ratio = np.ones(np.broadcast(s, t).shape, dtype=np.float64)
-    for j in range(int(k)):
-        # Clamped at 0 so factors past a zero stay at 0 instead of turning negative; rows with
-        # T < k are handled below and their factors (T - j <= 0) are never used.
-        ratio *= np.maximum(fails - j, 0.0) / np.maximum(t - j, 1.0)
+    s, t = np.broadcast_arrays(s, t)
+    # All k factors at once, [k, prompts]: (T-S-j) / (T-j), clamped at 0 so factors past a zero
+    # stay at 0 instead of turning negative (rows with T < k are handled below and their factors,
+    # T - j <= 0, are never used). Then multiplied in order j = 0, 1, ..., row by row: the same
+    # float operations, in the same order, as a running product over j (one pass per factor was
+    # ~3k small numpy calls; this is ~k + 6).
+    j = np.arange(int(k), dtype=np.float64).reshape((-1,) + (1,) * t.ndim)
+    factors = np.maximum((t - s) - j, 0.0)
+    factors /= np.maximum(t - j, 1.0)
+    ratio = factors[0].copy()
+    for row in factors[1:]:
+        ratio *= row
+    big = t >= k
+    if big.all():
+        return 1.0 - ratio
     with np.errstate(divide="ignore", invalid="ignore"):
         small = 1.0 - (1.0 - s / t) ** k
-    return np.where(t >= k, 1.0 - ratio, small)
+    return np.where(big, 1.0 - ratio, small)
 
 
 def any_of_n_rate(visit_successes: np.ndarray, num_visits: np.ndarray) -> np.ndarray:
@@ -122,8 +132,16 @@ def raw_bin(p: np.ndarray, inner_edges: np.ndarray) -> np.ndarray:
     return np.searchsorted(snap(inner_edges), snap(p), side="right").astype(np.int64)
 
 
+def hysteresis_thresholds(full_edges: np.ndarray, delta: float) -> tuple[np.ndarray, np.ndarray]:
+    """Per committed bin c: (the estimate that moves it up, a_{c+1} + delta; the one below which it
+    moves down, a_c - delta), on the :func:`snap` grid. Fixed for a classifier's lifetime."""
+    full_edges = np.asarray(full_edges, dtype=np.float64)
+    return snap(full_edges[1:] + delta), snap(full_edges[:-1] - delta)
+
+
 def hysteresis_move(
-    committed: np.ndarray, p: np.ndarray, raw: np.ndarray, full_edges: np.ndarray, delta: float
+    committed: np.ndarray, p: np.ndarray, raw: np.ndarray, full_edges: np.ndarray, delta: float,
+    thresholds: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> np.ndarray:
     """Hysteresis rule of spec section 1: the bin a prompt moves to from its committed bin.
 
@@ -133,16 +151,19 @@ def hysteresis_move(
     (first classification after the first visit): the raw bin, without hysteresis. ``full_edges``
     are 0, the inner edges, 1. Compared on the :func:`snap` grid.
 
+    ``thresholds``: :func:`hysteresis_thresholds` of ``full_edges`` and ``delta``, when the caller
+    keeps them (the classifier computes them once, not per prompt per step).
+
     Both directions are tested with uniform and custom edges: the released patch blocked every
     downward move for uniform edges (spec section 6, defect 4).
     """
     committed = np.asarray(committed, dtype=np.int64)
-    full_edges = np.asarray(full_edges, dtype=np.float64)
+    up_at, down_at = hysteresis_thresholds(full_edges, delta) if thresholds is None else thresholds
     p = snap(p)
     has_bin = committed >= 0
     c = np.where(has_bin, committed, 0)
-    up = (raw > c) & (p >= snap(full_edges[c + 1] + delta))
-    down = (raw < c) & (p < snap(full_edges[c] - delta))
+    up = (raw > c) & (p >= up_at[c])
+    down = (raw < c) & (p < down_at[c])
     return np.where(~has_bin | up | down, raw, c).astype(np.int64)
 
 
@@ -471,6 +492,7 @@ class OnlineDifficultyClassifier:
                 f"got {hysteresis!r}"
             )
         self._hysteresis = float(hysteresis)
+        self._thresholds = hysteresis_thresholds(self._full_edges, self._hysteresis)
         self._unseen_bin = _check_int("unseen_bin", unseen_bin, 0, self._num_bins - 1)
         self._allocate(0)
 
@@ -787,7 +809,7 @@ class OnlineDifficultyClassifier:
             sl = slots[seen]
             p = self._estimate_slots(sl)
             raw = raw_bin(p, self._edges)
-            moved = hysteresis_move(self._bin[sl], p, raw, self._full_edges, self._hysteresis)
+            moved = hysteresis_move(self._bin[sl], p, raw, self._full_edges, self._hysteresis, self._thresholds)
             self._bin[sl] = moved
             out[seen] = moved
         return out

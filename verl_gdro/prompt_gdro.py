@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from operator import mul
+from operator import itemgetter, mul
 from typing import Any
 
 import numpy as np
@@ -465,9 +465,8 @@ def ess_floor_multipliers(
         q = mix_probs(exp_weights(scores, scale * eta, score_clip), gamma)
         return advantage_multipliers(q, q, bins, max_weight, "mean_one")
 
-    w = weights_at(1.0)
-    if bins.size == 0 or effective_sample_size(w[bins]) >= min_ess:
-        return w, 1.0
+    if bins.size == 0:
+        return weights_at(1.0), 1.0
     share_by_bin = _ess_share_by_bin(scores, bins, eta, score_clip, gamma, max_weight)
 
     def meets_floor(scale: float) -> bool:
@@ -478,6 +477,8 @@ def ess_floor_multipliers(
             return fast >= min_ess
         return effective_sample_size(weights_at(scale)[bins]) >= min_ess
 
+    if meets_floor(1.0):  # the exponential weights at eta already keep the floor
+        return weights_at(1.0), 1.0
     lo, hi = 0.0, 1.0
     for _ in range(iterations):
         mid = 0.5 * (lo + hi)
@@ -489,13 +490,16 @@ def ess_floor_multipliers(
 
 
 #: Relative distance from the ESS floor beyond which the per-bin share decides a bisection step.
-#: The per-bin share equals the per-element one up to rounding: sums of at most 12 terms instead
+#: The per-bin share equals the per-element one up to rounding: sums of at most B terms instead
 #: of pairwise sums of up to a few thousand, ``math.exp`` for numpy's ``exp`` (each within a few
-#: ulp), and the share's relative sensitivity to any one weight is at most 2, so the two differ by
-#: about 1e-14 relative, 1e-13 at the very worst. A comparison decided 1e-11 away from the floor
-#: therefore has the per-element share's answer; the last few bisection steps, which resolve the
-#: scale to 2^-40, fall inside the margin and are decided per element, as before.
-_ESS_MARGIN = 1e-11
+#: ulp), and the mean-one normalisation cancelled algebraically when no weight reaches the cap.
+#: Every term is positive (no cancellation) and the share's relative sensitivity to any one weight
+#: is at most 2, so the two differ by ~1e-15 relative, a few 1e-15 at worst (the test
+#: ``test_ess_share_by_bin_matches_the_per_element_share`` checks < 1e-13 on random cases). A
+#: comparison decided 1e-12 away from the floor therefore has the per-element share's answer; the
+#: last one or two bisection steps, which resolve the scale to 2^-40, fall inside the margin and
+#: are decided per element, as before.
+_ESS_MARGIN = 1e-12
 
 
 def _ess_share_by_bin(
@@ -509,10 +513,14 @@ def _ess_share_by_bin(
     instead of the N elements, in plain floats: the bisection's 40 evaluations cost a few us each
     instead of ~30 us of small numpy calls over N = 1024-2048 elements, which made the ESS floor
     the largest part of Prompt-GDRO's per-step cost (benchmarks/overhead.py).
+
+    The share is invariant to a common scale of the weights, so while no weight reaches the cap
+    it is computed from q itself, (sum c q)^2 / (n sum c q^2), without dividing by the mean first.
     """
     clipped = np.clip(scores, -score_clip, score_clip).tolist()
     counts = np.bincount(bins, minlength=len(clipped)).tolist()
     present = [b for b, c in enumerate(counts) if c > 0]
+    pick = itemgetter(*present) if len(present) > 1 else (lambda xs: (xs[present[0]],))
     weights = [float(counts[b]) for b in present]
     n = float(bins.size)
     floor = gamma / len(clipped)
@@ -523,9 +531,14 @@ def _ess_share_by_bin(
         step = scale * eta
         omega = [exp(step * x) for x in clipped]  # Eq. 14
         norm = keep / sum(omega)
-        q = [omega[b] * norm + floor for b in present]  # Eq. 15, the present bins
-        q_mean = sum(map(mul, weights, q)) / n
-        w = [x / q_mean for x in q]  # Eq. 16, mean_one
+        q = [x * norm + floor for x in pick(omega)]  # Eq. 15, the present bins
+        cq = list(map(mul, weights, q))
+        s1 = sum(cq)
+        if not s1 > 0.0:  # every present q underflowed (gamma 0): let the per-element share decide
+            return math.nan
+        if max(q) * n < max_weight * s1:  # Eq. 16 mean_one: no multiplier q n / s1 reaches the cap
+            return s1 * s1 / (n * sum(map(mul, cq, q)))
+        w = [x * n / s1 for x in q]
         w = [x if x < max_weight else max_weight for x in w]
         total = sum(map(mul, weights, w))
         square = sum(c * x * x for c, x in zip(weights, w))

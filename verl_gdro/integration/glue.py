@@ -40,12 +40,16 @@ def _is_padding_tag(tag: Mapping[str, Any] | None) -> bool:
     return bool(tag) and bool(tag.get("is_padding", False))  # type: ignore[union-attr]
 
 
-def real_rows(uids: Sequence[str], tags: Sequence[Mapping[str, Any] | None] | None = None) -> NDArray[np.int64]:
+def real_rows(
+    uids: Sequence[str], tags: Sequence[Mapping[str, Any] | None] | None = None,
+    distinct: Mapping[str, Any] | None = None,
+) -> NDArray[np.int64]:
     """Indices of the rows that are real trajectories: neither tagged ``is_padding`` by verl's
     batch balancing (``tags``: one dict or None per row) nor carrying one of its padding uids.
 
     The usual batch has no padding at all: that is settled on the distinct uids (one per prompt
-    group) and one C-level ``any`` over the tags, without a pass per row.
+    group; ``distinct``, e.g. ``dict.fromkeys(uids)``, when the caller already has them) and one
+    C-level ``any`` over the tags, without a pass per row.
     """
     count = len(uids)
     tagged = False
@@ -53,7 +57,8 @@ def real_rows(uids: Sequence[str], tags: Sequence[Mapping[str, Any] | None] | No
         if len(tags) != count:
             raise ValueError(f"tags must hold one entry per row ({count}), got {len(tags)}")
         tagged = any(tags) and any(map(_is_padding_tag, tags))
-    if not tagged and not any(map(str.startswith, dict.fromkeys(uids), repeat(PADDING_UID_PREFIX))):
+    groups = dict.fromkeys(uids) if distinct is None else distinct
+    if not tagged and not any(map(str.startswith, groups, repeat(PADDING_UID_PREFIX))):
         return np.arange(count, dtype=np.int64)
     pad = np.fromiter(map(str.startswith, uids, repeat(PADDING_UID_PREFIX)), dtype=bool, count=count)
     if tagged:
@@ -66,22 +71,23 @@ _REWARD_EXTRA_INFO = itemgetter("reward_extra_info")
 
 def acc_from_extra_fields(
     infos: Sequence[Any], rows: NDArray[np.int64], key: str
-) -> tuple[list[Any] | None, set[str]]:
+) -> tuple[NDArray[np.float64] | None, set[str]]:
     """The ``key`` value of each of ``rows`` from verl's per-row ``extra_fields`` (the streaming
-    reward puts the reward function's extra dict under ``reward_extra_info``).
+    reward puts the reward function's extra dict under ``reward_extra_info``), as float64.
 
-    Returns ``(values, set())``, or ``(None, keys seen)`` when a row lacks the key (the caller then
-    tries the top-level field and names what it saw in its error).
+    Returns ``(values, set())``, or ``(None, keys seen)`` when a row lacks the key or its value is
+    not a number (the caller then tries the top-level field and names what it saw in its error).
     """
     if rows.size == len(infos) and np.array_equal(rows, np.arange(rows.size)):
         picked = infos  # every row, in order (no padding): no copy
     else:
         picked = list(map(infos.__getitem__, rows.tolist()))
-    try:  # the usual case, in C-level passes: every row has the dict and the key
-        values = list(map(itemgetter(key), map(_REWARD_EXTRA_INFO, picked)))
-    except (KeyError, TypeError, IndexError):
+    try:  # the usual case, in one C-level pass: every row has the dict and a number under the key
+        values = np.fromiter(map(itemgetter(key), map(_REWARD_EXTRA_INFO, picked)), dtype=np.float64,
+                             count=len(picked))
+    except (KeyError, TypeError, IndexError, ValueError):
         values = None
-    if values is not None and None not in values:
+    if values is not None:
         return values, set()
     extra = [info.get("reward_extra_info", {}) if isinstance(info, dict) else {} for info in picked]
     return None, set().union(*(e for e in extra if isinstance(e, dict)))
@@ -152,9 +158,11 @@ def consume(
     ``uids``: verl's uid of every fetched row (repeats per group); ``tags``: verl's per-row tags,
     whose ``is_padding`` rows (and padding uids) are left out (:func:`real_rows`).
     """
-    rows = real_rows(uids, tags)
-    trained = uids if rows.size == len(uids) else list(map(uids.__getitem__, rows.tolist()))
-    update = ledger.begin_update(trained)
+    distinct = dict.fromkeys(uids)  # the groups, in order of first row: shared by both checks below
+    rows = real_rows(uids, tags, distinct)
+    everything = rows.size == len(uids)
+    trained = uids if everything else list(map(uids.__getitem__, rows.tolist()))
+    update = ledger.begin_update(distinct if everything else trained)
     positions = controller.adopt(update.stable_uids, update.bins, update.rollout_n)
     slot = update.slot
     kept_group = np.fromiter(map(slot.__getitem__, trained), dtype=np.int64, count=len(trained))

@@ -20,6 +20,7 @@ Pure Python and numpy: no verl, no torch.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
 from itertools import chain, repeat
@@ -127,8 +128,9 @@ class DispatchLedger:
                 if uid in seen:
                     raise RuntimeError(f"verl-gdro: prompt uid {uid!r} was dispatched twice")
                 seen.add(uid)
+        # tuple.__new__(Decision, fields) builds each named tuple in C (Decision._make is a Python call)
         decisions = map(
-            Decision._make,
+            tuple.__new__, repeat(Decision),
             zip(np.asarray(stable, dtype=np.int64).tolist(), np.asarray(bins, dtype=np.int64).tolist(),
                 np.asarray(rollout_n, dtype=np.int64).tolist(), repeat(int(step)),
                 range(self._seq, self._seq + count)),
@@ -151,9 +153,10 @@ class DispatchLedger:
         self.dropped[uid] = ([float(a) for a in acc], reason)
         return True
 
-    def begin_update(self, consumed: list[str]) -> ObservedUpdate:
+    def begin_update(self, consumed: Iterable[str]) -> ObservedUpdate:
         """The groups of one update: the consumed uids plus every dropped group, in dispatch order.
 
+        ``consumed``: the uid of every trained row (repeats per group), or the distinct ones.
         Raises for a consumed uid without a decision (a prompt that no ``_next_train_batch`` of
         this run dispatched).
         """
@@ -167,12 +170,15 @@ class DispatchLedger:
             both = next(u for u in unique if u in self.dropped)
             raise RuntimeError(f"verl-gdro: prompt uid {both!r} was both dropped and consumed")
         unique.update(dict.fromkeys(self.dropped))
-        # dispatch order: sort the (seq, uid) pairs, seq first (distinct, so uids are never compared)
+        # dispatch order: sort the (seq, uid) pairs, seq first (distinct, so uids are never compared);
+        # a synchronous step consumes its groups in dispatch order already, and then nothing moves
         decisions = list(map(self.entries.__getitem__, unique))
-        order = sorted(zip(map(_SEQ, decisions), range(len(decisions))))
-        uids_in = list(unique)
-        uids = [uids_in[i] for _s, i in order]
-        decisions = [decisions[i] for _s, i in order]
+        uids = list(unique)
+        seqs = list(map(_SEQ, decisions))
+        if seqs != sorted(seqs):
+            order = sorted(zip(seqs, range(len(decisions))))
+            uids = [uids[i] for _s, i in order]
+            decisions = [decisions[i] for _s, i in order]
         return ObservedUpdate(uids=uids, decisions=decisions, dropped=dict(self.dropped))
 
     def finish_update(self, update: ObservedUpdate) -> dict[str, Any]:

@@ -269,18 +269,19 @@ class GDROTrainerMixin:
         """Per-trajectory correctness from the reward's extra info (streaming reward: inside
         ``extra_fields.reward_extra_info``; colocated reward model: a top-level field)."""
         key = self.gdro_settings.acc_key
-        values: list[Any] | None = None
         available: set[str] = set()
         if "extra_fields" in data.keys():
-            values, available = acc_from_extra_fields(_as_list(data["extra_fields"]), rows, key)
-        if values is None:
-            try:
-                top = tq.kv_batch_get(keys=keys, partition_id=partition_id, select_fields=[key])
-                if key in top.keys():
-                    col = _as_list(top[key])
-                    values = [col[i] for i in rows.tolist()]
-            except Exception:  # the field does not exist in the store
-                values = None
+            found, available = acc_from_extra_fields(_as_list(data["extra_fields"]), rows, key)
+            if found is not None:
+                return found
+        values: list[Any] | None = None
+        try:
+            top = tq.kv_batch_get(keys=keys, partition_id=partition_id, select_fields=[key])
+            if key in top.keys():
+                col = _as_list(top[key])
+                values = [col[i] for i in rows.tolist()]
+        except Exception:  # the field does not exist in the store
+            values = None
         if values is None or any(v is None for v in values):
             raise ValueError(
                 f"gdro.acc_key={key!r} is missing from the reward output (reward_extra_info keys: "
