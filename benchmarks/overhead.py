@@ -30,7 +30,7 @@ and a second mask pass); for any other estimator, ``gdro_grpo`` included, that f
 ``compute_advantage`` directly, so this is what the GDRO trainer's stage replaces in a V1 run.
 
 Each repetition is one full step (the controllers' state advances as in training); GRPO and GDRO
-alternate order between repetitions. Times are medians after warm-up (the ratio of
+alternate order between repetitions, and the V1 path runs last in each. Times are medians after warm-up (the ratio of
 the minima is printed beside: on a shared machine noise only ever adds time; so is the median of
 the per-repetition ratios, in which a load change that slows a whole repetition cancels). Before timing, the
 classifier is given a full window of history for every prompt of a DAPO-sized dataset, so
@@ -45,6 +45,7 @@ side by side in one run are what count, not the absolute seconds.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import os
@@ -368,14 +369,18 @@ class Bench:
                          update_metrics=t4 - t3)
             return t4 - t
 
+        # GRPO and GDRO alternate which goes first; verl's V1 path (context only) always goes last.
+        # It copies the whole batch and frees the copies, so whichever stage follows it pays for
+        # mapping fresh memory: before issue 13's third pass it preceded GDRO in every other
+        # repetition and GRPO never, which charged GDRO's estimator column 2-5 ms that verl's own
+        # grpo, called the same way, did not pay.
         if grpo_first:
             grpo_s = run_grpo()
             gdro_s = run_gdro()
-            v1_s = run_v1_grpo()
         else:
-            v1_s = run_v1_grpo()
             gdro_s = run_gdro()
             grpo_s = run_grpo()
+        v1_s = run_v1_grpo()
         self.global_steps += 1
         return grpo_s, t_plan + gdro_s, v1_s, parts
 
@@ -387,7 +392,7 @@ PROFILED = (
     ("verl_gdro.rollout_gdro", "RolloutGDRO", ("allocate", "update")),
     ("verl_gdro.integration.controller", "GDROController", ("decide", "adopt", "advantage_multipliers",
                                                            "after_advantage")),
-    ("verl_gdro.integration.controller", None, ("step_metrics",)),
+    ("verl_gdro.integration.controller", None, ("step_metrics_prepared",)),
     ("verl_gdro.integration.ledger", "DispatchLedger", ("dispatch", "begin_update", "finish_update")),
     ("verl_gdro.integration.glue", None, ("real_rows", "acc_from_extra_fields", "consume", "flow_metrics")),
 )
@@ -435,7 +440,7 @@ class Profiler:
 
 def measure(
     shape: Shape, adversary: str, preset: str, width: int, reps: int, warmup: int, history: int, seed: int,
-    profile: bool = False,
+    profile: bool = False, pause_gc: bool = True,
 ) -> Row:
     rng = np.random.default_rng(seed)
     bench = Bench(adversary, preset, width, rng, history)
@@ -445,7 +450,18 @@ def measure(
     for i in range(warmup + reps):
         if profiler is not None and i == warmup:
             profiler.__enter__()
-        grpo_s, gdro_s, v1_s, parts = bench.step(shape, tokens, grpo_first=i % 2 == 0)
+        if pause_gc:
+            # Python's collector runs when container allocations cross a count (mostly verl's grpo's
+            # per-row tensors and lists), so a full collection of the process's ~10^5 objects lands
+            # in whichever timed stage crosses it, and medians moved by ~3 ms with it. Collect
+            # between repetitions, untimed, and time both stages with the collector paused.
+            gc.collect()
+            gc.disable()
+        try:
+            grpo_s, gdro_s, v1_s, parts = bench.step(shape, tokens, grpo_first=i % 2 == 0)
+        finally:
+            if pause_gc:
+                gc.enable()
         if i >= warmup:
             row.grpo_s.append(grpo_s)
             row.v1_grpo_s.append(v1_s)
@@ -463,6 +479,32 @@ def measure(
 # ----------------------------------------------------------------------------------------------
 
 
+def steady_allocator() -> bool:
+    """Keep freed memory in the process (glibc ``mallopt``): True when applied.
+
+    Each stage writes a fresh [N, T] advantage tensor (16-32 MiB). With glibc's defaults, freed
+    blocks of that size go back to the OS (the heap top is trimmed, or they were mapped on their
+    own), so the next stage to allocate page-faults all of its output in again: 2-30 ms that
+    landed on whichever stage came first after verl's V1 path freed its batch copy, and roughly
+    doubled verl's grpo at 512 x 4. A fixed mmap threshold at glibc's 32 MiB maximum and no
+    trimming make every stage reuse warm memory, so both columns time their work, not the
+    allocator's history (``--default-malloc`` keeps glibc's defaults).
+    """
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return False
+    try:
+        libc = ctypes.CDLL(name)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):  # not glibc
+        return False
+    m_trim_threshold, m_mmap_threshold = -1, -3
+    return bool(mallopt(m_mmap_threshold, 32 * 1024 * 1024)) and bool(mallopt(m_trim_threshold, 2**30))
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="small shapes and few repetitions (smoke run)")
@@ -477,6 +519,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--shapes", default=None, help="comma-separated shape names to run (default: all)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--default-malloc", action="store_true",
+                   help="keep glibc's default allocator settings (default: steady_allocator(), so no stage "
+                        "page-faults its output in because another stage's memory went back to the OS)")
+    p.add_argument("--with-gc", action="store_true",
+                   help="leave Python's automatic garbage collection on while timing (default: collect between "
+                        "repetitions and pause it during each step, so a collection triggered by any stage's "
+                        "allocations does not land in whichever stage happens to cross the threshold)")
     p.add_argument("--profile", action="store_true",
                    help="also print the mean time per step in each controller / glue function (timing wrappers)")
     return p.parse_args(argv)
@@ -490,6 +539,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     import verl_gdro.integration.estimator  # noqa: F401
 
     torch.set_num_threads(args.threads)
+    steady = False if args.default_malloc else steady_allocator()
     quick = args.quick
     width = args.tokens or (256 if quick else 4096)
     reps = args.reps or (3 if quick else 11)
@@ -508,7 +558,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(
         f"verl-gdro overhead benchmark: {platform.processor() or platform.machine()}, "
         f"{os.cpu_count()} CPUs, torch {torch.__version__} ({torch.get_num_threads()} threads), "
-        f"responses of {width} tokens, {reps} reps after {warmup} warm-up, median seconds"
+        f"responses of {width} tokens, {reps} reps after {warmup} warm-up, median seconds, "
+        f"garbage collector {'on' if args.with_gc else 'paused while timing'}, "
+        f"allocator {'steady (no trimming, fixed mmap threshold)' if steady else 'glibc defaults'}"
     )
     rows: list[Row] = []
     for si, shape in enumerate(shapes):
@@ -516,7 +568,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             if adversary == "rollout" and shape.n is None:
                 continue  # Rollout-GDRO's batches are variable-n by construction (its allocation)
             for preset in presets:
-                row = measure(shape, adversary, preset, width, reps, warmup, history, args.seed + si, args.profile)
+                row = measure(shape, adversary, preset, width, reps, warmup, history, args.seed + si, args.profile,
+                              pause_gc=not args.with_gc)
                 rows.append(row)
                 parts = "  ".join(f"{k}={statistics.median(v):.4f}" for k, v in row.parts_s.items())
                 print(
@@ -545,6 +598,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "paper_ratios": {"prompt": PAPER_SECONDS["prompt"] / PAPER_SECONDS["grpo"],
                          "rollout": PAPER_SECONDS["rollout"] / PAPER_SECONDS["grpo"]},
         "tokens": width,
+        "gc_paused": not args.with_gc,
+        "steady_allocator": steady,
         "torch_threads": torch.get_num_threads(),
         "quick": quick,
         "rows": [r.as_dict() for r in rows],

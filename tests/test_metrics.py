@@ -23,6 +23,7 @@ from verl_gdro.metrics import (
     per_bin_series,
     step_keys,
     step_metrics,
+    step_metrics_prepared,
     weight_entropy,
     weighted_shares,
     wse_proxy,
@@ -258,3 +259,30 @@ def test_step_metrics_per_bin_values_are_exactly_those_of_the_helpers(B: int, pr
         got = per_bin_series(m, name, B)
         keep = present if only_present else np.ones(B, dtype=bool)
         np.testing.assert_array_equal(got[keep], np.asarray(ref, dtype=np.float64)[keep], err_msg=name)
+
+
+def test_prepared_metrics_equal_step_metrics_and_still_refuse_a_non_finite_value() -> None:
+    """The controller's path (inputs built in shape, argument checks skipped) logs the very values
+    of step_metrics, and a non-finite input still raises, naming the metric it would have made."""
+    rng = np.random.default_rng(3)
+    B = 6
+    bins = rng.integers(0, B, 40)
+    n = rng.integers(2, 13, 40).astype(np.float64)
+    succ = np.floor(rng.random(40) * (n + 1))
+    per_bin = (rng.uniform(0.1, 3, B), rng.dirichlet(np.ones(B)), rng.normal(size=B), rng.uniform(1, 2, B),
+               rng.random(B))
+    names = ("prompt_weights", "q", "scores", "omega", "bin_losses")
+    ref = step_metrics(B, bins, succ, n, n_mean=4.0, shadow_price=0.3, controller_time_s=0.01,
+                       **dict(zip(names, per_bin, strict=True)))
+    got = step_metrics_prepared(B, bins, succ, n, n_mean=4.0, per_bin=per_bin, shadow_price=0.3,
+                                controller_time_s=0.01)
+    assert got == ref
+    assert step_metrics_prepared(B, bins, succ, n, n_mean=4.0, per_bin=(None,) * 5) == step_metrics(
+        B, bins, succ, n, n_mean=4.0)
+    bad = list(per_bin)
+    bad[2] = bad[2].copy()
+    bad[2][4] = np.nan
+    with pytest.raises(ValueError, match="gdro/score/bin_4 is not finite"):
+        step_metrics_prepared(B, bins, succ, n, n_mean=4.0, per_bin=tuple(bad))
+    with pytest.raises(ValueError, match="gdro/shadow_price is not finite"):
+        step_metrics_prepared(B, bins, succ, n, n_mean=4.0, per_bin=per_bin, shadow_price=math.inf)

@@ -7,6 +7,7 @@ pipeline in ``--quick`` mode and that its machine-readable summary is complete a
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import subprocess
@@ -35,6 +36,8 @@ def test_overhead_benchmark_quick_reports_finite_positive_ratios() -> None:
         value = summary[key]
         assert isinstance(value, float) and math.isfinite(value) and value > 0, (key, value)
     assert summary["quick"] is True
+    # timed with the collector paused and (on glibc) an allocator that keeps freed memory
+    assert summary["gc_paused"] is True and isinstance(summary["steady_allocator"], bool)
     # every (shape, adversary, preset) row was measured with positive, finite times
     rows = summary["rows"]
     assert {(r["adversary"], r["preset"]) for r in rows} == {
@@ -66,8 +69,11 @@ def test_overhead_benchmark_profile_times_the_trainers_functions_and_restores_th
     from verl_gdro.integration import glue
 
     original = glue.consume
-    summary = overhead.main(["--quick", "--profile", "--presets", "robust", "--shapes", "32x4", "--reps", "2"])
+    summary = overhead.main(["--quick", "--profile", "--presets", "robust", "--shapes", "32x4", "--reps", "2",
+                             "--default-malloc"])  # in-process: leave the test process's allocator alone
     assert glue.consume is original
+    assert gc.isenabled()  # paused only while each step was timed
+    assert summary["steady_allocator"] is False
     for row in summary["rows"]:
         profile = row["profile_s"]
         assert {"glue.consume", "glue.real_rows", "DispatchLedger.dispatch", "GDROController.after_advantage",

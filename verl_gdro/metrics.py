@@ -47,6 +47,7 @@ __all__ = [
     "metric_keys",
     "per_bin_series",
     "step_keys",
+    "step_metrics_prepared",
     "step_metrics",
     "weight_entropy",
     "weighted_shares",
@@ -230,6 +231,11 @@ def wse_uniform(shares: NDArray[np.float64], acc: NDArray[np.float64], n_mean: f
 # --------------------------------------------------------------------------------------------
 
 
+def _NEUTRAL_PER_BIN(num_bins: int) -> tuple[float, ...]:  # noqa: N802 - a table, read as a constant
+    """Logged value of (prompt_weights, q, scores, omega, bin_losses) when an adversary is off."""
+    return (1.0, 1.0 / num_bins, 0.0, 1.0, 0.0)
+
+
 def step_metrics(
     num_bins: int,
     bins: ArrayLike,
@@ -283,7 +289,7 @@ def step_metrics(
     given = {"prompt_weights": prompt_weights, "q": q, "scores": scores, "omega": omega, "bin_losses": bin_losses}
     w, qq, sc, om, loss = per_bin_inputs = [
         _per_bin(name, given[name], B, default, check_finite=False)
-        for name, default in (("prompt_weights", 1.0), ("q", 1.0 / B), ("scores", 0.0), ("omega", 1.0), ("bin_losses", 0.0))
+        for name, default in zip(given, _NEUTRAL_PER_BIN(B), strict=True)
     ]
     if not np.isfinite(per_bin_inputs).all():  # one check for the five; the slow path names the argument
         for name in given:
@@ -292,6 +298,40 @@ def step_metrics(
         if not math.isfinite(float(value)):
             raise ValueError(f"{name} must be finite, got {value!r}")
 
+    return step_metrics_prepared(
+        B, b, s, nn, n_mean=n_mean, per_bin=(w, qq, sc, om, loss), shadow_price=shadow_price,
+        controller_time_s=controller_time_s, dropped_nonfinite=dropped_nonfinite,
+        dropped_nonfinite_total=dropped_nonfinite_total,
+    )
+
+
+def step_metrics_prepared(
+    num_bins: int,
+    bins: NDArray[np.int64],
+    successes: NDArray[np.float64],
+    n: NDArray[np.float64],
+    *,
+    n_mean: float | None,
+    per_bin: tuple[NDArray[np.float64], ...],
+    shadow_price: float = 0.0,
+    controller_time_s: float = 0.0,
+    dropped_nonfinite: int = 0,
+    dropped_nonfinite_total: int = 0,
+) -> dict[str, float]:
+    """:func:`step_metrics` on inputs already in shape: ``bins`` int64 in [0, B), ``successes`` and
+    ``n`` float64 with 0 <= s <= n and n >= 1, ``per_bin`` the five per-bin arrays
+    (prompt_weights, q, scores, omega, bin_losses; [B] float64 each, or None for the neutral value).
+
+    The controller builds exactly these every step, so it skips the argument checks (~20 small
+    numpy calls, part of GDRO's per-step cost in benchmarks/overhead.py). The output keeps its
+    guarantee that every value is finite: one check over all values at the end, which names
+    the first non-finite metric.
+    """
+    B, b, s, nn = int(num_bins), bins, successes, n
+    w, qq, sc, om, loss = (
+        np.full(B, default) if values is None else values
+        for values, default in zip(per_bin, _NEUTRAL_PER_BIN(B), strict=True)
+    )
     # bin_shares, bin_accuracy and bin_rollouts with their three bincounts shared (same arithmetic)
     counts = np.bincount(b, minlength=B).astype(np.int64)
     total = counts.sum()
@@ -337,7 +377,13 @@ def step_metrics(
     # One array and one tolist() for the B x |PER_BIN_METRICS| values, with the keys built once per
     # B: the same floats as converting each value on its own, without ~100 f-strings per step.
     per_bin_keys, scalar_keys = _key_table(B)
-    values = np.concatenate([np.asarray(per_bin[name], dtype=np.float64) for name in PER_BIN_METRICS]).tolist()
+    stacked = np.concatenate([np.asarray(per_bin[name], dtype=np.float64) for name in PER_BIN_METRICS])
+    scalar_values = [float(scalars[name]) for name in SCALAR_METRICS]
+    if not (np.isfinite(stacked).all() and all(map(math.isfinite, scalar_values))):
+        bad = next(k for k, v in zip((*per_bin_keys, *scalar_keys), (*stacked.tolist(), *scalar_values))
+                   if not math.isfinite(v))
+        raise ValueError(f"metric {bad} is not finite: an input of step_metrics is (drop non-finite values first)")
+    values = stacked.tolist()
     present = counts > 0
     if present.all():
         out = dict(zip(per_bin_keys, values))
@@ -346,7 +392,7 @@ def step_metrics(
             [present if name in PRESENT_ONLY_METRICS else np.ones(B, dtype=bool) for name in PER_BIN_METRICS]
         ).tolist()
         out = {k: v for k, v, ok in zip(per_bin_keys, values, keep) if ok}
-    out.update(zip(scalar_keys, (float(scalars[name]) for name in SCALAR_METRICS)))
+    out.update(zip(scalar_keys, scalar_values))
     return out
 
 

@@ -15,6 +15,7 @@ actors, and a step that raises leaves no stale multipliers behind.
 from __future__ import annotations
 
 import contextvars
+import math
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -43,6 +44,8 @@ def uid_keys(index: Sequence[object]) -> list[str]:
 
 def _first_invalid(multipliers: np.ndarray) -> int | None:
     """Index of the first multiplier that is not finite and >= 0 (NaN included), or None."""
+    if multipliers.size == 0 or (multipliers.min() >= 0.0 and math.isfinite(multipliers.max())):
+        return None  # two reductions, no temporaries (the usual case); a NaN fails the min test
     bad = np.flatnonzero(~(np.isfinite(multipliers) & (multipliers >= 0)))
     return int(bad[0]) if bad.size else None
 

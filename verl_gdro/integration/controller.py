@@ -33,7 +33,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from verl_gdro.classifier import MAX_TRIALS_PER_VISIT, OnlineDifficultyClassifier
 from verl_gdro.integration.config import GDROSettings, resolve_gdro
-from verl_gdro.metrics import PREFIX, step_metrics
+from verl_gdro.metrics import PREFIX, step_metrics_prepared
 from verl_gdro.prompt_gdro import PromptGDRO, failure_rate_loss, surrogate_kl_loss, surrogate_loss
 from verl_gdro.rollout_gdro import FULL_INFORMATION_UTILITIES, RolloutGDRO, smoothed_rate
 
@@ -305,17 +305,21 @@ class GDROController:
         self.version += 1
         elapsed = self._time + (time.perf_counter() - t0) + float(extra_time_s)
         bin_losses = _bin_mean(bins_p, loss_p, self.num_bins)
-        metrics = step_metrics(
+        # every input built here in shape (bins validated at plan / adopt, counts from bincount,
+        # controller state finite by its own checks): the metrics skip re-validating them
+        metrics = step_metrics_prepared(
             self.num_bins,
             bins_p,
-            succ_p,
-            trials_p,
+            succ_p.astype(np.float64),
+            trials_p.astype(np.float64),
             n_mean=float(self.rollout_n),
-            prompt_weights=self._bin_weights if self.reweights else None,
-            q=q_used,
-            scores=None if self.prompt is None else self.prompt.scores,
-            omega=omega_used,
-            bin_losses=bin_losses,
+            per_bin=(
+                self._bin_weights if self.reweights else None,
+                q_used,
+                None if self.prompt is None else self.prompt.scores,
+                omega_used,
+                bin_losses,
+            ),
             shadow_price=0.0 if self.rollout is None else float(self.rollout.mu),
             controller_time_s=elapsed,
             dropped_nonfinite=int(prompt_info.get("dropped_nonfinite", 0)),
