@@ -676,9 +676,11 @@ class OnlineDifficultyClassifier:
         """
         dense = self._dense
         if dense is not None:
+            if uids.size and uids.min() >= 0 and uids.max() < dense.size:  # two reductions, no mask
+                return np.subtract(dense[uids], 1, dtype=np.int64)
+            if uids.size == 0:
+                return np.zeros(0, dtype=np.int64)
             inside = (uids >= 0) & (uids < dense.size)
-            if inside.all():
-                return dense[uids].astype(np.int64) - 1
             slots = np.full(uids.size, -1, dtype=np.int64)
             slots[inside] = dense[uids[inside]].astype(np.int64) - 1
             return slots
@@ -803,16 +805,21 @@ class OnlineDifficultyClassifier:
         """
         u = _int_array("uids", uids)
         slots = self._slots(u)
+        if u.size and slots.min() >= 0:  # every uid seen before (the usual step): no masks
+            return self._classify_slots(slots)
         out = np.full(u.size, self._unseen_bin, dtype=np.int64)
         seen = slots >= 0
         if seen.any():
-            sl = slots[seen]
-            p = self._estimate_slots(sl)
-            raw = raw_bin(p, self._edges)
-            moved = hysteresis_move(self._bin[sl], p, raw, self._full_edges, self._hysteresis, self._thresholds)
-            self._bin[sl] = moved
-            out[seen] = moved
+            out[seen] = self._classify_slots(slots[seen])
         return out
+
+    def _classify_slots(self, sl: np.ndarray) -> np.ndarray:
+        """Bins of existing slots with hysteresis against their committed bins, committed."""
+        p = self._estimate_slots(sl)
+        raw = raw_bin(p, self._edges)
+        moved = hysteresis_move(self._bin[sl], p, raw, self._full_edges, self._hysteresis, self._thresholds)
+        self._bin[sl] = moved
+        return moved
 
     def committed_bins(self, uids: Any) -> np.ndarray:
         """The last committed bin per uid without classifying (-1 = none yet / never seen)."""

@@ -527,17 +527,23 @@ def _ess_share_by_bin(
     keep = 1.0 - gamma
     exp = math.exp
 
+    floor_n, floor_sq_n = floor * n, floor * floor * n
+
     def share(scale: float) -> float:
         step = scale * eta
         omega = [exp(step * x) for x in clipped]  # Eq. 14
         norm = keep / sum(omega)
-        q = [x * norm + floor for x in pick(omega)]  # Eq. 15, the present bins
-        cq = list(map(mul, weights, q))
-        s1 = sum(cq)
+        mine = pick(omega)  # the present bins; Eq. 15: q = omega * norm + floor
+        c_omega = list(map(mul, weights, mine))
+        sum_c_omega = sum(c_omega)
+        # sum c q and sum c q^2 expanded in the per-bin sums of omega: every term is positive
+        s1 = norm * sum_c_omega + floor_n
         if not s1 > 0.0:  # every present q underflowed (gamma 0): let the per-element share decide
             return math.nan
-        if max(q) * n < max_weight * s1:  # Eq. 16 mean_one: no multiplier q n / s1 reaches the cap
-            return s1 * s1 / (n * sum(map(mul, cq, q)))
+        if (max(mine) * norm + floor) * n < max_weight * s1:  # Eq. 16 mean_one: no q n / s1 reaches the cap
+            s2 = norm * norm * sum(map(mul, c_omega, mine)) + 2.0 * norm * floor * sum_c_omega + floor_sq_n
+            return s1 * s1 / (n * s2)
+        q = [x * norm + floor for x in mine]
         w = [x * n / s1 for x in q]
         w = [x if x < max_weight else max_weight for x in w]
         total = sum(map(mul, weights, w))

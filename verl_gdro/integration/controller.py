@@ -242,14 +242,19 @@ class GDROController:
         correct = _acc_array(acc, g.size)
         num_groups = int(self._uids.size)
         trials = np.bincount(g, minlength=num_groups).astype(np.int64)
-        successes = np.bincount(g, weights=correct, minlength=num_groups).astype(np.int64)
+        correct_sums = np.bincount(g, weights=correct, minlength=num_groups)
+        successes = correct_sums.astype(np.int64)
         present = trials > 0
         # planned n >= 1, so an absent prompt (0 trials) is also trials != n: one count for both
         incomplete = int(np.count_nonzero(trials != self._n))
 
         losses = self._losses(g, correct, num_groups, response_mask, old_log_probs, ref_log_probs, advantages,
-                              log_probs)
-        bins_p, trials_p, succ_p, loss_p = self._bins[present], trials[present], successes[present], losses[present]
+                              log_probs, correct_sums, trials, present)
+        if incomplete == 0:  # every planned prompt is present (the usual step): no selection to copy
+            bins_p, trials_p, succ_p, loss_p = self._bins, trials, successes, losses
+        else:
+            bins_p, trials_p, succ_p = self._bins[present], trials[present], successes[present]
+            loss_p = losses[present]
 
         # All or nothing: the adversaries update first from snapshots of their (small, O(B x arms))
         # states, and the classifier, whose observe() validates before it mutates, goes last. Any
@@ -341,12 +346,22 @@ class GDROController:
         ref_log_probs: ArrayLike | None,
         advantages: ArrayLike | None,
         log_probs: ArrayLike | None,
+        correct_sums: NDArray[np.float64],
+        trials: NDArray[np.int64],
+        present: NDArray[np.bool_],
     ) -> NDArray[np.float64]:
-        """Per-prompt loss signal l(x) of spec section 2 (NaN for prompts without trajectories)."""
+        """Per-prompt loss signal l(x) of spec section 2 (NaN for prompts without trajectories).
+
+        ``correct_sums`` / ``trials`` / ``present``: the per-prompt bincounts after_advantage
+        already made; the failure rate reads its group means from them (the same division
+        ``group_mean`` does) instead of counting the trajectories again.
+        """
         p = self.settings.prompt
         signal = p.loss_signal
         if signal == "failure_rate" or (self.prompt is None and self.rollout is None):
-            return failure_rate_loss(correct, g, num_groups)
+            mean_correct = np.full(num_groups, np.nan)
+            mean_correct[present] = correct_sums[present] / trials[present]
+            return failure_rate_loss(mean_correct)
         missing = [
             name
             for name, arr in (("response_mask", response_mask), ("old_log_probs", old_log_probs),
