@@ -707,3 +707,32 @@ def test_update_after_resume_between_allocate_and_update_is_identical():
     info_b = twin.update(bins, n, successes)
     assert info_a["played_marginal"] == info_b["played_marginal"]
     assert pickle.dumps(ctl.state_dict()) == pickle.dumps(twin.state_dict())
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    arms=st.integers(1, 12),
+    step=st.integers(-7, 7),
+    width=st.integers(1, 300),
+    gaps=st.booleans(),
+    integer=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_dp_shift_is_the_per_arm_copy_whatever_the_starts(arms, step, width, gaps, integer, seed):
+    """The DP's shifted copies (one strided view when the starts are an arithmetic progression, as
+    for consecutive arms; a copy per arm otherwise) equal row[start + j] + add, value for value."""
+    from verl_gdro.rollout_gdro import _shift_into
+
+    rng = np.random.default_rng(seed)
+    first = 7 * 12 + 5
+    starts = first + step * np.arange(arms)
+    if gaps and arms > 2:
+        starts[-1] += 1  # not a progression: the per-arm path
+    size = int(starts.max()) + width + 3
+    row = rng.integers(-50, 50, size) if integer else rng.normal(size=size)
+    row[rng.random(size) < 0.2] = -9 if integer else -np.inf
+    add = rng.integers(-5, 5, arms) if integer else rng.normal(size=arms)
+    out = np.empty((arms, width), dtype=row.dtype)
+    _shift_into(out, row, starts, add)
+    expected = np.stack([row[k : k + width] + add[a] for a, k in enumerate(starts.tolist())])
+    np.testing.assert_array_equal(out, expected)

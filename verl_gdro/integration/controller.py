@@ -291,16 +291,19 @@ class GDROController:
                         incomplete,
                     )
 
-            # classifier: one visit per distinct stable uid (a prompt drawn twice pools its groups)
-            uniq, inverse = np.unique(self._uids[present], return_inverse=True)
+            # classifier: one visit per distinct stable uid (a prompt drawn twice pools its groups),
+            # in ascending uid order; distinct uids (the usual step) need no pooling, only the order
+            uids_p = self._uids if incomplete == 0 else self._uids[present]
+            order = np.argsort(uids_p)
+            uniq = uids_p[order]
+            if uniq.size < 2 or bool((uniq[1:] != uniq[:-1]).all()):
+                visit_s, visit_t = succ_p[order], trials_p[order]
+            else:
+                uniq, inverse = np.unique(uids_p, return_inverse=True)
+                visit_s = np.bincount(inverse, weights=succ_p, minlength=uniq.size).astype(np.int64)
+                visit_t = np.bincount(inverse, weights=trials_p, minlength=uniq.size).astype(np.int64)
             assert self.classifier is not None
-            self.classifier.observe(
-                uniq,
-                *_fit_visit(
-                    np.bincount(inverse, weights=succ_p, minlength=uniq.size).astype(np.int64),
-                    np.bincount(inverse, weights=trials_p, minlength=uniq.size).astype(np.int64),
-                ),
-            )
+            self.classifier.observe(uniq, *_fit_visit(visit_s, visit_t))
         except BaseException:
             for controller, state in snapshots:
                 controller.load_state_dict(state)
