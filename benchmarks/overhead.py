@@ -486,9 +486,9 @@ def steady_allocator() -> bool:
     blocks of that size go back to the OS (the heap top is trimmed, or they were mapped on their
     own), so the next stage to allocate page-faults all of its output in again: 2-30 ms that
     landed on whichever stage came first after verl's V1 path freed its batch copy, and roughly
-    doubled verl's grpo at 512 x 4. A fixed mmap threshold at glibc's 32 MiB maximum and no
-    trimming make every stage reuse warm memory, so both columns time their work, not the
-    allocator's history (``--default-malloc`` keeps glibc's defaults).
+    doubled verl's grpo at 512 x 4. Serving every block from the heap (no mmap) and never trimming
+    it make every stage reuse warm memory, so both columns time their work, not the allocator's
+    history (``--default-malloc`` keeps glibc's defaults).
     """
     import ctypes
     import ctypes.util
@@ -501,8 +501,8 @@ def steady_allocator() -> bool:
         mallopt = libc.mallopt
     except (OSError, AttributeError):  # not glibc
         return False
-    m_trim_threshold, m_mmap_threshold = -1, -3
-    return bool(mallopt(m_mmap_threshold, 32 * 1024 * 1024)) and bool(mallopt(m_trim_threshold, 2**30))
+    m_trim_threshold, m_mmap_max = -1, -4
+    return bool(mallopt(m_mmap_max, 0)) and bool(mallopt(m_trim_threshold, 2**30))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -560,7 +560,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         f"{os.cpu_count()} CPUs, torch {torch.__version__} ({torch.get_num_threads()} threads), "
         f"responses of {width} tokens, {reps} reps after {warmup} warm-up, median seconds, "
         f"garbage collector {'on' if args.with_gc else 'paused while timing'}, "
-        f"allocator {'steady (no trimming, fixed mmap threshold)' if steady else 'glibc defaults'}"
+        f"allocator {'steady (heap only, no trimming)' if steady else 'glibc defaults'}"
     )
     rows: list[Row] = []
     for si, shape in enumerate(shapes):

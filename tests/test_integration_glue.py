@@ -219,3 +219,25 @@ def test_flow_metrics_count_kept_filtered_and_discarded_rollouts() -> None:
     assert m[PREFIX + "flow/filtered_share/bin_2"] == 0.0
     assert m[PREFIX + "staleness/mean"] == 2.0 and m[PREFIX + "inflight_prompts"] == 7
     assert m[PREFIX + "dispatch/calls"] == 1 and m[PREFIX + "dispatch/rollouts"] == 16
+
+
+def test_ledger_table_stays_proportional_to_the_groups_in_flight() -> None:
+    """Observed groups' rows are compacted away even while one old group never comes back, and the
+    decisions of the outstanding groups survive every compaction and a checkpoint round trip."""
+    ledger = DispatchLedger()
+    _dispatch(ledger, ["old"], step=0, first_stable=10_000)
+    for step in range(1, 41):
+        uids = [f"s{step}-{i}" for i in range(100)]
+        _dispatch(ledger, uids, step=step, first_stable=step * 100)
+        update = ledger.begin_update(uids[:90])  # 10 groups stay in flight for a step
+        ledger.finish_update(update)
+        assert ledger._table.shape[0] <= 2 * len(ledger) + 1024 + 100
+    assert len(ledger) == 1 + 40 * 10
+    assert ledger.entries["old"] == Decision(10_000, 0, 4, 0, 0)
+    assert ledger.entries["s40-95"] == Decision(4095, 5, 4, 40, 1 + 39 * 100 + 95)
+    other = DispatchLedger()
+    other.load_state_dict(ledger.state_dict())
+    assert dict(other.entries) == dict(ledger.entries)
+    late = ledger.begin_update(["s3-91", "old", "s40-99"])
+    assert late.uids == ["old", "s3-91", "s40-99"]  # dispatch order, whatever the consumed order
+    assert late.stable_uids.tolist() == [10_000, 391, 4099]
