@@ -312,7 +312,8 @@ class GDROController:
         self.num_steps += 1
         self.version += 1
         elapsed = self._time + (time.perf_counter() - t0) + float(extra_time_s)
-        bin_losses = _bin_mean(bins_p, loss_p, self.num_bins)
+        # Prompt-GDRO's update already took this very mean (Eq. 13 over the finite losses)
+        bin_losses = prompt_info["mean_losses"] if prompt_info else _bin_mean(bins_p, loss_p, self.num_bins)
         # every input built here in shape (bins validated at plan / adopt, counts from bincount,
         # controller state finite by its own checks): the metrics skip re-validating them
         metrics = step_metrics_prepared(
@@ -555,7 +556,7 @@ def _int_array(name: str, values: ArrayLike) -> NDArray[np.int64]:
         return arr.astype(np.int64)
     if arr.dtype == bool or not (np.issubdtype(arr.dtype, np.integer) or _integral(arr)):
         raise ValueError(f"{name} must hold integers, got dtype {arr.dtype}")
-    return arr.astype(np.int64)
+    return arr.astype(np.int64, copy=False)  # callers keep copies (concatenate) or only read
 
 
 def _integral(arr: np.ndarray) -> bool:

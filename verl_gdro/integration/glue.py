@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from itertools import repeat
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any
@@ -212,8 +213,14 @@ def flow_metrics(num_bins: int, update: ObservedUpdate, kept_group: NDArray[np.i
         PREFIX + "staleness/max": float(staleness.max()) if staleness.size else 0.0,
         PREFIX + "inflight_prompts": float(inflight),
     }
-    for reason, count in by_reason.items():
-        out[PREFIX + f"flow/dropped_groups/{reason}"] = float(count)
-    for b in range(num_bins):
-        out[PREFIX + f"flow/filtered_share/bin_{b}"] = float(share[b])
+    reason_keys, share_keys = _flow_keys(num_bins)
+    out.update(zip(reason_keys, map(float, by_reason.values())))
+    out.update(zip(share_keys, share.tolist()))
     return out
+
+
+@lru_cache(maxsize=8)
+def _flow_keys(num_bins: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The per-reason and per-bin flow metric names, built once per B instead of every step."""
+    return (tuple(PREFIX + f"flow/dropped_groups/{reason}" for reason in DROP_REASONS),
+            tuple(PREFIX + f"flow/filtered_share/bin_{b}" for b in range(num_bins)))
