@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -81,3 +82,23 @@ def test_overhead_benchmark_profile_times_the_trainers_functions_and_restores_th
         assert all(math.isfinite(v) and v > 0 for v in profile.values())
         # the step's own parts contain the functions timed inside them
         assert profile["GDROController.after_advantage"] <= row["parts_s"]["update_metrics"] * 1.5 + 1e-3
+
+
+@pytest.mark.slow
+def test_trainer_path_digest_is_reproducible_and_sees_a_changed_value(monkeypatch) -> None:
+    """The bit-identity check of the speed work: the same code gives the same digest twice, and a
+    multiplier off by one ulp changes it (so equal digests do mean equal values)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import trainer_path_digest
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+
+    first = trainer_path_digest.digest("robust", "prompt", 32, steps=4)
+    assert first == trainer_path_digest.digest("robust", "prompt", 32, steps=4)
+    from verl_gdro.integration.controller import GDROController
+
+    original = GDROController.advantage_multipliers
+    monkeypatch.setattr(GDROController, "advantage_multipliers",
+                        lambda self, g: np.nextafter(original(self, g), np.inf))
+    assert trainer_path_digest.digest("robust", "prompt", 32, steps=4) != first
