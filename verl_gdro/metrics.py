@@ -341,7 +341,7 @@ def step_metrics_prepared(
     n_b = np.divide(trials_b, counts, out=np.zeros(B), where=counts > 0)
     total_n = trials_b.sum()
     budget_share = trials_b / total_n if total_n > 0 else np.zeros(B)
-    mean_n = float(nn.mean()) if nn.size else 0.0
+    mean_n = float(nn.sum() / nn.size) if nn.size else 0.0  # np.mean's own sum and division, without its wrapper
     nbar = mean_n if n_mean is None else float(n_mean)
     if not (np.isfinite(nbar) and (nbar > 0 or nn.size == 0)):
         raise ValueError(f"n_mean must be a positive finite number, got {n_mean!r}")

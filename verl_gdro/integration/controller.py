@@ -34,7 +34,7 @@ from numpy.typing import ArrayLike, NDArray
 from verl_gdro.classifier import MAX_TRIALS_PER_VISIT, OnlineDifficultyClassifier
 from verl_gdro.integration.config import GDROSettings, resolve_gdro
 from verl_gdro.metrics import PREFIX, step_metrics_prepared
-from verl_gdro.prompt_gdro import PromptGDRO, failure_rate_loss, surrogate_kl_loss, surrogate_loss
+from verl_gdro.prompt_gdro import PromptGDRO, failure_rate_loss, mix_probs, surrogate_kl_loss, surrogate_loss
 from verl_gdro.rollout_gdro import FULL_INFORMATION_UTILITIES, RolloutGDRO, smoothed_rate
 
 __all__ = ["EXTRA_METRICS", "GDROController", "StepPlan", "describe_mode", "mode_name"]
@@ -198,8 +198,8 @@ class GDROController:
             self._time += time.perf_counter() - t0
             return np.ones(g.size)
         response_bins = self._bins[g]
-        self._q_used = self.prompt.bin_probs()
         self._omega_used = self.prompt.omega()
+        self._q_used = mix_probs(self._omega_used, self.prompt.gamma)  # = bin_probs(), one exp fewer
         if not self.reweights:
             self._time += time.perf_counter() - t0
             return np.ones(g.size)
