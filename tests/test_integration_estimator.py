@@ -223,6 +223,20 @@ def test_gdro_step_per_row_values_must_agree_within_a_uid() -> None:
         pass
 
 
+def test_gdro_step_keeps_its_own_copy_of_the_table_and_keys_it_by_str() -> None:
+    """A str -> float dict (what the trainer builds) is copied as is; any other mapping is keyed by
+    str(uid) with float values; either way the step does not see later edits of the caller's dict."""
+    given = {"a": 2.0, "b": 0.5}
+    with gdro_step(given) as step:
+        given["a"] = 9.0
+        assert dict(step.multipliers) == {"a": 2.0, "b": 0.5}
+    with gdro_step({7: 2, np.str_("b"): np.float32(0.5)}) as step:
+        assert dict(step.multipliers) == {"7": 2.0, "b": 0.5}
+        assert all(type(k) is str and type(v) is float for k, v in step.multipliers.items())
+    with pytest.raises(ValueError, match="finite and >= 0; uid 'x'"), gdro_step({"w": 1.0, "x": -0.0 - 1.0}):
+        pass
+
+
 def _row_plan(uids: list[str], table: dict[str, float]) -> RowPlan:
     counts = {u: uids.count(u) for u in set(uids)}
     return RowPlan(uids=list(uids), multipliers=np.array([table[u] for u in uids]),

@@ -159,6 +159,8 @@ def gdro_step(multipliers: Mapping[str, float] | None = None, *, uids: Sequence[
                 first = row_values[keys.index(key)]
                 second = next(v for k, v in zip(keys, row_values) if k == key and not v == first)
                 raise ValueError(f"gdro_step: uid {key!r} has two different multipliers ({first} and {second})")
+    elif type(multipliers) is dict and set(map(type, multipliers)) <= {str} and set(map(type, multipliers.values())) <= {float}:
+        table = dict(multipliers)  # already str -> float (what ConsumedBatch.multiplier_table builds): a copy
     else:
         table = dict(zip(uid_keys(list(multipliers.keys())), map(float, multipliers.values())))
     table_values = np.fromiter(table.values(), dtype=np.float64, count=len(table))

@@ -209,7 +209,7 @@ def flow_metrics(num_bins: int, update: ObservedUpdate, kept_group: NDArray[np.i
         PREFIX + "dispatch/calls": float(len(calls)),
         PREFIX + "dispatch/prompts": float(sum(p for p, _ in calls)),
         PREFIX + "dispatch/rollouts": float(sum(r for _, r in calls)),
-        PREFIX + "staleness/mean": float(staleness.mean()) if staleness.size else 0.0,
+        PREFIX + "staleness/mean": float(staleness.sum() / staleness.size) if staleness.size else 0.0,
         PREFIX + "staleness/max": float(staleness.max()) if staleness.size else 0.0,
         PREFIX + "inflight_prompts": float(inflight),
     }
