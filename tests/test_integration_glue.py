@@ -7,6 +7,8 @@ calls, so a faster helper can never drift from what the trainer meant.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -54,6 +56,15 @@ def test_acc_from_extra_fields_reads_the_rows_or_names_the_keys_seen() -> None:
     assert values is None and seen == {"acc", "score", "pred"}
     values, seen = acc_from_extra_fields([None, "x"], np.array([0, 1]), "acc")  # no dict at all
     assert values is None and seen == set()
+    for bad in (None, "n/a", [1.0]):  # present but not a number: the caller's error names the keys seen
+        infos = [{"reward_extra_info": {"acc": 1.0}}, {"reward_extra_info": {"acc": bad}}]
+        values, seen = acc_from_extra_fields(infos, np.array([0, 1]), "acc")
+        assert values is None and seen == {"acc"}
+    values, _ = acc_from_extra_fields([{"reward_extra_info": {"acc": v}} for v in (True, 0, np.float32(1.0))],
+                                      np.array([0, 1, 2]), "acc")
+    assert values.tolist() == [1.0, 0.0, 1.0]
+    values, _ = acc_from_extra_fields([{"reward_extra_info": {"acc": math.nan}}], np.array([0]), "acc")
+    assert math.isnan(values[0])  # a true NaN is kept: the controller refuses non-finite correctness
 
 
 # ---------------------------------------------------------------------------------------------

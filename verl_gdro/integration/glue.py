@@ -88,6 +88,11 @@ def acc_from_extra_fields(
                              count=len(picked))
     except (KeyError, TypeError, IndexError, ValueError):
         values = None
+    if values is not None and np.isnan(values).any():
+        # np.fromiter reads None as NaN: a row whose value is None lacks it, as before (a true NaN
+        # stays, and the controller refuses it as non-finite correctness)
+        if None in map(itemgetter(key), map(_REWARD_EXTRA_INFO, picked)):
+            values = None
     if values is not None:
         return values, set()
     extra = [info.get("reward_extra_info", {}) if isinstance(info, dict) else {} for info in picked]
