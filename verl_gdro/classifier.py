@@ -671,10 +671,12 @@ class OnlineDifficultyClassifier:
     def _slots(self, uids: np.ndarray) -> np.ndarray:
         """Slot of each uid (-1: never observed).
 
-        A training step looks the same prompts up twice: when it classifies them before
-        generation and when it records their visit after. The slots found are remembered in a
-        small dict (at most :data:`_SLOT_CACHE_MAX` entries, emptied when full; slots never change
-        once given), so the second lookup is one C-level pass instead of the vectorised probing.
+        While every stored uid lies in [0, :data:`_DENSE_UIDS`) (dataset row indices), one gather
+        from the direct-address table answers. Otherwise the hash index probes, and as a training
+        step looks the same prompts up twice (classified before generation, visited after) the
+        slots found are remembered in a small dict (at most :data:`_SLOT_CACHE_MAX` entries,
+        emptied when full; slots never change once given), so the second lookup is one C-level
+        pass instead of the vectorised probing.
         """
         dense = self._dense
         if dense is not None:

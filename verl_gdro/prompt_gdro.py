@@ -39,6 +39,7 @@ __all__ = [
     "exp_weights",
     "failure_rate_loss",
     "group_mean",
+    "group_mean_from_sums",
     "low_var_kl",
     "masked_token_mean",
     "mix_probs",
@@ -102,9 +103,13 @@ def group_mean(values: ArrayLike, group_index: ArrayLike, num_groups: int | None
     if vals.ndim != 1:
         raise ValueError(f"values must be 1-D (one value per response), got shape {vals.shape}")
     idx, groups = _group_index(group_index, vals.shape[0], num_groups)
-    sums = np.bincount(idx, weights=vals, minlength=groups)
-    counts = np.bincount(idx, minlength=groups)
-    out = np.full(groups, np.nan)
+    return group_mean_from_sums(np.bincount(idx, weights=vals, minlength=groups), np.bincount(idx, minlength=groups))
+
+
+def group_mean_from_sums(sums: NDArray[np.float64], counts: NDArray[np.int64]) -> NDArray[np.float64]:
+    """:func:`group_mean` from each prompt's sum and count (NaN where the count is 0), for a caller
+    that has them already (the controller counts every prompt's trajectories once per step)."""
+    out = np.full(sums.shape[0], np.nan)
     has = counts > 0
     out[has] = sums[has] / counts[has]
     return out
@@ -515,7 +520,8 @@ def _ess_share_by_bin(
     the largest part of Prompt-GDRO's per-step cost (benchmarks/overhead.py).
 
     The share is invariant to a common scale of the weights, so while no weight reaches the cap
-    it is computed from q itself, (sum c q)^2 / (n sum c q^2), without dividing by the mean first.
+    it is (sum c q)^2 / (n sum c q^2), without dividing by the mean first; with q = omega * norm +
+    floor both sums expand in the per-bin sums of c omega and c omega^2.
     """
     clipped = np.clip(scores, -score_clip, score_clip).tolist()
     counts = np.bincount(bins, minlength=len(clipped)).tolist()
@@ -526,7 +532,6 @@ def _ess_share_by_bin(
     floor = gamma / len(clipped)
     keep = 1.0 - gamma
     exp = math.exp
-
     floor_n, floor_sq_n = floor * n, floor * floor * n
 
     def share(scale: float) -> float:

@@ -34,7 +34,15 @@ from numpy.typing import ArrayLike, NDArray
 from verl_gdro.classifier import MAX_TRIALS_PER_VISIT, OnlineDifficultyClassifier
 from verl_gdro.integration.config import GDROSettings, resolve_gdro
 from verl_gdro.metrics import PREFIX, step_metrics_prepared
-from verl_gdro.prompt_gdro import PromptGDRO, failure_rate_loss, mix_probs, surrogate_kl_loss, surrogate_loss
+from verl_gdro.prompt_gdro import (
+    PromptGDRO,
+    bin_mean_losses,
+    failure_rate_loss,
+    group_mean_from_sums,
+    mix_probs,
+    surrogate_kl_loss,
+    surrogate_loss,
+)
 from verl_gdro.rollout_gdro import FULL_INFORMATION_UTILITIES, RolloutGDRO, smoothed_rate
 
 __all__ = ["EXTRA_METRICS", "GDROController", "StepPlan", "describe_mode", "mode_name"]
@@ -249,7 +257,7 @@ class GDROController:
         incomplete = int(np.count_nonzero(trials != self._n))
 
         losses = self._losses(g, correct, num_groups, response_mask, old_log_probs, ref_log_probs, advantages,
-                              log_probs, correct_sums, trials, present)
+                              log_probs, correct_sums, trials)
         if incomplete == 0:  # every planned prompt is present (the usual step): no selection to copy
             bins_p, trials_p, succ_p, loss_p = self._bins, trials, successes, losses
         else:
@@ -352,20 +360,16 @@ class GDROController:
         log_probs: ArrayLike | None,
         correct_sums: NDArray[np.float64],
         trials: NDArray[np.int64],
-        present: NDArray[np.bool_],
     ) -> NDArray[np.float64]:
         """Per-prompt loss signal l(x) of spec section 2 (NaN for prompts without trajectories).
 
-        ``correct_sums`` / ``trials`` / ``present``: the per-prompt bincounts after_advantage
-        already made; the failure rate reads its group means from them (the same division
-        ``group_mean`` does) instead of counting the trajectories again.
+        ``correct_sums`` / ``trials``: the per-prompt bincounts after_advantage already made; the
+        failure rate takes its group means from them instead of counting the trajectories again.
         """
         p = self.settings.prompt
         signal = p.loss_signal
         if signal == "failure_rate" or (self.prompt is None and self.rollout is None):
-            mean_correct = np.full(num_groups, np.nan)
-            mean_correct[present] = correct_sums[present] / trials[present]
-            return failure_rate_loss(mean_correct)
+            return failure_rate_loss(group_mean_from_sums(correct_sums, trials))
         missing = [
             name
             for name, arr in (("response_mask", response_mask), ("old_log_probs", old_log_probs),
@@ -623,10 +627,9 @@ def _mixed_arms(rollout: RolloutGDRO, bins: NDArray[np.int64], n: NDArray[np.int
 
 
 def _bin_mean(bins: NDArray[np.int64], values: NDArray[np.float64], num_bins: int) -> NDArray[np.float64]:
+    """Eq. 13's bin means over the finite values (what Prompt-GDRO's update logs), 0 for an empty bin."""
     finite = np.isfinite(values)
-    sums = np.bincount(bins[finite], weights=values[finite], minlength=num_bins)
-    counts = np.bincount(bins[finite], minlength=num_bins)
-    return np.divide(sums, counts, out=np.zeros(num_bins), where=counts > 0)
+    return bin_mean_losses(bins[finite], values[finite], num_bins)[0]
 
 
 def _dict_diff(a: Mapping[str, Any], b: Mapping[str, Any], prefix: str = "gdro") -> str:

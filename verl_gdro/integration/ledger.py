@@ -23,13 +23,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
-from itertools import chain
 from typing import Any, NamedTuple
 
 import numpy as np
 from numpy.typing import NDArray
 
-__all__ = ["DROP_REASONS", "Decision", "DispatchLedger", "ObservedUpdate", "decision_columns"]
+__all__ = ["DROP_REASONS", "Decision", "DispatchLedger", "ObservedUpdate"]
 
 _STATE_VERSION = 1
 
@@ -51,13 +50,8 @@ class Decision(NamedTuple):
 _WIDTH = len(Decision._fields)
 
 
-def decision_columns(decisions: list[Decision]) -> dict[str, NDArray[np.int64]]:
-    """Each :class:`Decision` field as an int64 array over ``decisions``, built in one C-level pass."""
-    flat = np.fromiter(chain.from_iterable(decisions), dtype=np.int64, count=_WIDTH * len(decisions))
-    return _columns_of(flat.reshape(len(decisions), _WIDTH))
-
-
 def _columns_of(table: NDArray[np.int64]) -> dict[str, NDArray[np.int64]]:
+    """Each :class:`Decision` field of a decision table ([groups, 5] int64) as a column view."""
     return {name: table[:, j] for j, name in enumerate(Decision._fields)}
 
 
