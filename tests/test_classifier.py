@@ -181,6 +181,28 @@ def test_pooled_matches_brute_force_enumeration(t: int) -> None:
             assert got == pytest.approx(1 - comb(t - s, k) / comb(t, k), abs=1e-12)
 
 
+def _pooled_running_product(successes: np.ndarray, trials: np.ndarray, k: int) -> np.ndarray:
+    """pooled_pass_at_k as first written: one running product over j (the bit-exact reference)."""
+    s, t = successes.astype(np.float64), trials.astype(np.float64)
+    ratio = np.ones(s.shape)
+    for j in range(k):
+        ratio *= np.maximum((t - s) - j, 0.0) / np.maximum(t - j, 1.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        small = 1.0 - (1.0 - s / t) ** k
+    return np.where(t >= k, 1.0 - ratio, small)
+
+
+@pytest.mark.parametrize("k", [2, 3, 8, 16])
+def test_pooled_factor_table_is_bit_identical_to_the_running_product(k: int) -> None:
+    """Every (S, T) a window of 100 visits of up to 12 rollouts can hold (T <= 1200, and beyond):
+    the [k, prompts] factor table multiplied row by row gives the running product's very bits."""
+    t = np.repeat(np.arange(1, 1301), np.arange(2, 1302))
+    s = np.concatenate([np.arange(0, n + 1) for n in range(1, 1301)])
+    np.testing.assert_array_equal(pooled_pass_at_k(s, t, k), _pooled_running_product(s, t, k))
+    big = t >= k  # the branch without the small-T formula
+    np.testing.assert_array_equal(pooled_pass_at_k(s[big], t[big], k), _pooled_running_product(s[big], t[big], k))
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     visits=st.lists(
