@@ -332,8 +332,9 @@ class Bench:
             # GDROTrainerMixin._compute_advantage line by line, through the same glue functions
             # (verl_gdro.integration.glue), minus TransferQueue's reads: real rows, the ledger
             # update adopted into the controller's plan, the stable-id check, acc, the multipliers
-            # into verl's stage (gdro_grpo) per prompt group, the token arrays for the surrogate
-            # loss signals (preset paper), the controller updates, the ledger and flow metrics
+            # into verl's stage (gdro_grpo) per prompt group, the controller updates, the ledger
+            # and flow metrics (_gdro_update: before verl's estimator for the failure-rate signal,
+            # after it, with the token arrays, for the surrogate signals of preset paper)
             t = time.perf_counter()
             uids = uid_keys(_as_list(fetched["uid"]))
             consumed = consume(ledger, ctrl, uids, tags)
@@ -346,12 +347,24 @@ class Bench:
             acc_rows = np.asarray(values, dtype=np.float64)
             t_glue = time.perf_counter()
             mult = ctrl.advantage_multipliers(consumed.group_index)
-            with gdro_step(consumed.multiplier_table(mult), settings=ctrl.settings,
-                           rows=consumed.row_plan(mult)):
+            table, row_plan = consumed.multiplier_table(mult), consumed.row_plan(mult)
+            t_mult = time.perf_counter()
+
+            def update(extra: dict[str, np.ndarray]) -> None:
+                dropped_index, dropped_acc = consumed.dropped()
+                metrics = ctrl.after_advantage(np.concatenate([consumed.group_index, dropped_index]),
+                                               np.concatenate([acc_rows, dropped_acc]), **extra)
+                counters = ledger.finish_update(consumed.update)
+                metrics.update(flow_metrics(ctrl.num_bins, consumed.update, consumed.kept_group, counters,
+                                            self.global_steps, len(ledger)))
+
+            if not self.needs_log_probs:
+                update({})
+            t_update = time.perf_counter()
+            with gdro_step(table, settings=ctrl.settings, rows=row_plan):
                 t1 = time.perf_counter()
                 compute_advantage(gdro_data, "gdro_grpo", norm_adv_by_std_in_grpo=True, config=self.algo_cfg)
                 t2 = time.perf_counter()
-            dropped_index, dropped_acc = consumed.dropped()
             extra: dict[str, np.ndarray] = {}
             if self.needs_log_probs:
                 batch = gdro_data.batch
@@ -359,14 +372,11 @@ class Bench:
                                   ("advantages", "advantages"), ("ref_log_probs", "ref_log_prob")):
                     extra[name] = read_tokens(batch[key], rows)
             t3 = time.perf_counter()
-            metrics = ctrl.after_advantage(np.concatenate([consumed.group_index, dropped_index]),
-                                           np.concatenate([acc_rows, dropped_acc]), **extra)
-            counters = ledger.finish_update(consumed.update)
-            metrics.update(flow_metrics(ctrl.num_bins, consumed.update, consumed.kept_group, counters,
-                                        self.global_steps, len(ledger)))
+            if self.needs_log_probs:
+                update(extra)
             t4 = time.perf_counter()
-            parts.update(glue=t_glue - t, multipliers=t1 - t_glue, estimator=t2 - t1, read_tokens=t3 - t2,
-                         update_metrics=t4 - t3)
+            parts.update(glue=t_glue - t, multipliers=(t_mult - t_glue) + (t1 - t_update), estimator=t2 - t1,
+                         read_tokens=t3 - t2, update_metrics=(t_update - t_mult) + (t4 - t3))
             return t4 - t
 
         # GRPO and GDRO alternate which goes first; verl's V1 path (context only) always goes last.

@@ -53,7 +53,7 @@ def digest(preset: str, adversary: str, prompts: int, steps: int = 60, width: in
     import verl_gdro.integration.estimator  # noqa: F401  (registers gdro_grpo)
     from verl_gdro.integration.context import gdro_step, uid_keys
     from verl_gdro.integration.controller import GDROController
-    from verl_gdro.integration.glue import acc_from_extra_fields, consume, flow_metrics
+    from verl_gdro.integration.glue import acc_from_extra_fields, consume
     from verl_gdro.integration.ledger import DispatchLedger
     from verl_gdro.integration.trainer import _padded_numpy
 
@@ -94,25 +94,40 @@ def digest(preset: str, adversary: str, prompts: int, steps: int = 60, width: in
                                           consumed.rows, "acc")
         assert values is not None
         mult = ctrl.advantage_multipliers(consumed.group_index)
-        with gdro_step(consumed.multiplier_table(mult), settings=ctrl.settings, rows=consumed.row_plan(mult)):
-            compute_advantage(data, "gdro_grpo", norm_adv_by_std_in_grpo=True, config=algo)
+        table, row_plan = consumed.multiplier_table(mult), consumed.row_plan(mult)
         dropped_index, dropped_acc = consumed.dropped()
-        extra: dict[str, np.ndarray] = {}
-        if ctrl.settings.prompt.loss_signal != "failure_rate":
+        surrogate = ctrl.settings.prompt.loss_signal != "failure_rate"
+
+        if not surrogate:  # the trainer's order: before verl's estimator for the failure rate
+            metrics = update_step(ctrl, ledger, consumed, values, step, {})
+        with gdro_step(table, settings=ctrl.settings, rows=row_plan):
+            compute_advantage(data, "gdro_grpo", norm_adv_by_std_in_grpo=True, config=algo)
+        if surrogate:
+            extra: dict[str, np.ndarray] = {}
             for name, key in (("response_mask", "response_mask"), ("old_log_probs", "old_log_probs"),
                               ("advantages", "advantages"), ("ref_log_probs", "ref_log_prob")):
                 arr = _padded_numpy(data.batch[key], consumed.rows)
                 if dropped_index.size:  # as the trainer pads the removed groups' token rows
                     arr = np.concatenate([arr, np.zeros((dropped_index.size, arr.shape[1]), dtype=arr.dtype)])
                 extra[name] = arr
-        metrics = ctrl.after_advantage(np.concatenate([consumed.group_index, dropped_index]),
-                                       np.concatenate([values, dropped_acc]), **extra)
-        counters = ledger.finish_update(consumed.update)
-        metrics.update(flow_metrics(ctrl.num_bins, consumed.update, consumed.kept_group, counters, step, len(ledger)))
+            metrics = update_step(ctrl, ledger, consumed, values, step, extra)  # after: reads the advantages
         metrics.pop("gdro/controller_time_s")
         record.append([plan.bins, n, mult, data.batch["advantages"].numpy(), metrics])
     record.append(ctrl.state_dict())
     return hashlib.sha256(repr(canonical(record)).encode()).hexdigest()
+
+
+def update_step(ctrl: Any, ledger: Any, consumed: Any, acc: np.ndarray, step: int,
+                extra: dict[str, np.ndarray]) -> dict[str, float]:
+    """The trainer's ``_gdro_update``: the controllers' update, the ledger's bookkeeping, the metrics."""
+    from verl_gdro.integration.glue import flow_metrics
+
+    dropped_index, dropped_acc = consumed.dropped()
+    metrics = ctrl.after_advantage(np.concatenate([consumed.group_index, dropped_index]),
+                                   np.concatenate([acc, dropped_acc]), **extra)
+    counters = ledger.finish_update(consumed.update)
+    metrics.update(flow_metrics(ctrl.num_bins, consumed.update, consumed.kept_group, counters, step, len(ledger)))
+    return metrics
 
 
 def main(argv: list[str] | None = None) -> int:

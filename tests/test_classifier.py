@@ -27,6 +27,7 @@ from verl_gdro.classifier import (
     hysteresis_move,
     pooled_pass_at_k,
     raw_bin,
+    snap,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -850,3 +851,12 @@ def test_slot_lookups_and_window_sums_follow_the_index_and_the_rings(
             assert not clf._slot_cache
     stored = clf._uids[: clf.num_seen]
     assert (clf._dense is None) == bool(stored.min() < 0 or stored.max() >= dense_uids)
+
+
+@given(st.floats(min_value=0.0, max_value=1.0, allow_nan=False))
+@settings(max_examples=2000, deadline=None)
+def test_snap_is_idempotent(p: float) -> None:
+    """The classifier rounds its estimates once and compares them unrounded again (hysteresis_move
+    with snapped=True): that is the same as rounding twice only because snap is idempotent on [0, 1]."""
+    once = snap(np.array([p, 1.0 - p, p / 3.0]))
+    assert once.tobytes() == snap(once).tobytes()

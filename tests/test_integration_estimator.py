@@ -270,3 +270,20 @@ def test_row_plan_refuses_bad_rows() -> None:
     plan = RowPlan(uids=["a", "b"], multipliers=np.ones(2), singleton=np.zeros(2, dtype=bool))
     assert plan.matches(np.array(["a", "b"], dtype=object)) and plan.matches(["a", "b"])
     assert not plan.matches(["b", "a"]) and not plan.matches(["a"])
+
+
+@pytest.mark.parametrize("mask_dtype", [torch.float32, torch.int64, torch.float64, torch.bool])
+def test_row_plan_path_keeps_the_tables_bits_for_every_mask_dtype(grpo_batch, mask_dtype) -> None:
+    """The row plan's zeroing and multipliers are prepared before verl's loop, as a column of the
+    dtype the advantages will have; whatever the mask's dtype the result is the table path's, bit
+    for bit (signed zeros included), and of the same dtype."""
+    data = grpo_batch([3, 1, 4, 1, 2], seed=7, rewards="normal")
+    data.batch["response_mask"] = data.batch["response_mask"].to(mask_dtype)
+    uids = data.non_tensor_batch["uid"].tolist()
+    table = {f"g{g}": 0.1 + 0.7 * g for g in range(5)}
+    with gdro_step(table):
+        ref = advantages(data, "gdro_grpo")
+    with gdro_step(table, rows=_row_plan(uids, table)):
+        got = advantages(data, "gdro_grpo")
+    assert got.dtype == ref.dtype
+    assert got.numpy().tobytes() == ref.numpy().tobytes()

@@ -280,3 +280,34 @@ def test_trainer_prints_its_mode_once_at_start(tmp_path, capsys) -> None:
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("verl-gdro mode:")]
     assert lines == [trainer.gdro_mode_line]
     assert lines[0].startswith("verl-gdro mode: joint") and "preset robust" in lines[0] and "mean n 4" in lines[0]
+
+
+@pytest.mark.parametrize(
+    "values",
+    [[3, 1, 2], ["12", " 7 ", "0"], [1.5, 2.0], [True, 2], [np.int64(3), 4], ["x"], [None], [2**70], ["1.5"], []],
+)
+def test_int_column_reads_object_arrays_like_int(values: list) -> None:
+    """An object / int array column goes through numpy's astype, which must read every value as
+    ``int(value)`` does (the list path): the same ids, and the same error type for bad ones."""
+    from verl_gdro.integration.trainer import _int_column
+
+    def read(column: Any) -> Any:
+        try:
+            return _int_column(column).tolist()
+        except Exception as exc:  # noqa: BLE001 - the error type is what is compared
+            return type(exc)
+
+    as_list = read(list(values))
+    assert read(np.array(values, dtype=object)) == as_list
+    if as_list and all(type(v) is int and abs(v) < 2**31 for v in values):
+        assert read(np.array(values, dtype=np.int32)) == as_list
+
+
+def test_uid_keys_gives_a_fresh_list_of_exact_str() -> None:
+    from verl_gdro.integration.context import uid_keys
+
+    uids = ["a", "b", "a"]
+    keys = uid_keys(uids)
+    assert keys == uids and keys is not uids
+    mixed = uid_keys(np.array(["a", 7, np.str_("b")], dtype=object))
+    assert mixed == ["a", "7", "b"] and all(type(k) is str for k in mixed)

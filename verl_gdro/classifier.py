@@ -77,7 +77,8 @@ def pooled_pass_at_k(successes: np.ndarray, trials: np.ndarray, k: int) -> np.nd
         # Both branches reduce to S/T; dividing once keeps pass@1 exact (1 - (T-S)/T is not:
         # 1 - 160/200 = 0.19999999999999996 would fall below an edge at 0.2).
         return s / t
-    s, t = np.broadcast_arrays(s, t)
+    if s.shape != t.shape:
+        s, t = np.broadcast_arrays(s, t)
     # All k factors at once, [k, prompts]: (T-S-j) / (T-j), clamped at 0 so factors past a zero
     # stay at 0 instead of turning negative (rows with T < k are handled below and their factors,
     # T - j <= 0, are never used). Then multiplied in order j = 0, 1, ..., row by row: the same
@@ -141,7 +142,7 @@ def hysteresis_thresholds(full_edges: np.ndarray, delta: float) -> tuple[np.ndar
 
 def hysteresis_move(
     committed: np.ndarray, p: np.ndarray, raw: np.ndarray, full_edges: np.ndarray, delta: float,
-    thresholds: tuple[np.ndarray, np.ndarray] | None = None,
+    thresholds: tuple[np.ndarray, np.ndarray] | None = None, snapped: bool = False,
 ) -> np.ndarray:
     """Hysteresis rule of spec section 1: the bin a prompt moves to from its committed bin.
 
@@ -152,14 +153,16 @@ def hysteresis_move(
     are 0, the inner edges, 1. Compared on the :func:`snap` grid.
 
     ``thresholds``: :func:`hysteresis_thresholds` of ``full_edges`` and ``delta``, when the caller
-    keeps them (the classifier computes them once, not per prompt per step).
+    keeps them (the classifier computes them once, not per prompt per step). ``snapped``: ``p`` is
+    on the :func:`snap` grid already (the classifier's estimates are), so it is not rounded again;
+    :func:`snap` is idempotent on [0, 1] (``test_snap_is_idempotent``), so the bins are the same.
 
     Both directions are tested with uniform and custom edges: the released patch blocked every
     downward move for uniform edges (spec section 6, defect 4).
     """
     committed = np.asarray(committed, dtype=np.int64)
     up_at, down_at = hysteresis_thresholds(full_edges, delta) if thresholds is None else thresholds
-    p = snap(p)
+    p = p if snapped else snap(p)
     has_bin = committed >= 0
     c = np.where(has_bin, committed, 0)
     up = (raw > c) & (p >= up_at[c])
@@ -370,6 +373,8 @@ def _check_int(name: str, value: Any, low: int, high: int | None = None) -> int:
 
 
 def _int_array(name: str, values: Any) -> np.ndarray:
+    if type(values) is np.ndarray and values.dtype == np.int64 and values.ndim == 1:
+        return values  # the controller's arrays, every step: nothing to check or convert
     arr = np.asarray(values)
     if arr.ndim != 1:
         raise ValueError(f"{name} must be a 1-D integer array, got shape {arr.shape}")
@@ -495,6 +500,7 @@ class OnlineDifficultyClassifier:
             )
         self._hysteresis = float(hysteresis)
         self._thresholds = hysteresis_thresholds(self._full_edges, self._hysteresis)
+        self._snapped_edges = snap(edges)  # raw_bin's edges on the snap grid, fixed like the thresholds
         self._unseen_bin = _check_int("unseen_bin", unseen_bin, 0, self._num_bins - 1)
         self._allocate(0)
 
@@ -819,9 +825,10 @@ class OnlineDifficultyClassifier:
 
     def _classify_slots(self, sl: np.ndarray) -> np.ndarray:
         """Bins of existing slots with hysteresis against their committed bins, committed."""
-        p = self._estimate_slots(sl)
-        raw = raw_bin(p, self._edges)
-        moved = hysteresis_move(self._bin[sl], p, raw, self._full_edges, self._hysteresis, self._thresholds)
+        p = self._estimate_slots(sl)  # on the snap grid: raw_bin(p, edges) without rounding p and the edges again
+        raw = np.searchsorted(self._snapped_edges, p, side="right").astype(np.int64, copy=False)
+        moved = hysteresis_move(self._bin[sl], p, raw, self._full_edges, self._hysteresis, self._thresholds,
+                                snapped=True)
         self._bin[sl] = moved
         return moved
 

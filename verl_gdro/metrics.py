@@ -211,19 +211,28 @@ def weight_entropy(q: NDArray[np.float64]) -> float:
     return float(-(p * np.log(p)).sum())
 
 
+def _wse_terms(shares: NDArray[np.float64], acc: NDArray[np.float64]) -> tuple[NDArray[np.bool_], NDArray[np.float64]]:
+    """Eq. 33's numerators: (the present bins, qhat(b) sigma_b of each), sigma_b = sqrt(p_b (1 - p_b)).
+
+    Shared by the proxy and its uniform baseline, which differ only in the n_b they divide by.
+    """
+    present = shares > 0
+    sigma = np.sqrt(np.clip(acc * (1.0 - acc), 0.0, None))
+    return present, shares[present] * sigma[present]
+
+
 def wse_proxy(shares: NDArray[np.float64], acc: NDArray[np.float64], n_b: NDArray[np.float64]) -> float:
     """Eq. 33: WSE(t) = sum_b qhat(b) sigma_b / sqrt(n_b), sigma_b = sqrt(p_b (1 - p_b)).
 
     p_b is the bin's mean correctness in the step. Absent bins (qhat = 0) contribute 0.
     """
-    present = shares > 0
-    sigma = np.sqrt(np.clip(acc * (1.0 - acc), 0.0, None))
-    return float((shares[present] * sigma[present] / np.sqrt(n_b[present])).sum())
+    present, terms = _wse_terms(shares, acc)
+    return float((terms / np.sqrt(n_b[present])).sum())
 
 
 def wse_uniform(shares: NDArray[np.float64], acc: NDArray[np.float64], n_mean: float) -> float:
     """Eq. 33's compute-matched uniform baseline: the WSE proxy with n_b = nbar for every bin."""
-    return wse_proxy(shares, acc, np.full(shares.shape[0], float(n_mean)))
+    return float((_wse_terms(shares, acc)[1] / np.sqrt(float(n_mean))).sum())
 
 
 # --------------------------------------------------------------------------------------------
@@ -346,6 +355,7 @@ def step_metrics_prepared(
     if not (np.isfinite(nbar) and (nbar > 0 or nn.size == 0)):
         raise ValueError(f"n_mean must be a positive finite number, got {n_mean!r}")
     mu_data, mu_weight, lag = lead_lag(shares, w)
+    present_bins, wse_terms = _wse_terms(shares, acc)
 
     per_bin = {
         "prompt_share": shares,
@@ -366,8 +376,8 @@ def step_metrics_prepared(
         "weight_entropy": weight_entropy(qq),
         "mean_n": mean_n,
         "shadow_price": float(shadow_price),
-        "wse": wse_proxy(shares, acc, n_b),
-        "wse_uniform": wse_uniform(shares, acc, nbar) if nn.size else 0.0,
+        "wse": float((wse_terms / np.sqrt(n_b[present_bins])).sum()),  # wse_proxy, sharing its numerators
+        "wse_uniform": float((wse_terms / np.sqrt(nbar)).sum()) if nn.size else 0.0,  # wse_uniform, likewise
         "controller_time_s": float(controller_time_s),
         "num_prompts": float(b.shape[0]),
         "num_rollouts": float(nn.sum()),

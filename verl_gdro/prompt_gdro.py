@@ -389,7 +389,9 @@ def ema_scores(
 
 def exp_weights(scores: NDArray[np.float64], eta: float, score_clip: float) -> NDArray[np.float64]:
     """Eq. 14: omega_t(b) = exp(eta * clip(S_t(b), -C, C)); the clip keeps exp finite."""
-    return np.exp(eta * np.clip(scores, -score_clip, score_clip))
+    # np.clip's two-sided float loop as its two ufuncs (the same values, NaN included, without
+    # np.clip's Python wrapper: this runs a few times per step)
+    return np.exp(eta * np.minimum(np.maximum(scores, -score_clip), score_clip))
 
 
 def mix_probs(omega: NDArray[np.float64], gamma: float) -> NDArray[np.float64]:
@@ -523,7 +525,7 @@ def _ess_share_by_bin(
     it is (sum c q)^2 / (n sum c q^2), without dividing by the mean first; with q = omega * norm +
     floor both sums expand in the per-bin sums of c omega and c omega^2.
     """
-    clipped = np.clip(scores, -score_clip, score_clip).tolist()
+    clipped = np.minimum(np.maximum(scores, -score_clip), score_clip).tolist()  # Eq. 14's clip
     counts = np.bincount(bins, minlength=len(clipped)).tolist()
     present = [b for b, c in enumerate(counts) if c > 0]
     pick = itemgetter(*present) if len(present) > 1 else (lambda xs: (xs[present[0]],))
@@ -694,10 +696,12 @@ class PromptGDRO:
         if loss.ndim != 1 or loss.shape[0] != b.shape[0]:
             raise ValueError(f"losses must be 1-D with one entry per prompt (len(bins) = {b.shape[0]}), got shape {loss.shape}")
         finite = np.isfinite(loss)
-        dropped = int((~finite).sum())
+        dropped = loss.size - int(np.count_nonzero(finite))
+        if dropped:
+            b, loss = b[finite], loss[finite]
 
         with np.errstate(over="ignore", invalid="ignore"):  # overflow is detected below
-            lbar, counts = bin_mean_losses(b[finite], loss[finite], self.num_bins)
+            lbar, counts = bin_mean_losses(b, loss, self.num_bins)
             if self.normalize_by_share:
                 normalized, shares = share_normalize(lbar, counts, self.share_floor)
             else:
@@ -709,7 +713,7 @@ class PromptGDRO:
             # Finite losses so large that a bin mean or the share division overflows float64:
             # refuse the step (state untouched) rather than store an infinite score.
             raise ValueError(
-                f"losses overflow float64 in the bin means (max |loss| {np.abs(loss[finite]).max():.3g}); "
+                f"losses overflow float64 in the bin means (max |loss| {np.abs(loss).max():.3g}); "
                 f"loss signals must be of moderate magnitude"
             )
         self._scores, self._observed = scores, observed
@@ -751,6 +755,19 @@ class PromptGDRO:
             "dropped_nonfinite": int(self.dropped_nonfinite),
         }
 
+    def snapshot(self) -> tuple[Any, ...]:
+        """The mutable part of :meth:`state_dict` (no config, no dict), for :meth:`restore`.
+
+        What an all-or-nothing step keeps to roll back with (``GDROController.after_advantage``):
+        it runs every step, and building the full state dict cost more than the update it guards.
+        """
+        return self._scores.copy(), self._observed.copy(), self.num_updates, self.dropped_nonfinite
+
+    def restore(self, snapshot: tuple[Any, ...]) -> None:
+        """Return to a :meth:`snapshot` of this controller (as ``load_state_dict`` of its state would)."""
+        scores, observed, self.num_updates, self.dropped_nonfinite = snapshot
+        self._scores, self._observed = scores.copy(), observed.copy()
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` output; refuse state saved under a different configuration."""
         missing = {"config", "scores", "observed", "num_updates", "dropped_nonfinite"} - set(state)
@@ -781,7 +798,11 @@ class PromptGDRO:
     # -- helpers ------------------------------------------------------------------------------
 
     def _check_bins(self, bins: ArrayLike) -> NDArray[np.int64]:
-        b = np.asarray(bins)
+        b = bins if type(bins) is np.ndarray and bins.dtype == np.int64 else np.asarray(bins)
+        if b.dtype == np.int64 and b.ndim == 1 and b.size:  # the controller's bins, every step: range only
+            if b.min() < 0 or b.max() >= self.num_bins:
+                raise ValueError(f"bins must lie in [0, num_bins={self.num_bins}), got values in [{b.min()}, {b.max()}]")
+            return b
         if b.ndim != 1:
             raise ValueError(f"bins must be a 1-D integer array, got shape {b.shape}")
         if b.size == 0:

@@ -1023,6 +1023,22 @@ class RolloutGDRO:
             "steps": self._steps,
         }
 
+    def snapshot(self) -> tuple[Any, ...]:
+        """The mutable part of :meth:`state_dict` (no config, no deep copies), for :meth:`restore`.
+
+        What an all-or-nothing step keeps to roll back with (``GDROController.after_advantage``),
+        every step; the generator's ``state`` getter already returns a fresh dict.
+        """
+        return (self._scores.copy(), self._mu, self._pass_rate.copy(), self._variance.copy(),
+                self._rng.bit_generator.state, self._steps)
+
+    def restore(self, snapshot: tuple[Any, ...]) -> None:
+        """Return to a :meth:`snapshot` of this controller (as ``load_state_dict`` of its state would)."""
+        scores, self._mu, pass_rate, variance, rng_state, self._steps = snapshot
+        self._scores, self._pass_rate, self._variance = scores.copy(), pass_rate.copy(), variance.copy()
+        self._rng.bit_generator.state = rng_state
+        self._last_draw = None
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` output; rejects state of a differently configured controller."""
         if not isinstance(state, dict) or state.get("version") != _STATE_VERSION:

@@ -39,6 +39,8 @@ def uid_keys(index: Sequence[object]) -> list[str]:
     here and in the estimator was part of GDRO's fixed per-step cost, benchmarks/overhead.py)."""
     if isinstance(index, np.ndarray):
         index = index.tolist()
+    if set(map(type, index)) == {str}:  # verl's uids are str already: one C-level type pass, no calls
+        return list(index)
     return list(map(str, index))
 
 

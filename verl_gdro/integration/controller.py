@@ -17,7 +17,10 @@ A step, in the spec's order (ALGORITHM.md section 1, "Order within step t"):
    ``verl_gdro.integration.context.gdro_step`` around verl's ``compute_advantage``.
 3. ``metrics = ctrl.after_advantage(group_index, acc, ...)``: per-prompt loss signal (spec
    section 2), classifier visit, Prompt-GDRO and Rollout-GDRO updates, and every metric of spec
-   section 4 (``verl_gdro.metrics.step_metrics``) plus a few integration counters.
+   section 4 (``verl_gdro.metrics.step_metrics``) plus a few integration counters. The
+   ``failure_rate`` signal reads only ``acc``, so this may run as soon as step 2's multipliers
+   are taken (the GDRO trainer does so, before verl's estimator); the surrogate signals read the
+   advantages and run after it.
 """
 
 from __future__ import annotations
@@ -152,6 +155,21 @@ class GDROController:
         :meth:`after_advantage`. ``prompt_uids`` are stable int ids; repeats are allowed (a
         resampling sampler may draw a prompt twice: it is then two groups of the step)."""
         t0 = time.perf_counter()
+        uids, bins, n = self._classify_and_allocate(prompt_uids)
+        start = self._uids.size
+        positions = np.arange(start, start + uids.size, dtype=np.int64)
+        self._uids = np.concatenate([self._uids, uids])
+        self._bins = np.concatenate([self._bins, bins])
+        self._n = np.concatenate([self._n, n])
+        self._bin_weights = None
+        self._time += time.perf_counter() - t0
+        return StepPlan(positions=positions, uids=uids.copy(), bins=bins.copy(), rollout_n=n.copy())
+
+    def _classify_and_allocate(
+        self, prompt_uids: ArrayLike
+    ) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]:
+        """(uids, bins, rollout_n) of one call: the classifier commits the bins, Rollout-GDRO
+        allocates the call's exact budget. The pending plan is not touched."""
         uids = _int_array("prompt_uids", prompt_uids)
         if self.classifier is None:
             bins = np.zeros(uids.size, dtype=np.int64)
@@ -171,14 +189,7 @@ class GDROController:
                 )
         else:
             n = np.full(uids.size, self.rollout_n, dtype=np.int64)
-        start = self._uids.size
-        positions = np.arange(start, start + uids.size, dtype=np.int64)
-        self._uids = np.concatenate([self._uids, uids])
-        self._bins = np.concatenate([self._bins, bins])
-        self._n = np.concatenate([self._n, n])
-        self._bin_weights = None
-        self._time += time.perf_counter() - t0
-        return StepPlan(positions=positions, uids=uids.copy(), bins=bins.copy(), rollout_n=n.copy())
+        return uids, bins, n
 
     def _group_index(self, group_index: ArrayLike) -> NDArray[np.int64]:
         g = _int_array("group_index", group_index)
@@ -249,7 +260,7 @@ class GDROController:
         g = self._group_index(group_index)
         correct = _acc_array(acc, g.size)
         num_groups = int(self._uids.size)
-        trials = np.bincount(g, minlength=num_groups).astype(np.int64)
+        trials = np.bincount(g, minlength=num_groups).astype(np.int64, copy=False)
         correct_sums = np.bincount(g, weights=correct, minlength=num_groups)
         successes = correct_sums.astype(np.int64)
         present = trials > 0
@@ -269,7 +280,7 @@ class GDROController:
         # refusal restores the adversaries, so a failed step never leaves the controllers out of
         # step with one another. The order changes no decision: every update reads this step's
         # plan (bins fixed before generation), not the classifier's new estimates.
-        snapshots = [(c, c.state_dict()) for c in (self.prompt, self.rollout) if c is not None]
+        snapshots = [(c, c.snapshot()) for c in (self.prompt, self.rollout) if c is not None]
         try:
             prompt_info: dict[str, Any] = {}
             q_used = self._q_used
@@ -314,7 +325,7 @@ class GDROController:
             self.classifier.observe(uniq, *_fit_visit(visit_s, visit_t))
         except BaseException:
             for controller, state in snapshots:
-                controller.load_state_dict(state)
+                controller.restore(state)
             raise
 
         self.num_steps += 1
@@ -405,13 +416,11 @@ class GDROController:
         budget per call as :meth:`before_generation`) and hands the observed ones back with
         :meth:`adopt`. ``positions`` are -1 (no plan position yet).
         """
-        saved = (self._uids, self._bins, self._n, self._bin_weights)
-        try:
-            plan = self.before_generation(prompt_uids)
-        finally:
-            self._uids, self._bins, self._n, self._bin_weights = saved
-        none = np.full(plan.uids.size, -1, dtype=np.int64)
-        return StepPlan(positions=none, uids=plan.uids, bins=plan.bins, rollout_n=plan.rollout_n)
+        t0 = time.perf_counter()
+        uids, bins, n = self._classify_and_allocate(prompt_uids)
+        self._time += time.perf_counter() - t0
+        none = np.full(uids.size, -1, dtype=np.int64)
+        return StepPlan(positions=none, uids=uids.copy(), bins=bins.copy(), rollout_n=n.copy())
 
     def adopt(self, prompt_uids: ArrayLike, bins: ArrayLike, rollout_n: ArrayLike) -> NDArray[np.int64]:
         """Add prompts decided earlier by :meth:`decide` to the pending plan; return their positions.
@@ -553,6 +562,8 @@ def describe_mode(settings: GDROSettings, rollout_n: int | None = None) -> str:
 
 
 def _int_array(name: str, values: ArrayLike) -> NDArray[np.int64]:
+    if type(values) is np.ndarray and values.dtype == np.int64 and values.ndim == 1:
+        return values  # what the trainer path passes every step: nothing to check or convert
     arr = np.asarray(values)
     if arr.ndim != 1:
         raise ValueError(f"{name} must be a 1-D integer array, got shape {arr.shape}")

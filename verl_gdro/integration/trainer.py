@@ -65,7 +65,7 @@ from verl_gdro.integration.config import (
 from verl_gdro.integration.context import gdro_step, uid_keys
 from verl_gdro.integration.controller import GDROController, describe_mode
 from verl_gdro.integration.dataset import stable_prompt_uids, uid_field
-from verl_gdro.integration.glue import acc_from_extra_fields, consume, flow_metrics
+from verl_gdro.integration.glue import ConsumedBatch, acc_from_extra_fields, consume, flow_metrics
 from verl_gdro.integration.ledger import DispatchLedger
 from verl_gdro.integration.replay_buffer import with_observer
 from verl_gdro.integration.sampler import GDROSampler
@@ -98,7 +98,13 @@ def _as_list(value: Any) -> list[Any]:
 
 
 def _int_column(value: Any) -> np.ndarray:
-    """A column of integer ids (ints, numpy ints or numeric strings) as int64, in one C-level pass."""
+    """A column of integer ids (ints, numpy ints or numeric strings) as int64, in one C-level pass.
+
+    A 1-D object or integer array is converted by numpy's ``astype``, which calls ``int`` on each
+    object item as the general path does (same values, same errors), without a Python-level map.
+    """
+    if isinstance(value, np.ndarray) and value.ndim == 1 and (value.dtype == object or value.dtype.kind == "i"):
+        return value.astype(np.int64)
     values = _as_list(value)
     return np.fromiter(map(int, values), dtype=np.int64, count=len(values))
 
@@ -298,7 +304,7 @@ class GDROTrainerMixin:
         data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
         uids = uid_keys(_as_list(data["uid"]))
         consumed = consume(self.gdro_ledger, self.gdro, uids, None if batch.tags is None else list(batch.tags))
-        rows, update, group_index = consumed.rows, consumed.update, consumed.group_index
+        rows, group_index = consumed.rows, consumed.group_index
         if self._gdro_uid_field in data.keys():
             stable = _int_column(data[self._gdro_uid_field])[rows]
             if not np.array_equal(stable, self.gdro.planned_uids(group_index)):
@@ -306,50 +312,65 @@ class GDROTrainerMixin:
         acc = self._read_acc(data, rows, batch.keys, batch.partition_id)
         self._gdro_time += time.perf_counter() - t0
         multipliers = self.gdro.advantage_multipliers(group_index)
-
         # one multiplier per prompt group (not per row): gdro_step skips its per-row consistency check
-        with gdro_step(consumed.multiplier_table(multipliers), settings=self.gdro_settings,
-                       rows=consumed.row_plan(multipliers)):
-            batch = super()._compute_advantage(batch, metrics)  # type: ignore[misc]
-
-        t1 = time.perf_counter()
-        # groups removed untrained since the last update: observed here, once, with their acc
-        dropped_index, dropped_acc = consumed.dropped()
-        extra: dict[str, np.ndarray] = {}
+        table, row_plan = consumed.multiplier_table(multipliers), consumed.row_plan(multipliers)
         needs_log_probs = self.gdro_settings.prompt.loss_signal != "failure_rate" and (
             self.gdro.prompt is not None or self.gdro.rollout is not None
         )
+        if not needs_log_probs:
+            # The failure-rate update reads only acc, and the multipliers were taken above from
+            # S_{t-1}: updating now gives the same values as after verl's estimator, while the
+            # controllers' code and state are still in cache (after verl's per-row GRPO loop they
+            # are not: 0.2-0.3 ms more per step at 256 x 4, benchmarks/overhead.py).
+            metrics.update(self._gdro_update(consumed, acc, {}))
+        with gdro_step(table, settings=self.gdro_settings, rows=row_plan):
+            batch = super()._compute_advantage(batch, metrics)  # type: ignore[misc]
         if needs_log_probs:
-            wanted = ["response_mask", "old_log_probs", "advantages"]
-            if self.gdro_settings.prompt.loss_signal == "surrogate_kl":
-                wanted.append("ref_log_prob")
-            td = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=wanted)
-            names = {"ref_log_prob": "ref_log_probs"}
-            for field in wanted:
-                if field in td.keys():
-                    arr = _padded_numpy(td[field], rows)
-                    if dropped_index.size:
-                        # Removed groups reached no log-prob stage. verl's GRPO advantage of a
-                        # filtered group is exactly 0 (identical rewards), so its surrogate term is 0;
-                        # a zero mask makes every token term of these rows 0 (masked_token_mean).
-                        pad = np.zeros((dropped_index.size, arr.shape[1]), dtype=arr.dtype)
-                        arr = np.concatenate([arr, pad])
-                    extra[names.get(field, field)] = arr
+            metrics.update(self._gdro_update(consumed, acc, self._gdro_token_fields(batch, consumed)))
+        return batch
+
+    def _gdro_token_fields(self, batch: KVBatchMeta, consumed: ConsumedBatch) -> dict[str, np.ndarray]:
+        """The [N, T] fields the surrogate loss signals read, for the trained rows and, zero-masked,
+        the rows of groups removed untrained."""
+        t1 = time.perf_counter()
+        dropped_rows = consumed.dropped()[0].size
+        extra: dict[str, np.ndarray] = {}
+        wanted = ["response_mask", "old_log_probs", "advantages"]
+        if self.gdro_settings.prompt.loss_signal == "surrogate_kl":
+            wanted.append("ref_log_prob")
+        td = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=wanted)
+        names = {"ref_log_prob": "ref_log_probs"}
+        for field in wanted:
+            if field in td.keys():
+                arr = _padded_numpy(td[field], consumed.rows)
+                if dropped_rows:
+                    # Removed groups reached no log-prob stage. verl's GRPO advantage of a
+                    # filtered group is exactly 0 (identical rewards), so its surrogate term is 0;
+                    # a zero mask makes every token term of these rows 0 (masked_token_mean).
+                    pad = np.zeros((dropped_rows, arr.shape[1]), dtype=arr.dtype)
+                    arr = np.concatenate([arr, pad])
+                extra[names.get(field, field)] = arr
         self._gdro_time += time.perf_counter() - t1
+        return extra
+
+    def _gdro_update(self, consumed: ConsumedBatch, acc: np.ndarray, extra: dict[str, np.ndarray]) -> dict[str, float]:
+        """The controllers' update with the step's trajectories (and the groups removed untrained
+        since the last update, observed here, once, with their acc), the ledger's bookkeeping, and
+        every gdro/ metric of the step."""
+        dropped_index, dropped_acc = consumed.dropped()
         step_metrics = self.gdro.after_advantage(
-            np.concatenate([group_index, dropped_index]),
+            np.concatenate([consumed.group_index, dropped_index]),
             np.concatenate([acc, dropped_acc]),
             extra_time_s=self._gdro_time,
             **extra,
         )
-        counters = self.gdro_ledger.finish_update(update)
+        counters = self.gdro_ledger.finish_update(consumed.update)
         self._gdro_time = 0.0
         step_metrics.update(
-            flow_metrics(self.gdro.num_bins, update, consumed.kept_group, counters, int(self.global_steps),
+            flow_metrics(self.gdro.num_bins, consumed.update, consumed.kept_group, counters, int(self.global_steps),
                          len(self.gdro_ledger))
         )
-        metrics.update(step_metrics)
-        return batch
+        return step_metrics
 
 
 @register_trainer(TRAINER_NAME)
