@@ -191,22 +191,28 @@ def compute_gdro_grpo_advantage(
         # The caller's per-row view of exactly this batch: no grouping, no lookup. Prepared before
         # verl's per-row loop, not after it: right after that loop these few small numpy and
         # conversion calls took 0.2-0.3 ms at 256-512 x 4 (cold caches; benchmarks/overhead.py),
-        # warm a tenth of that. The advantages see the same operations in the same order.
+        # warm a tenth of that.
         if rows.singleton.any():
             singleton_rows = torch.as_tensor(rows.singleton)
-        if not np.all(rows.multipliers == 1.0):
-            scale = torch.as_tensor(rows.multipliers, dtype=torch.promote_types(token_level_rewards.dtype,
-                                                                                response_mask.dtype))[:, None]
+        if not np.all(rows.multipliers == 1.0) and token_level_rewards.dtype.is_floating_point:
+            # the dtype verl's last line gives the advantages: scores (the rewards' float dtype)
+            # times the mask column
+            dtype = torch.promote_types(token_level_rewards.dtype, response_mask.dtype)
+            scale = torch.as_tensor(rows.multipliers, dtype=dtype, device=response_mask.device)[:, None]
     # verl's GRPO uses the mask only in its last line, ``scores.unsqueeze(-1) * response_mask``.
-    # Handing it a [bs, 1] column of ones returns the per-row advantages [bs, 1]; singleton zeroing
-    # and the multipliers then act on that column and the mask is applied once at the end. Same
-    # bits as before (the mask is 0/1 and multipliers >= 0), but one [bs, T] pass like verl's grpo
-    # instead of two: the second full-size multiply made this estimator ~1.2x verl's grpo at
+    # Handing it a [bs, 1] column returns the per-row advantages [bs, 1] times that column: ones,
+    # or the row plan's multipliers (the very product ``advantages * multipliers`` took after the
+    # loop before, one small op fewer after it). Singleton zeroing then acts on that column, and
+    # the mask is applied once at the end. Same bits as multiplying afterwards (the mask is 0/1,
+    # multipliers >= 0 and a zeroed singleton is +0 either way), but one [bs, T] pass like verl's
+    # grpo instead of two: the second full-size multiply made this estimator ~1.2x verl's grpo at
     # 512 x 4 responses of 4096 tokens (benchmarks/overhead.py).
-    ones = torch.ones((response_mask.shape[0], 1), dtype=response_mask.dtype, device=response_mask.device)
+    column = scale if scale is not None else torch.ones(
+        (response_mask.shape[0], 1), dtype=response_mask.dtype, device=response_mask.device
+    )
     advantages, _ = core_algos.compute_grpo_outcome_advantage(
         token_level_rewards=token_level_rewards,
-        response_mask=ones,
+        response_mask=column,
         index=index,
         epsilon=epsilon,
         norm_adv_by_std_in_grpo=_norm_by_std(config),
@@ -216,10 +222,8 @@ def compute_gdro_grpo_advantage(
     if planned:
         if singleton_rows is not None:
             advantages[singleton_rows] = 0.0
-        if scale is not None:
-            if scale.dtype != advantages.dtype or scale.device != advantages.device:  # not foreseen: convert as before
-                scale = torch.as_tensor(rows.multipliers, dtype=advantages.dtype, device=advantages.device)[:, None]
-            advantages = advantages * scale
+        if scale is None and not np.all(rows.multipliers == 1.0):  # integer rewards: multiply as the table path
+            mult = rows.multipliers
     else:
         keys = uid_keys(index)  # str per row, once
         inverse, sizes, padding, groups = _group_ids(keys)
