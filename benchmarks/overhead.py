@@ -265,7 +265,7 @@ class Bench:
         from verl.trainer.ppo.v1.utils import compute_advantage_for_multi_trajectories
 
         from verl_gdro.integration.context import gdro_step, uid_keys
-        from verl_gdro.integration.glue import acc_from_extra_fields, consume, flow_metrics
+        from verl_gdro.integration.glue import acc_from_extra_fields, consume, observe_update
         from verl_gdro.integration.trainer import _as_list, _int_column
         from verl_gdro.integration.trainer import _padded_numpy as read_tokens
 
@@ -333,7 +333,7 @@ class Bench:
             # (verl_gdro.integration.glue), minus TransferQueue's reads: real rows, the ledger
             # update adopted into the controller's plan, the stable-id check, acc, the multipliers
             # into verl's stage (gdro_grpo) per prompt group, the controller updates, the ledger
-            # and flow metrics (_gdro_update: before verl's estimator for the failure-rate signal,
+            # and flow metrics (observe_update: before verl's estimator for the failure-rate signal,
             # after it, with the token arrays, for the surrogate signals of preset paper)
             t = time.perf_counter()
             uids = uid_keys(_as_list(fetched["uid"]))
@@ -350,16 +350,8 @@ class Bench:
             table, row_plan = consumed.multiplier_table(mult), consumed.row_plan(mult)
             t_mult = time.perf_counter()
 
-            def update(extra: dict[str, np.ndarray]) -> None:
-                dropped_index, dropped_acc = consumed.dropped()
-                metrics = ctrl.after_advantage(np.concatenate([consumed.group_index, dropped_index]),
-                                               np.concatenate([acc_rows, dropped_acc]), **extra)
-                counters = ledger.finish_update(consumed.update)
-                metrics.update(flow_metrics(ctrl.num_bins, consumed.update, consumed.kept_group, counters,
-                                            self.global_steps, len(ledger)))
-
             if not self.needs_log_probs:
-                update({})
+                observe_update(ledger, ctrl, consumed, acc_rows, self.global_steps)
             t_update = time.perf_counter()
             with gdro_step(table, settings=ctrl.settings, rows=row_plan):
                 t1 = time.perf_counter()
@@ -373,7 +365,7 @@ class Bench:
                     extra[name] = read_tokens(batch[key], rows)
             t3 = time.perf_counter()
             if self.needs_log_probs:
-                update(extra)
+                observe_update(ledger, ctrl, consumed, acc_rows, self.global_steps, **extra)
             t4 = time.perf_counter()
             parts.update(glue=t_glue - t, multipliers=(t_mult - t_glue) + (t1 - t_update), estimator=t2 - t1,
                          read_tokens=t3 - t2, update_metrics=(t_update - t_mult) + (t4 - t3))
@@ -404,7 +396,8 @@ PROFILED = (
                                                            "after_advantage")),
     ("verl_gdro.integration.controller", None, ("step_metrics_prepared",)),
     ("verl_gdro.integration.ledger", "DispatchLedger", ("dispatch", "begin_update", "finish_update")),
-    ("verl_gdro.integration.glue", None, ("real_rows", "acc_from_extra_fields", "consume", "flow_metrics")),
+    ("verl_gdro.integration.glue", None, ("real_rows", "acc_from_extra_fields", "consume", "observe_update",
+                                          "flow_metrics")),
 )
 
 

@@ -3,7 +3,7 @@
 Speed work on the controllers, the glue and the ledger must keep results bit-identical. This
 runs the trainer's per-step path on synthetic batches, exactly as ``benchmarks/overhead.py``
 times it (``decide`` and the ledger's ``dispatch``; ``consume``; the multipliers into verl's
-``compute_advantage`` with ``gdro_grpo``; ``after_advantage``; ``flow_metrics``), with DAPO-style
+``compute_advantage`` with ``gdro_grpo``; ``observe_update``: ``after_advantage``, ``flow_metrics``), with DAPO-style
 filtered groups every third step, and hashes the values of every decision, multiplier,
 advantage, metric (but ``controller_time_s``) and the final controller state. Run it at two
 commits and compare the digests:
@@ -53,7 +53,7 @@ def digest(preset: str, adversary: str, prompts: int, steps: int = 60, width: in
     import verl_gdro.integration.estimator  # noqa: F401  (registers gdro_grpo)
     from verl_gdro.integration.context import gdro_step, uid_keys
     from verl_gdro.integration.controller import GDROController
-    from verl_gdro.integration.glue import acc_from_extra_fields, consume
+    from verl_gdro.integration.glue import acc_from_extra_fields, consume, observe_update
     from verl_gdro.integration.ledger import DispatchLedger
     from verl_gdro.integration.trainer import _padded_numpy
 
@@ -99,7 +99,7 @@ def digest(preset: str, adversary: str, prompts: int, steps: int = 60, width: in
         surrogate = ctrl.settings.prompt.loss_signal != "failure_rate"
 
         if not surrogate:  # the trainer's order: before verl's estimator for the failure rate
-            metrics = update_step(ctrl, ledger, consumed, values, step, {})
+            metrics = observe_update(ledger, ctrl, consumed, values, step)
         with gdro_step(table, settings=ctrl.settings, rows=row_plan):
             compute_advantage(data, "gdro_grpo", norm_adv_by_std_in_grpo=True, config=algo)
         if surrogate:
@@ -110,24 +110,11 @@ def digest(preset: str, adversary: str, prompts: int, steps: int = 60, width: in
                 if dropped_index.size:  # as the trainer pads the removed groups' token rows
                     arr = np.concatenate([arr, np.zeros((dropped_index.size, arr.shape[1]), dtype=arr.dtype)])
                 extra[name] = arr
-            metrics = update_step(ctrl, ledger, consumed, values, step, extra)  # after: reads the advantages
+            metrics = observe_update(ledger, ctrl, consumed, values, step, **extra)  # after: reads the advantages
         metrics.pop("gdro/controller_time_s")
         record.append([plan.bins, n, mult, data.batch["advantages"].numpy(), metrics])
     record.append(ctrl.state_dict())
     return hashlib.sha256(repr(canonical(record)).encode()).hexdigest()
-
-
-def update_step(ctrl: Any, ledger: Any, consumed: Any, acc: np.ndarray, step: int,
-                extra: dict[str, np.ndarray]) -> dict[str, float]:
-    """The trainer's ``_gdro_update``: the controllers' update, the ledger's bookkeeping, the metrics."""
-    from verl_gdro.integration.glue import flow_metrics
-
-    dropped_index, dropped_acc = consumed.dropped()
-    metrics = ctrl.after_advantage(np.concatenate([consumed.group_index, dropped_index]),
-                                   np.concatenate([acc, dropped_acc]), **extra)
-    counters = ledger.finish_update(consumed.update)
-    metrics.update(flow_metrics(ctrl.num_bins, consumed.update, consumed.kept_group, counters, step, len(ledger)))
-    return metrics
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -187,6 +187,7 @@ def compute_gdro_grpo_advantage(
     planned = rows is not None and rows.matches(index)
     scale: torch.Tensor | None = None
     singleton_rows: torch.Tensor | None = None
+    reweighted = planned and not np.all(rows.multipliers == 1.0)
     if planned:
         # The caller's per-row view of exactly this batch: no grouping, no lookup. Prepared before
         # verl's per-row loop, not after it: right after that loop these few small numpy and
@@ -194,7 +195,7 @@ def compute_gdro_grpo_advantage(
         # warm a tenth of that.
         if rows.singleton.any():
             singleton_rows = torch.as_tensor(rows.singleton)
-        if not np.all(rows.multipliers == 1.0) and token_level_rewards.dtype.is_floating_point:
+        if reweighted and token_level_rewards.dtype.is_floating_point:
             # the dtype verl's last line gives the advantages: scores (the rewards' float dtype)
             # times the mask column
             dtype = torch.promote_types(token_level_rewards.dtype, response_mask.dtype)
@@ -222,7 +223,7 @@ def compute_gdro_grpo_advantage(
     if planned:
         if singleton_rows is not None:
             advantages[singleton_rows] = 0.0
-        if scale is None and not np.all(rows.multipliers == 1.0):  # integer rewards: multiply as the table path
+        if reweighted and scale is None:  # integer rewards: multiplied below, as on the table path
             mult = rows.multipliers
     else:
         keys = uid_keys(index)  # str per row, once

@@ -34,7 +34,7 @@ from verl_gdro.metrics import PREFIX
 if TYPE_CHECKING:
     from verl_gdro.integration.controller import GDROController
 
-__all__ = ["ConsumedBatch", "acc_from_extra_fields", "consume", "flow_metrics", "real_rows"]
+__all__ = ["ConsumedBatch", "acc_from_extra_fields", "consume", "flow_metrics", "observe_update", "real_rows"]
 
 
 def _is_padding_tag(tag: Mapping[str, Any] | None) -> bool:
@@ -174,6 +174,30 @@ def consume(
     kept_group = np.fromiter(map(slot.__getitem__, trained), dtype=np.int64, count=len(trained))
     return ConsumedBatch(uids=uids, rows=rows, update=update, positions=positions, kept_group=kept_group,
                          group_index=positions[kept_group])
+
+
+def observe_update(
+    ledger: DispatchLedger, controller: GDROController, consumed: ConsumedBatch, acc: NDArray[np.float64],
+    global_steps: int, *, extra_time_s: float = 0.0, **token_fields: NDArray[np.floating],
+) -> dict[str, float]:
+    """The controllers' update with a consumed batch, the ledger's bookkeeping and every gdro/
+    metric of the step (:meth:`GDROController.after_advantage`, :meth:`DispatchLedger.finish_update`,
+    :func:`flow_metrics`).
+
+    ``acc``: the correctness of each trained row (``consumed.rows``); the groups removed untrained
+    since the last update are observed here, once, with their own acc (:meth:`ConsumedBatch.dropped`).
+    ``token_fields``: the [N, T] arrays the surrogate loss signals read (rows of removed groups
+    appended zero-masked), none for the failure rate.
+    """
+    dropped_index, dropped_acc = consumed.dropped()
+    metrics = controller.after_advantage(
+        np.concatenate([consumed.group_index, dropped_index]), np.concatenate([acc, dropped_acc]),
+        extra_time_s=extra_time_s, **token_fields,
+    )
+    counters = ledger.finish_update(consumed.update)
+    metrics.update(flow_metrics(controller.num_bins, consumed.update, consumed.kept_group, counters, global_steps,
+                                len(ledger)))
+    return metrics
 
 
 def flow_metrics(num_bins: int, update: ObservedUpdate, kept_group: NDArray[np.int64], counters: dict[str, Any],

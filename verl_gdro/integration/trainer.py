@@ -65,7 +65,13 @@ from verl_gdro.integration.config import (
 from verl_gdro.integration.context import gdro_step, uid_keys
 from verl_gdro.integration.controller import GDROController, describe_mode
 from verl_gdro.integration.dataset import stable_prompt_uids, uid_field
-from verl_gdro.integration.glue import ConsumedBatch, acc_from_extra_fields, consume, flow_metrics
+from verl_gdro.integration.glue import (
+    ConsumedBatch,
+    acc_from_extra_fields,
+    consume,
+    flow_metrics,
+    observe_update,
+)
 from verl_gdro.integration.ledger import DispatchLedger
 from verl_gdro.integration.replay_buffer import with_observer
 from verl_gdro.integration.sampler import GDROSampler
@@ -354,22 +360,10 @@ class GDROTrainerMixin:
         return extra
 
     def _gdro_update(self, consumed: ConsumedBatch, acc: np.ndarray, extra: dict[str, np.ndarray]) -> dict[str, float]:
-        """The controllers' update with the step's trajectories (and the groups removed untrained
-        since the last update, observed here, once, with their acc), the ledger's bookkeeping, and
-        every gdro/ metric of the step."""
-        dropped_index, dropped_acc = consumed.dropped()
-        step_metrics = self.gdro.after_advantage(
-            np.concatenate([consumed.group_index, dropped_index]),
-            np.concatenate([acc, dropped_acc]),
-            extra_time_s=self._gdro_time,
-            **extra,
-        )
-        counters = self.gdro_ledger.finish_update(consumed.update)
+        """:func:`observe_update` with the reads timed so far counted as controller time."""
+        step_metrics = observe_update(self.gdro_ledger, self.gdro, consumed, acc, int(self.global_steps),
+                                      extra_time_s=self._gdro_time, **extra)
         self._gdro_time = 0.0
-        step_metrics.update(
-            flow_metrics(self.gdro.num_bins, consumed.update, consumed.kept_group, counters, int(self.global_steps),
-                         len(self.gdro_ledger))
-        )
         return step_metrics
 
 
