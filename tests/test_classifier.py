@@ -348,6 +348,32 @@ def test_hysteresis_move_function_directly() -> None:
     assert got.tolist() == [1, 2, 1, 2, 3, 3, 0]
 
 
+@settings(max_examples=200, deadline=None)
+@given(
+    cuts=st.lists(st.integers(1, 99), min_size=1, max_size=11, unique=True),
+    delta_share=st.floats(0.0, 0.99),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_hysteresis_keep_equals_hysteresis_move(cuts: list[int], delta_share: float, seed: int) -> None:
+    """The classifier's fast rule (every prompt committed, raw bins from p) moves exactly the
+    prompts hysteresis_move moves, to the same bins: random edges and hysteresis widths, estimates
+    drawn from the snap grid, the edges and both thresholds (ties decide)."""
+    inner = np.array(sorted(cuts), dtype=np.float64) / 100.0
+    full = np.concatenate([[0.0], inner, [1.0]])
+    delta = delta_share * float(np.diff(full).min())
+    thresholds = classifier_module.hysteresis_thresholds(full, delta)
+    rng = np.random.default_rng(seed)
+    specials = np.concatenate([full, thresholds[0], thresholds[1]])
+    specials = specials[(specials >= 0.0) & (specials <= 1.0)]
+    p = snap(np.concatenate([rng.random(300), rng.choice(specials, 300)]))
+    raw = raw_bin(p, inner)
+    committed = rng.integers(0, inner.size + 1, p.size)
+    expected = hysteresis_move(committed, p, raw, full, delta, thresholds, snapped=True)
+    got = classifier_module._hysteresis_keep(committed.astype(np.int8), p, raw, thresholds)
+    assert got.dtype == np.int64
+    np.testing.assert_array_equal(got, expected)
+
+
 def test_bins_commit_and_are_stable_without_new_visits() -> None:
     clf = exact_classifier()
     clf.observe([1, 2], [110, 96], [200, 200])  # 0.55 and 0.48

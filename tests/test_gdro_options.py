@@ -363,21 +363,23 @@ def test_summary_pairs_each_seed_with_grpos_same_seed():
 
 def test_ess_share_by_bin_matches_the_per_element_share():
     """The per-bin share that decides most bisection steps equals the per-element one to far inside
-    the 1e-12 margin (rounding only), on random scores, bin mixes, caps and mixing weights."""
+    the margin (rounding only: at most a twentieth of it), on random scores, bin mixes, caps, mixing
+    weights and step sizes, up to 16 bins and 4,096 elements."""
     from verl_gdro.prompt_gdro import _ESS_MARGIN, _ess_share_by_bin
 
     rng = np.random.default_rng(0)
     worst = 0.0
     for _ in range(600):
-        num_bins = int(rng.integers(2, 13))
+        num_bins = int(rng.integers(2, 17))
         s = rng.uniform(-12, 12, num_bins)
-        b = rng.integers(0, num_bins, int(rng.integers(1, 2049)))
+        b = rng.integers(0, num_bins, int(rng.integers(1, 4097)))
         if rng.random() < 0.5:
             b[: int(b.size * 0.9)] = num_bins - 1  # one majority bin, as in training
         gamma, cap = float(rng.choice([0.0, 0.01, 0.2])), float(rng.choice([1.5, 3.0, 15.0]))
-        share = _ess_share_by_bin(s, b, 2.0, 10.0, gamma, cap)
+        eta = float(rng.choice([0.65, 2.0, 5.0]))
+        share = _ess_share_by_bin(s, b, eta, 10.0, gamma, cap)
         for scale in rng.random(5):
-            q = mix_probs(exp_weights(s, scale * 2.0, 10.0), gamma)
+            q = mix_probs(exp_weights(s, scale * eta, 10.0), gamma)
             exact = effective_sample_size(advantage_multipliers(q, q, b, cap, "mean_one")[b])
             worst = max(worst, abs(share(scale) - exact) / exact)
-    assert worst < 1e-13 < _ESS_MARGIN
+    assert worst < _ESS_MARGIN / 20

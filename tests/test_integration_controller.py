@@ -221,7 +221,7 @@ def test_a_refused_step_leaves_every_controller_as_it_was(monkeypatch: pytest.Mo
     c.advantage_multipliers(g)
     before = copy.deepcopy(c.state_dict())
     target = getattr(c, failing)
-    method = "observe" if failing == "classifier" else "update"
+    method = "observe_prepared" if failing == "classifier" else "update"
     real = getattr(target, method)
 
     def refuse(*args: object, **kwargs: object) -> None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Mapping, Sequence
+from functools import lru_cache
 from itertools import repeat
 from typing import Any
 
@@ -59,6 +60,14 @@ _NO_BIN = -1
 # ---------------------------------------------------------------------------------------------
 
 
+@lru_cache(maxsize=16)
+def _factor_offsets(k: int, ndim: int) -> np.ndarray:
+    """j = 0..k-1 shaped to broadcast over an ``ndim``-dimensional estimate (read-only, shared)."""
+    j = np.arange(k, dtype=np.float64).reshape((-1,) + (1,) * ndim)
+    j.flags.writeable = False
+    return j
+
+
 def pooled_pass_at_k(successes: np.ndarray, trials: np.ndarray, k: int) -> np.ndarray:
     """Pooled pass@k of spec section 1 (``passk_estimator: pooled``).
 
@@ -84,15 +93,16 @@ def pooled_pass_at_k(successes: np.ndarray, trials: np.ndarray, k: int) -> np.nd
     # T - j <= 0, are never used). Then multiplied in order j = 0, 1, ..., row by row: the same
     # float operations, in the same order, as a running product over j (one pass per factor was
     # ~3k small numpy calls; this is ~k + 6).
-    j = np.arange(int(k), dtype=np.float64).reshape((-1,) + (1,) * t.ndim)
+    j = _factor_offsets(int(k), t.ndim)
     factors = np.maximum((t - s) - j, 0.0)
     factors /= np.maximum(t - j, 1.0)
-    ratio = factors[0].copy()
-    for row in factors[1:]:
-        ratio *= row
-    big = t >= k
-    if big.all():
+    # A reduction over the leading axis multiplies whole rows in index order (numpy's pairwise
+    # scheme is for sums along the contiguous axis): the running product's bits, in one call
+    # instead of k - 1 (test_pooled_factor_table_is_bit_identical_to_the_running_product).
+    ratio = np.multiply.reduce(factors, axis=0)
+    if t.size == 0 or t.min() >= k:  # one reduction, no mask (the usual case)
         return 1.0 - ratio
+    big = t >= k
     with np.errstate(divide="ignore", invalid="ignore"):
         small = 1.0 - (1.0 - s / t) ** k
     return np.where(big, 1.0 - ratio, small)
@@ -168,6 +178,23 @@ def hysteresis_move(
     up = (raw > c) & (p >= up_at[c])
     down = (raw < c) & (p < down_at[c])
     return np.where(~has_bin | up | down, raw, c).astype(np.int64)
+
+
+def _hysteresis_keep(
+    committed: np.ndarray, p: np.ndarray, raw: np.ndarray, thresholds: tuple[np.ndarray, np.ndarray]
+) -> np.ndarray:
+    """:func:`hysteresis_move` for prompts that all have a committed bin and raw bins computed
+    from ``p`` on the snap grid (what the classifier holds), in half the numpy calls.
+
+    A prompt keeps its bin c exactly while a_c - delta <= p < a_{c+1} + delta, and otherwise moves
+    to its raw bin. That is hysteresis_move's rule: raw > c implies p >= a_{c+1} >= a_c - delta,
+    so it moves iff p >= a_{c+1} + delta; raw < c implies p < a_c <= a_{c+1} + delta, so it moves
+    iff p < a_c - delta; raw == c keeps c either way (snap is monotone, so the order of the
+    thresholds and edges holds on the grid). ``test_hysteresis_keep_equals_hysteresis_move``.
+    """
+    up_at, down_at = thresholds
+    keep = (p >= down_at[committed]) & (p < up_at[committed])
+    return np.where(keep, committed, raw).astype(np.int64, copy=False)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -737,7 +764,18 @@ class OnlineDifficultyClassifier:
             )
         if s.min() < 0 or np.any(s > t):
             raise ValueError("successes must be in [0, trials] for every prompt")
+        self.observe_prepared(u, s, t)
 
+    def observe_prepared(self, uids: np.ndarray, successes: np.ndarray, trials: np.ndarray) -> None:
+        """:meth:`observe` on inputs already in shape, without its checks: int64 1-D arrays of one
+        length >= 1, distinct ``uids``, 1 <= trials <= 255 and 0 <= successes <= trials.
+
+        ``GDROController.after_advantage`` builds exactly these every step (distinct uids in
+        ascending order, counts from bincounts of validated correctness, visits capped at the
+        per-visit maximum), so it skips the ~7 numpy calls of checking them again (part of GDRO's
+        per-step cost, benchmarks/overhead.py). Anything else goes through :meth:`observe`.
+        """
+        u, s, t = uids, successes, trials
         slots = self._slots(u)
         new = slots < 0
         n_new = int(new.sum())
@@ -827,8 +865,12 @@ class OnlineDifficultyClassifier:
         """Bins of existing slots with hysteresis against their committed bins, committed."""
         p = self._estimate_slots(sl)  # on the snap grid: raw_bin(p, edges) without rounding p and the edges again
         raw = np.searchsorted(self._snapped_edges, p, side="right").astype(np.int64, copy=False)
-        moved = hysteresis_move(self._bin[sl], p, raw, self._full_edges, self._hysteresis, self._thresholds,
-                                snapped=True)
+        committed = self._bin[sl]
+        if committed.size and committed.min() >= 0:  # every prompt has a bin (the usual step)
+            moved = _hysteresis_keep(committed, p, raw, self._thresholds)
+        else:
+            moved = hysteresis_move(committed, p, raw, self._full_edges, self._hysteresis, self._thresholds,
+                                    snapped=True)
         self._bin[sl] = moved
         return moved
 

@@ -322,7 +322,10 @@ class GDROController:
                 visit_s = np.bincount(inverse, weights=succ_p, minlength=uniq.size).astype(np.int64)
                 visit_t = np.bincount(inverse, weights=trials_p, minlength=uniq.size).astype(np.int64)
             assert self.classifier is not None
-            self.classifier.observe(uniq, *_fit_visit(visit_s, visit_t))
+            if uniq.size:
+                # distinct (checked above or pooled by np.unique), int64, trials in [1, 255] (present
+                # prompts, capped by _fit_visit), successes in [0, trials] (bincounts of 0/1 acc)
+                self.classifier.observe_prepared(uniq, *_fit_visit(visit_s, visit_t))
         except BaseException:
             for controller, state in snapshots:
                 controller.restore(state)
@@ -592,7 +595,7 @@ def _acc_array(acc: ArrayLike, size: int) -> NDArray[np.float64]:
     a = np.asarray(acc, dtype=np.float64)
     if a.ndim != 1 or a.size != size:
         raise ValueError(f"acc must be 1-D with one value per trajectory ({size}), got shape {a.shape}")
-    if ((a >= 0.0) & (a <= 1.0)).all():  # the usual case in one pass (NaN fails both comparisons)
+    if a.size and a.min() >= 0.0 and a.max() <= 1.0:  # the usual case in two reductions (a NaN fails min)
         return (a >= 0.5).astype(np.float64)
     if a.size and not np.all(np.isfinite(a)):
         raise ValueError("acc must be finite for every trajectory (the reward's correctness, 0 or 1)")

@@ -189,11 +189,11 @@ def observe_update(
     ``token_fields``: the [N, T] arrays the surrogate loss signals read (rows of removed groups
     appended zero-masked), none for the failure rate.
     """
-    dropped_index, dropped_acc = consumed.dropped()
-    metrics = controller.after_advantage(
-        np.concatenate([consumed.group_index, dropped_index]), np.concatenate([acc, dropped_acc]),
-        extra_time_s=extra_time_s, **token_fields,
-    )
+    group_index = consumed.group_index
+    if consumed.update.dropped:  # groups removed untrained since the last update: observed once, here
+        dropped_index, dropped_acc = consumed.dropped()
+        group_index, acc = np.concatenate([group_index, dropped_index]), np.concatenate([acc, dropped_acc])
+    metrics = controller.after_advantage(group_index, acc, extra_time_s=extra_time_s, **token_fields)
     counters = ledger.finish_update(consumed.update)
     metrics.update(flow_metrics(controller.num_bins, consumed.update, consumed.kept_group, counters, global_steps,
                                 len(ledger)))
