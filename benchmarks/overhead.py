@@ -347,7 +347,7 @@ class Bench:
             acc_rows = np.asarray(values, dtype=np.float64)
             t_glue = time.perf_counter()
             mult = ctrl.advantage_multipliers(consumed.group_index)
-            table, row_plan = consumed.multiplier_table(mult), consumed.row_plan(mult)
+            table, row_plan = consumed.estimator_inputs(mult)
             t_mult = time.perf_counter()
 
             if not self.needs_log_probs:

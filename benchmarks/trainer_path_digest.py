@@ -94,7 +94,7 @@ def digest(preset: str, adversary: str, prompts: int, steps: int = 60, width: in
                                           consumed.rows, "acc")
         assert values is not None
         mult = ctrl.advantage_multipliers(consumed.group_index)
-        table, row_plan = consumed.multiplier_table(mult), consumed.row_plan(mult)
+        table, row_plan = consumed.estimator_inputs(mult)
         dropped_index, dropped_acc = consumed.dropped()
         surrogate = ctrl.settings.prompt.loss_signal != "failure_rate"
 

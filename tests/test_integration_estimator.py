@@ -262,6 +262,39 @@ def test_row_plan_gives_the_tables_bits_and_skips_the_grouping(grpo_batch, monke
     assert torch.equal(got, ref) and grouped
 
 
+@pytest.mark.parametrize("sizes", [SIZES, [3, 1, 4, 1, 2]])
+def test_a_step_given_only_rows_builds_no_table_unless_the_batch_differs(grpo_batch, monkeypatch, sizes) -> None:
+    """gdro_step(rows=...) alone (the trainer's usual step): the table's bits, no per-uid table
+    built while the batch is exactly the plan's rows; when verl's batch differs (here reversed,
+    as batch balancing may reorder it), the row plan's table is built on demand, same bits."""
+    import verl_gdro.integration.context as ctx
+
+    data = grpo_batch(sizes, seed=37)
+    uids = data.non_tensor_batch["uid"].tolist()
+    table = {f"g{g}": 0.25 + 0.5 * g for g in range(len(sizes))}
+    with gdro_step(table):
+        ref = advantages(data, "gdro_grpo")
+    built = []
+    real_table = ctx._per_uid_table
+    monkeypatch.setattr(ctx, "_per_uid_table", lambda k, v: built.append(1) or real_table(k, v))
+    with gdro_step(rows=_row_plan(uids, table)) as step:
+        got = advantages(data, "gdro_grpo")
+    assert torch.equal(got, ref) and not built
+    assert dict(step.multipliers) == table and built  # read on demand: the row plan's own table
+    built.clear()
+    with gdro_step(rows=_row_plan(uids[::-1], table)):
+        got = advantages(data, "gdro_grpo")
+    assert torch.equal(got, ref) and built
+
+
+def test_a_row_plan_with_two_values_for_one_uid_is_refused_when_its_table_is_read() -> None:
+    plan = RowPlan(uids=["a", "a", "b"], multipliers=np.array([1.0, 2.0, 1.0]), singleton=np.zeros(3, dtype=bool))
+    with gdro_step(rows=plan) as step, pytest.raises(ValueError, match="uid 'a' has two different multipliers"):
+        step.lookup(["b", "a"])
+    with pytest.raises(ValueError, match="or rows"), gdro_step():
+        pass
+
+
 def test_row_plan_refuses_bad_rows() -> None:
     with pytest.raises(ValueError, match="one entry per uid"):
         RowPlan(uids=["a", "b"], multipliers=np.ones(3), singleton=np.zeros(2, dtype=bool))

@@ -195,6 +195,9 @@ def test_consume_matches_the_per_row_reference(calls: list[int], seed: int) -> N
     assert plan is not None and plan.uids is trained
     np.testing.assert_array_equal(plan.multipliers, mult)
     assert plan.singleton.tolist() == [trained.count(u) == 1 for u in trained]
+    table_in, rows_in = consumed.estimator_inputs(mult)  # no padding: the row plan and no table
+    assert table_in is None and rows_in is not None and rows_in.uids is trained
+    np.testing.assert_array_equal(rows_in.multipliers, mult)
 
     got_index, got_acc = consumed.dropped()
     assert got_index.tolist() == dropped_index and got_acc.tolist() == dropped_acc
@@ -211,7 +214,9 @@ def test_consume_leaves_padding_rows_out_and_then_hands_no_row_plan() -> None:
     consumed = consume(ledger, ctrl, uids, tags)
     assert consumed.rows.tolist() == [0, 2, 3] and consumed.uids is uids
     assert ctrl.planned_uids(consumed.group_index).tolist() == [3, 4, 3]
-    assert consumed.row_plan(ctrl.advantage_multipliers(consumed.group_index)) is None
+    mult = ctrl.advantage_multipliers(consumed.group_index)
+    assert consumed.row_plan(mult) is None
+    assert consumed.estimator_inputs(mult) == (consumed.multiplier_table(mult), None)  # the table path
 
 
 def test_flow_metrics_count_kept_filtered_and_discarded_rollouts() -> None:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 __all__ = ["GDROStep", "PADDING_UID_PREFIX", "RowPlan", "current_step", "gdro_step", "is_padding_uid", "uid_keys"]
 
@@ -131,6 +132,57 @@ class GDROStep:
 _CURRENT: contextvars.ContextVar[GDROStep | None] = contextvars.ContextVar("verl_gdro_step", default=None)
 
 
+def _per_uid_table(keys: list[str], vals: NDArray[np.float64]) -> dict[str, float]:
+    """uid -> value from parallel per-group or per-row lists; repeated uids must carry one value."""
+    row_values = vals.tolist()
+    table: dict[str, float] = dict(zip(keys, row_values))
+    if len(table) != len(keys):  # repeated uids (one value per row): they must agree
+        back = np.fromiter(map(table.__getitem__, keys), dtype=np.float64, count=len(keys))
+        differ = np.flatnonzero(back != vals)  # NaN != NaN: flagged too, as before
+        if differ.size:
+            key = keys[int(differ[0])]
+            first = row_values[keys.index(key)]
+            second = next(v for k, v in zip(keys, row_values) if k == key and not v == first)
+            raise ValueError(f"gdro_step: uid {key!r} has two different multipliers ({first} and {second})")
+    return table
+
+
+class _RowTable(Mapping[str, float]):
+    """The per-uid table of a :class:`RowPlan`, built on first use.
+
+    With a row plan that matches its batch (the GDRO trainer's usual step) the estimator never
+    reads the table, so :func:`gdro_step` given only ``rows`` does not build one: building and
+    validating a uid -> multiplier dict of every group cost ~0.05 ms per step at 256 prompts
+    (benchmarks/overhead.py). When the batch differs from the plan (verl's batch balancing
+    reordered or padded it), the estimator's lookup builds it here, with the same repeated-uid
+    check as ``gdro_step(uids=..., values=...)``; the multipliers were checked by the RowPlan.
+    """
+
+    def __init__(self, rows: RowPlan) -> None:
+        self._rows = rows
+        self._table: dict[str, float] | None = None
+
+    def _built(self) -> dict[str, float]:
+        if self._table is None:
+            self._table = _per_uid_table(self._rows.uids, self._rows.multipliers)
+        return self._table
+
+    def __getitem__(self, uid: str) -> float:
+        return self._built()[uid]
+
+    def get(self, uid: str, default: Any = None) -> Any:
+        return self._built().get(uid, default)
+
+    def values(self) -> Any:
+        return self._built().values()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._built())
+
+    def __len__(self) -> int:
+        return len(self._built())
+
+
 @contextmanager
 def gdro_step(multipliers: Mapping[str, float] | None = None, *, uids: Sequence[object] | None = None,
               values: Sequence[float] | np.ndarray | None = None, settings: Any = None,
@@ -138,38 +190,34 @@ def gdro_step(multipliers: Mapping[str, float] | None = None, *, uids: Sequence[
     """Open a step: the estimator applies these per-uid multipliers instead of running standalone.
 
     Either ``multipliers`` (uid -> multiplier) or parallel ``uids`` / ``values`` (one per prompt
-    group, or one per row: repeated uids must carry the same value). ``settings``: the resolved
+    group, or one per row: repeated uids must carry the same value), or only ``rows``: the table is
+    then the row plan's own, built only if the estimator needs it (its batch is not exactly those
+    rows). ``settings``: the resolved
     ``gdro`` settings the estimator should use (see :class:`GDROStep`); ``None`` resolves them
     from the estimator's config as standalone. ``rows``: the per-row view of the batch
     (:class:`RowPlan`), which must agree with the multipliers; the estimator then skips its own
     grouping when its batch is exactly these rows. Steps do not nest.
     """
-    if multipliers is None:
+    table: Mapping[str, float]
+    if multipliers is None and uids is None and values is None and rows is not None:
+        table = _RowTable(rows)  # checked by RowPlan (finite, >= 0); built only if the estimator needs it
+    elif multipliers is None:
         if uids is None or values is None:
-            raise ValueError("gdro_step needs multipliers, or uids and values")
+            raise ValueError("gdro_step needs multipliers, or uids and values, or rows")
         vals = np.asarray(values, dtype=np.float64)
         if vals.ndim != 1 or len(vals) != len(uids):
             raise ValueError(f"gdro_step: uids ({len(uids)}) and values ({vals.shape}) must be parallel 1-D arrays")
-        keys = uid_keys(uids)
-        row_values = vals.tolist()
-        table: dict[str, float] = dict(zip(keys, row_values))
-        if len(table) != len(keys):  # repeated uids (one value per row): they must agree
-            back = np.fromiter(map(table.__getitem__, keys), dtype=np.float64, count=len(keys))
-            differ = np.flatnonzero(back != vals)  # NaN != NaN: flagged too, as before
-            if differ.size:
-                key = keys[int(differ[0])]
-                first = row_values[keys.index(key)]
-                second = next(v for k, v in zip(keys, row_values) if k == key and not v == first)
-                raise ValueError(f"gdro_step: uid {key!r} has two different multipliers ({first} and {second})")
+        table = _per_uid_table(uid_keys(uids), vals)
     elif type(multipliers) is dict and set(map(type, multipliers)) <= {str} and set(map(type, multipliers.values())) <= {float}:
         table = dict(multipliers)  # already str -> float (what ConsumedBatch.multiplier_table builds): a copy
     else:
         table = dict(zip(uid_keys(list(multipliers.keys())), map(float, multipliers.values())))
-    table_values = np.fromiter(table.values(), dtype=np.float64, count=len(table))
-    bad = _first_invalid(table_values)
-    if bad is not None:
-        key = list(table)[bad]
-        raise ValueError(f"gdro_step: multipliers must be finite and >= 0; uid {key!r} has {table[key]}")
+    if not isinstance(table, _RowTable):
+        table_values = np.fromiter(table.values(), dtype=np.float64, count=len(table))
+        bad = _first_invalid(table_values)
+        if bad is not None:
+            key = list(table)[bad]
+            raise ValueError(f"gdro_step: multipliers must be finite and >= 0; uid {key!r} has {table[key]}")
     if _CURRENT.get() is not None:
         raise RuntimeError("gdro_step: a step is already open (steps do not nest)")
     step = GDROStep(multipliers=table, settings=settings, rows=rows)

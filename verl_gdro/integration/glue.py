@@ -142,6 +142,17 @@ class ConsumedBatch:
         return RowPlan(uids=self.uids, multipliers=np.asarray(multipliers, dtype=np.float64),
                        singleton=sizes[self.kept_group] == 1)
 
+    def estimator_inputs(self, multipliers: NDArray[np.float64]) -> tuple[dict[str, float] | None, RowPlan | None]:
+        """What :func:`gdro_step` takes for the estimator: ``(table, rows)``.
+
+        The row plan when the fetched batch has no padding rows, and then no table (``gdro_step``
+        builds the row plan's own only if verl's batch differs from those rows); otherwise the
+        per-group table and no row plan. ``multipliers``: per real row, as
+        :meth:`GDROController.advantage_multipliers` returns them.
+        """
+        rows = self.row_plan(multipliers)
+        return (None, rows) if rows is not None else (self.multiplier_table(multipliers), None)
+
     def dropped(self) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
         """(plan position, acc) of every trajectory of the groups removed untrained, in the order
         of ``update.dropped``: observed with this update, once."""

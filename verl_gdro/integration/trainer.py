@@ -318,8 +318,8 @@ class GDROTrainerMixin:
         acc = self._read_acc(data, rows, batch.keys, batch.partition_id)
         self._gdro_time += time.perf_counter() - t0
         multipliers = self.gdro.advantage_multipliers(group_index)
-        # one multiplier per prompt group (not per row): gdro_step skips its per-row consistency check
-        table, row_plan = consumed.multiplier_table(multipliers), consumed.row_plan(multipliers)
+        # the per-row view of the batch; the per-group table only when the batch has padding rows
+        table, row_plan = consumed.estimator_inputs(multipliers)
         needs_log_probs = self.gdro_settings.prompt.loss_signal != "failure_rate" and (
             self.gdro.prompt is not None or self.gdro.rollout is not None
         )
