@@ -372,6 +372,12 @@ def test_hysteresis_keep_equals_hysteresis_move(cuts: list[int], delta_share: fl
     got = classifier_module._hysteresis_keep(committed.astype(np.int8), p, raw, thresholds)
     assert got.dtype == np.int64
     np.testing.assert_array_equal(got, expected)
+    # some prompts without a committed bin yet (-1): they take their raw bin
+    committed[rng.random(p.size) < 0.3] = -1
+    expected = hysteresis_move(committed, p, raw, full, delta, thresholds, snapped=True)
+    c8 = committed.astype(np.int8)
+    got = classifier_module._hysteresis_keep(c8, p, raw, thresholds, c8 >= 0)
+    np.testing.assert_array_equal(got, expected)
 
 
 def test_bins_commit_and_are_stable_without_new_visits() -> None:

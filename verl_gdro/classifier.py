@@ -181,10 +181,12 @@ def hysteresis_move(
 
 
 def _hysteresis_keep(
-    committed: np.ndarray, p: np.ndarray, raw: np.ndarray, thresholds: tuple[np.ndarray, np.ndarray]
+    committed: np.ndarray, p: np.ndarray, raw: np.ndarray, thresholds: tuple[np.ndarray, np.ndarray],
+    has_bin: np.ndarray | None = None,
 ) -> np.ndarray:
-    """:func:`hysteresis_move` for prompts that all have a committed bin and raw bins computed
-    from ``p`` on the snap grid (what the classifier holds), in half the numpy calls.
+    """:func:`hysteresis_move` for raw bins computed from ``p`` on the snap grid (what the
+    classifier holds), in about half the numpy calls. ``has_bin``: which prompts have a committed
+    bin (``committed >= 0``), or None when all have one; a prompt without one takes its raw bin.
 
     A prompt keeps its bin c exactly while a_c - delta <= p < a_{c+1} + delta, and otherwise moves
     to its raw bin. That is hysteresis_move's rule: raw > c implies p >= a_{c+1} >= a_c - delta,
@@ -193,7 +195,11 @@ def _hysteresis_keep(
     thresholds and edges holds on the grid). ``test_hysteresis_keep_equals_hysteresis_move``.
     """
     up_at, down_at = thresholds
-    keep = (p >= down_at[committed]) & (p < up_at[committed])
+    if has_bin is None:
+        keep = (p >= down_at[committed]) & (p < up_at[committed])
+    else:
+        committed = np.maximum(committed, 0)  # any bin for the prompts without one: keep is False there
+        keep = (p >= down_at[committed]) & (p < up_at[committed]) & has_bin
     return np.where(keep, committed, raw).astype(np.int64, copy=False)
 
 
@@ -866,11 +872,9 @@ class OnlineDifficultyClassifier:
         p = self._estimate_slots(sl)  # on the snap grid: raw_bin(p, edges) without rounding p and the edges again
         raw = np.searchsorted(self._snapped_edges, p, side="right").astype(np.int64, copy=False)
         committed = self._bin[sl]
-        if committed.size and committed.min() >= 0:  # every prompt has a bin (the usual step)
-            moved = _hysteresis_keep(committed, p, raw, self._thresholds)
-        else:
-            moved = hysteresis_move(committed, p, raw, self._full_edges, self._hysteresis, self._thresholds,
-                                    snapped=True)
+        # every prompt has a bin (late in training), or some are classified for the first time
+        has_bin = None if committed.size == 0 or committed.min() >= 0 else committed >= 0
+        moved = _hysteresis_keep(committed, p, raw, self._thresholds, has_bin)
         self._bin[sl] = moved
         return moved
 

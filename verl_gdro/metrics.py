@@ -179,7 +179,16 @@ def bin_rollouts(
 
 def mean_bin_index(shares: NDArray[np.float64]) -> float:
     """sum_b b * share(b): the mean difficulty-bin index (bin 0 = hardest) under ``shares``."""
-    return float(np.dot(np.arange(shares.shape[0]), shares))
+    return float(np.dot(_bin_indices(shares.shape[0]), shares))
+
+
+@lru_cache(maxsize=8)
+def _bin_indices(num_bins: int) -> NDArray[np.float64]:
+    """0..B-1 as float64, built once per B (read-only): np.dot casts an integer index to float64
+    before the same product, so the values are those of ``np.arange(B)``."""
+    idx = np.arange(num_bins, dtype=np.float64)
+    idx.flags.writeable = False
+    return idx
 
 
 def weighted_shares(shares: NDArray[np.float64], weights: NDArray[np.float64]) -> NDArray[np.float64]:
@@ -217,7 +226,9 @@ def _wse_terms(shares: NDArray[np.float64], acc: NDArray[np.float64]) -> tuple[N
     Shared by the proxy and its uniform baseline, which differ only in the n_b they divide by.
     """
     present = shares > 0
-    sigma = np.sqrt(np.clip(acc * (1.0 - acc), 0.0, None))
+    # np.clip's lower bound as its ufunc, without np.clip's Python wrapper (acc lies in [0, 1], so
+    # the product is >= +0.0 and the bound only guards rounding: the same values)
+    sigma = np.sqrt(np.maximum(acc * (1.0 - acc), 0.0))
     return present, shares[present] * sigma[present]
 
 

@@ -109,6 +109,8 @@ def group_mean(values: ArrayLike, group_index: ArrayLike, num_groups: int | None
 def group_mean_from_sums(sums: NDArray[np.float64], counts: NDArray[np.int64]) -> NDArray[np.float64]:
     """:func:`group_mean` from each prompt's sum and count (NaN where the count is 0), for a caller
     that has them already (the controller counts every prompt's trajectories once per step)."""
+    if counts.size and counts.min() > 0:  # every prompt has trajectories (the usual step): one division
+        return sums / counts
     out = np.full(sums.shape[0], np.nan)
     has = counts > 0
     out[has] = sums[has] / counts[has]
@@ -132,6 +134,8 @@ def failure_rate_loss(
     a = np.asarray(acc, dtype=np.float64)
     if a.ndim != 1:
         raise ValueError(f"acc must be 1-D, got shape {a.shape}")
+    if a.size and a.min() >= 0.0 and a.max() <= 1.0:  # the usual case in two reductions (a NaN fails min)
+        return 1.0 - a if group_index is None else 1.0 - group_mean(a, group_index, num_groups)
     finite = a[np.isfinite(a)]
     if finite.size and (finite.min() < 0.0 or finite.max() > 1.0):
         raise ValueError(
