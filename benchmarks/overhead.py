@@ -353,7 +353,7 @@ class Bench:
             if not self.needs_log_probs:
                 observe_update(ledger, ctrl, consumed, acc_rows, self.global_steps)
             t_update = time.perf_counter()
-            with gdro_step(table, settings=ctrl.settings, rows=row_plan):
+            with gdro_step(table, settings=ctrl.settings, rows=row_plan, norm_adv_by_std=True):
                 t1 = time.perf_counter()
                 compute_advantage(gdro_data, "gdro_grpo", norm_adv_by_std_in_grpo=True, config=self.algo_cfg)
                 t2 = time.perf_counter()

@@ -100,7 +100,7 @@ def digest(preset: str, adversary: str, prompts: int, steps: int = 60, width: in
 
         if not surrogate:  # the trainer's order: before verl's estimator for the failure rate
             metrics = observe_update(ledger, ctrl, consumed, values, step)
-        with gdro_step(table, settings=ctrl.settings, rows=row_plan):
+        with gdro_step(table, settings=ctrl.settings, rows=row_plan, norm_adv_by_std=True):
             compute_advantage(data, "gdro_grpo", norm_adv_by_std_in_grpo=True, config=algo)
         if surrogate:
             extra: dict[str, np.ndarray] = {}

@@ -295,6 +295,36 @@ def test_a_row_plan_with_two_values_for_one_uid_is_refused_when_its_table_is_rea
         pass
 
 
+def test_row_plan_prepares_what_the_estimator_reads() -> None:
+    """all_ones, any_singleton and the float32 column come from the same values: the column has
+    torch's own float64 -> float32 bits."""
+    m = np.random.default_rng(3).uniform(0.1, 3.0, 64)
+    m[5] = 1.0 + 2.0**-30  # rounds to 1.0 in float32, still not all ones
+    plan = RowPlan(uids=[f"u{i}" for i in range(64)], multipliers=m, singleton=np.arange(64) == 9)
+    assert not plan.all_ones and plan.any_singleton
+    column = torch.from_numpy(plan.multipliers_f32)
+    assert torch.equal(column, torch.as_tensor(m, dtype=torch.float32))
+    ones = RowPlan(uids=["a", "a"], multipliers=np.ones(2), singleton=np.zeros(2, dtype=bool))
+    assert ones.all_ones and not ones.any_singleton
+    almost = RowPlan(uids=["a", "a"], multipliers=np.array([1.0, np.nextafter(1.0, 2.0)]), singleton=np.zeros(2, bool))
+    assert not almost.all_ones
+
+
+@pytest.mark.parametrize("norm", [True, False])
+def test_the_steps_norm_setting_is_the_one_verl_passes_to_grpo(grpo_batch, norm) -> None:
+    """gdro_step(norm_adv_by_std=...) (the trainer's copy of algorithm.norm_adv_by_std_in_grpo) is
+    what the estimator uses; without it the estimator reads its config, as before."""
+    data = grpo_batch(SIZES, seed=41)
+    uids = data.non_tensor_batch["uid"].tolist()
+    table = {f"g{g}": 1.0 for g in range(len(SIZES))}
+    ref = advantages(data, "grpo", norm=norm)
+    with gdro_step(rows=_row_plan(uids, table), norm_adv_by_std=norm):
+        got = advantages(data, "gdro_grpo", norm=not norm)  # the config says the opposite: the step wins
+    assert torch.equal(got, ref)
+    with gdro_step(rows=_row_plan(uids, table)):
+        assert torch.equal(advantages(data, "gdro_grpo", norm=norm), ref)
+
+
 def test_row_plan_refuses_bad_rows() -> None:
     with pytest.raises(ValueError, match="one entry per uid"):
         RowPlan(uids=["a", "b"], multipliers=np.ones(3), singleton=np.zeros(2, dtype=bool))

@@ -18,7 +18,7 @@ import contextvars
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -47,10 +47,18 @@ def uid_keys(index: Sequence[object]) -> list[str]:
 
 def _first_invalid(multipliers: np.ndarray) -> int | None:
     """Index of the first multiplier that is not finite and >= 0 (NaN included), or None."""
-    if multipliers.size == 0 or (multipliers.min() >= 0.0 and math.isfinite(multipliers.max())):
-        return None  # two reductions, no temporaries (the usual case); a NaN fails the min test
+    return _check_range(multipliers)[0]
+
+
+def _check_range(multipliers: np.ndarray) -> tuple[int | None, bool]:
+    """(:func:`_first_invalid`, whether every multiplier is exactly 1) from the same two reductions."""
+    if multipliers.size == 0:
+        return None, True
+    low, high = multipliers.min(), multipliers.max()
+    if low >= 0.0 and math.isfinite(high):
+        return None, bool(low == 1.0 and high == 1.0)  # no temporaries (the usual case); NaN fails min
     bad = np.flatnonzero(~(np.isfinite(multipliers) & (multipliers >= 0)))
-    return int(bad[0]) if bad.size else None
+    return (int(bad[0]) if bad.size else None), False
 
 
 @dataclass(frozen=True)
@@ -69,6 +77,11 @@ class RowPlan:
     uids: list[str]
     multipliers: np.ndarray
     singleton: np.ndarray
+    #: derived at construction, for the estimator: every multiplier exactly 1, any singleton row,
+    #: and the multipliers in float32 (what float32 rewards times an integer or float32 mask make)
+    all_ones: bool = field(init=False, repr=False, compare=False)
+    any_singleton: bool = field(init=False, repr=False, compare=False)
+    multipliers_f32: np.ndarray = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         m = np.asarray(self.multipliers, dtype=np.float64)
@@ -77,11 +90,18 @@ class RowPlan:
             raise ValueError(
                 f"RowPlan: multipliers {m.shape} and singleton {s.shape} need one entry per uid ({len(self.uids)})"
             )
-        bad = _first_invalid(m)
+        bad, all_ones = _check_range(m)
         if bad is not None:
             raise ValueError(f"RowPlan: multipliers must be finite and >= 0; row {bad} has {m[bad]}")
         object.__setattr__(self, "multipliers", m)
         object.__setattr__(self, "singleton", s)
+        # Prepared here, in the caller's numpy work, rather than in the estimator: there they were
+        # the first small numpy / torch calls after verl's [N, T] passes, ~0.1 ms each with cold
+        # caches against a few us warm (benchmarks/overhead.py). float32 rounding is numpy's and
+        # torch's alike (round to nearest even), so the column has the same bits.
+        object.__setattr__(self, "all_ones", all_ones)
+        object.__setattr__(self, "any_singleton", bool(s.any()))
+        object.__setattr__(self, "multipliers_f32", m.astype(np.float32))
 
     def matches(self, index: Sequence[object]) -> bool:
         """Whether verl's ``index`` (uid per row) is exactly these rows, in this order."""
@@ -104,6 +124,9 @@ class GDROStep:
     multipliers: Mapping[str, float]
     settings: Any = None
     rows: RowPlan | None = None
+    #: the algorithm group's ``norm_adv_by_std_in_grpo`` as the caller read it (None: the estimator
+    #: reads its config; an OmegaConf lookup cost up to 0.1 ms there with cold caches)
+    norm_adv_by_std: bool | None = None
 
     def lookup(self, index: Sequence[object]) -> np.ndarray:
         """Per-row multipliers for verl's ``index`` (uid) array; padding groups get 1.
@@ -186,7 +209,7 @@ class _RowTable(Mapping[str, float]):
 @contextmanager
 def gdro_step(multipliers: Mapping[str, float] | None = None, *, uids: Sequence[object] | None = None,
               values: Sequence[float] | np.ndarray | None = None, settings: Any = None,
-              rows: RowPlan | None = None) -> Iterator[GDROStep]:
+              rows: RowPlan | None = None, norm_adv_by_std: bool | None = None) -> Iterator[GDROStep]:
     """Open a step: the estimator applies these per-uid multipliers instead of running standalone.
 
     Either ``multipliers`` (uid -> multiplier) or parallel ``uids`` / ``values`` (one per prompt
@@ -196,7 +219,9 @@ def gdro_step(multipliers: Mapping[str, float] | None = None, *, uids: Sequence[
     ``gdro`` settings the estimator should use (see :class:`GDROStep`); ``None`` resolves them
     from the estimator's config as standalone. ``rows``: the per-row view of the batch
     (:class:`RowPlan`), which must agree with the multipliers; the estimator then skips its own
-    grouping when its batch is exactly these rows. Steps do not nest.
+    grouping when its batch is exactly these rows. ``norm_adv_by_std``: the value of the
+    algorithm group's ``norm_adv_by_std_in_grpo`` (what verl's trainer passes to grpo), so the
+    estimator need not look it up in its config; None reads the config. Steps do not nest.
     """
     table: Mapping[str, float]
     if multipliers is None and uids is None and values is None and rows is not None:
@@ -220,7 +245,8 @@ def gdro_step(multipliers: Mapping[str, float] | None = None, *, uids: Sequence[
             raise ValueError(f"gdro_step: multipliers must be finite and >= 0; uid {key!r} has {table[key]}")
     if _CURRENT.get() is not None:
         raise RuntimeError("gdro_step: a step is already open (steps do not nest)")
-    step = GDROStep(multipliers=table, settings=settings, rows=rows)
+    step = GDROStep(multipliers=table, settings=settings, rows=rows,
+                    norm_adv_by_std=None if norm_adv_by_std is None else bool(norm_adv_by_std))
     token = _CURRENT.set(step)
     try:
         yield step

@@ -187,19 +187,22 @@ def compute_gdro_grpo_advantage(
     planned = rows is not None and rows.matches(index)
     scale: torch.Tensor | None = None
     singleton_rows: torch.Tensor | None = None
-    reweighted = planned and not np.all(rows.multipliers == 1.0)
+    reweighted = planned and not rows.all_ones
     if planned:
         # The caller's per-row view of exactly this batch: no grouping, no lookup. Prepared before
         # verl's per-row loop, not after it: right after that loop these few small numpy and
         # conversion calls took 0.2-0.3 ms at 256-512 x 4 (cold caches; benchmarks/overhead.py),
         # warm a tenth of that.
-        if rows.singleton.any():
+        if rows.any_singleton:
             singleton_rows = torch.as_tensor(rows.singleton)
         if reweighted and token_level_rewards.dtype.is_floating_point:
             # the dtype verl's last line gives the advantages: scores (the rewards' float dtype)
             # times the mask column
             dtype = torch.promote_types(token_level_rewards.dtype, response_mask.dtype)
-            scale = torch.as_tensor(rows.multipliers, dtype=dtype, device=response_mask.device)[:, None]
+            if dtype == torch.float32 and response_mask.device.type == "cpu":  # prepared by the RowPlan
+                scale = torch.from_numpy(rows.multipliers_f32)[:, None]
+            else:
+                scale = torch.as_tensor(rows.multipliers, dtype=dtype, device=response_mask.device)[:, None]
     # verl's GRPO uses the mask only in its last line, ``scores.unsqueeze(-1) * response_mask``.
     # Handing it a [bs, 1] column returns the per-row advantages [bs, 1] times that column: ones,
     # or the row plan's multipliers (the very product ``advantages * multipliers`` took after the
@@ -216,7 +219,9 @@ def compute_gdro_grpo_advantage(
         response_mask=column,
         index=index,
         epsilon=epsilon,
-        norm_adv_by_std_in_grpo=_norm_by_std(config),
+        norm_adv_by_std_in_grpo=(
+            step.norm_adv_by_std if step is not None and step.norm_adv_by_std is not None else _norm_by_std(config)
+        ),
         config=config,
     )
     mult: np.ndarray | None = None

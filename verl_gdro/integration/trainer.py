@@ -169,6 +169,8 @@ class GDROTrainerMixin:
         self.gdro_sampler: GDROSampler | None = None
         self.gdro_ledger = DispatchLedger()
         self._gdro_uid_field = uid_field(settings.uid_key)
+        # what verl's _compute_advantage passes to grpo, handed to gdro_grpo through the step
+        self._gdro_norm_by_std = bool(config.algorithm.get("norm_adv_by_std_in_grpo", True))
         self._gdro_time = 0.0
         self._gdro_warned_missing_acc = False
         if self.gdro is not None:
@@ -329,7 +331,7 @@ class GDROTrainerMixin:
             # controllers' code and state are still in cache (after verl's per-row GRPO loop they
             # are not: 0.2-0.3 ms more per step at 256 x 4, benchmarks/overhead.py).
             metrics.update(self._gdro_update(consumed, acc, {}))
-        with gdro_step(table, settings=self.gdro_settings, rows=row_plan):
+        with gdro_step(table, settings=self.gdro_settings, rows=row_plan, norm_adv_by_std=self._gdro_norm_by_std):
             batch = super()._compute_advantage(batch, metrics)  # type: ignore[misc]
         if needs_log_probs:
             metrics.update(self._gdro_update(consumed, acc, self._gdro_token_fields(batch, consumed)))
