@@ -75,12 +75,14 @@ def acc_from_extra_fields(
 ) -> tuple[NDArray[np.float64] | None, set[str]]:
     """The ``key`` value of each of ``rows`` from verl's per-row ``extra_fields`` (the streaming
     reward puts the reward function's extra dict under ``reward_extra_info``), as float64.
+    ``rows``: increasing row indices (what :func:`real_rows` returns).
 
     Returns ``(values, set())``, or ``(None, keys seen)`` when a row lacks the key or its value is
     not a number (the caller then tries the top-level field and names what it saw in its error).
     """
-    if rows.size == len(infos) and np.array_equal(rows, np.arange(rows.size)):
-        picked = infos  # every row, in order (no padding): no copy
+    count = rows.size
+    if count == len(infos) and (count == 0 or (rows[0] == 0 and rows[-1] == count - 1)):
+        picked = infos  # increasing indices, as many as rows: every row in order (no padding), no copy
     else:
         picked = list(map(infos.__getitem__, rows.tolist()))
     try:  # the usual case, in one C-level pass: every row has the dict and a number under the key
