@@ -203,6 +203,10 @@ def test_consume_matches_the_per_row_reference(calls: list[int], seed: int) -> N
     assert got_index.tolist() == dropped_index and got_acc.tolist() == dropped_acc
     # the controller's plan holds the dispatch-time decisions of every group of the update
     assert ctrl.planned_uids(consumed.positions).tolist() == update.stable_uids.tolist()
+    stable, bins, n = update.plan_columns()  # views of the table: the copying properties' values
+    assert stable.tolist() == update.stable_uids.tolist() and bins.tolist() == update.bins.tolist()
+    assert n.tolist() == update.rollout_n.tolist()
+    assert stable.size == 0 or (np.shares_memory(stable, update.table) and not np.shares_memory(update.bins, update.table))
 
 
 def test_consume_leaves_padding_rows_out_and_then_hands_no_row_plan() -> None:

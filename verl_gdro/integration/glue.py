@@ -182,7 +182,7 @@ def consume(
     everything = rows.size == len(uids)
     trained = uids if everything else list(map(uids.__getitem__, rows.tolist()))
     update = ledger.begin_update(distinct if everything else trained)
-    positions = controller.adopt(update.stable_uids, update.bins, update.rollout_n)
+    positions = controller.adopt(*update.plan_columns())
     slot = update.slot
     kept_group = np.fromiter(map(slot.__getitem__, trained), dtype=np.int64, count=len(trained))
     return ConsumedBatch(uids=uids, rows=rows, update=update, positions=positions, kept_group=kept_group,
