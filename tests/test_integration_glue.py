@@ -97,6 +97,9 @@ def test_dispatching_a_uid_twice_names_it_and_records_nothing(second: list[str])
     with pytest.raises(RuntimeError, match=f"'{twice}' was dispatched twice"):
         _dispatch(ledger, second, step=2)
     assert ledger.entries == before and ledger.calls == [(2, 8)]
+    _dispatch(ledger, ["x", "y"], step=3)  # the refused call left no row behind: the next one lines up
+    assert [ledger.entries[u].step for u in ("a", "b", "x", "y")] == [1, 1, 3, 3]
+    assert ledger.entries["y"].seq == ledger.entries["x"].seq + 1
 
 
 def test_begin_update_orders_consumed_and_dropped_groups_by_dispatch() -> None:

@@ -163,22 +163,31 @@ class DispatchLedger:
         if not (len(uids) == stable.size == bins.size == rollout_n.size):
             raise ValueError("dispatch needs one stable id, bin and rollout_n per verl uid")
         count = len(uids)
-        fresh = dict.fromkeys(uids)
-        if len(fresh) != count or not self._row_of.keys().isdisjoint(fresh):
-            seen: set[str] = set(self._row_of)
-            for uid in uids:  # name the first repeat (error path only)
-                if uid in seen:
-                    raise RuntimeError(f"verl-gdro: prompt uid {uid!r} was dispatched twice")
-                seen.add(uid)
-        rows = np.empty((count, _WIDTH), dtype=np.int64)
+        rows = np.empty((count, _WIDTH), dtype=np.int64)  # built first: a bad column changes nothing
         rows[:, 0], rows[:, 1], rows[:, 2] = stable, bins, rollout_n
         rows[:, 3] = int(step)
         rows[:, 4] = np.arange(self._seq, self._seq + count)
-        start = self._table.shape[0]
+        row_of = self._row_of
+        if not row_of.keys().isdisjoint(uids):  # one lookup per uid, no table built
+            self._refuse_repeat(uids)
+        start, before = self._table.shape[0], len(row_of)
+        row_of.update(zip(uids, range(start, start + count)))
+        if len(row_of) != before + count:  # a uid twice in this call: only this call's keys were added
+            for uid in uids:
+                row_of.pop(uid, None)
+            self._refuse_repeat(uids)
         self._table = np.concatenate([self._table, rows])
-        self._row_of.update(zip(uids, range(start, start + count)))
         self._seq += count
         self.calls.append((count, int(rollout_n.sum())))
+
+    def _refuse_repeat(self, uids: list[str]) -> None:
+        """Raise naming the first uid of ``uids`` already outstanding or repeated (error path only)."""
+        seen: set[str] = set(self._row_of)
+        for uid in uids:
+            if uid in seen:
+                raise RuntimeError(f"verl-gdro: prompt uid {uid!r} was dispatched twice")
+            seen.add(uid)
+        raise AssertionError("no repeated uid")  # unreachable: the callers found one
 
     def drop(self, uid: str, acc: list[float], reason: str) -> bool:
         """A group the replay buffer removes untrained; observed at the next update. False when the
@@ -201,7 +210,9 @@ class DispatchLedger:
         Raises for a consumed uid without a decision (a prompt that no ``_next_train_batch`` of
         this run dispatched).
         """
-        unique = dict.fromkeys(consumed)
+        # the caller's distinct uids as they are when nothing was dropped (consume passes a dict),
+        # else a copy to add the dropped ones to
+        unique = consumed if type(consumed) is dict and not self.dropped else dict.fromkeys(consumed)
         row_of = self._row_of
         if not row_of.keys() >= unique.keys():
             missing = next(u for u in unique if u not in row_of)
