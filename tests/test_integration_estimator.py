@@ -243,16 +243,28 @@ def _row_plan(uids: list[str], table: dict[str, float]) -> RowPlan:
                    singleton=np.array([counts[u] == 1 for u in uids]))
 
 
-@pytest.mark.parametrize("sizes", [SIZES, [3, 1, 4, 1, 2]])  # with singleton groups too
-def test_row_plan_gives_the_tables_bits_and_skips_the_grouping(grpo_batch, monkeypatch, sizes) -> None:
-    data = grpo_batch(sizes, seed=31)
+def _table_case(grpo_batch, sizes: list[int], seed: int) -> tuple[object, list[str], dict[str, float], torch.Tensor]:
+    """(batch, its uid per row, a per-group multiplier table, the table path's advantages)."""
+    data = grpo_batch(sizes, seed=seed)
     uids = data.non_tensor_batch["uid"].tolist()
     table = {f"g{g}": 0.25 + 0.5 * g for g in range(len(sizes))}
     with gdro_step(table):
         ref = advantages(data, "gdro_grpo")
-    grouped = []
-    real_group_ids = est._group_ids
-    monkeypatch.setattr(est, "_group_ids", lambda keys: grouped.append(1) or real_group_ids(keys))
+    return data, uids, table, ref
+
+
+def _count_calls(monkeypatch, module: object, name: str) -> list[int]:
+    """Wrap ``module.name`` so that each call appends to the returned list."""
+    calls: list[int] = []
+    real = getattr(module, name)
+    monkeypatch.setattr(module, name, lambda *a: calls.append(1) or real(*a))
+    return calls
+
+
+@pytest.mark.parametrize("sizes", [SIZES, [3, 1, 4, 1, 2]])  # with singleton groups too
+def test_row_plan_gives_the_tables_bits_and_skips_the_grouping(grpo_batch, monkeypatch, sizes) -> None:
+    data, uids, table, ref = _table_case(grpo_batch, sizes, seed=31)
+    grouped = _count_calls(monkeypatch, est, "_group_ids")
     with gdro_step(table, rows=_row_plan(uids, table)):
         got = advantages(data, "gdro_grpo")
     assert torch.equal(got, ref) and not grouped  # same bits, and the rows were not regrouped
@@ -269,14 +281,8 @@ def test_a_step_given_only_rows_builds_no_table_unless_the_batch_differs(grpo_ba
     as batch balancing may reorder it), the row plan's table is built on demand, same bits."""
     import verl_gdro.integration.context as ctx
 
-    data = grpo_batch(sizes, seed=37)
-    uids = data.non_tensor_batch["uid"].tolist()
-    table = {f"g{g}": 0.25 + 0.5 * g for g in range(len(sizes))}
-    with gdro_step(table):
-        ref = advantages(data, "gdro_grpo")
-    built = []
-    real_table = ctx._per_uid_table
-    monkeypatch.setattr(ctx, "_per_uid_table", lambda k, v: built.append(1) or real_table(k, v))
+    data, uids, table, ref = _table_case(grpo_batch, sizes, seed=37)
+    built = _count_calls(monkeypatch, ctx, "_per_uid_table")
     with gdro_step(rows=_row_plan(uids, table)) as step:
         got = advantages(data, "gdro_grpo")
     assert torch.equal(got, ref) and not built
