@@ -168,7 +168,9 @@ def hysteresis_move(
     :func:`snap` is idempotent on [0, 1] (``test_snap_is_idempotent``), so the bins are the same.
 
     Both directions are tested with uniform and custom edges: the released patch blocked every
-    downward move for uniform edges (spec section 6, defect 4).
+    downward move for uniform edges (spec section 6, defect 4). The classifier itself applies the
+    equivalent keep rule of :func:`_hysteresis_keep` (its raw bins always come from ``p``); this
+    is the rule as the spec states it, for any ``raw``, and the reference that rule is tested against.
     """
     committed = np.asarray(committed, dtype=np.int64)
     up_at, down_at = hysteresis_thresholds(full_edges, delta) if thresholds is None else thresholds

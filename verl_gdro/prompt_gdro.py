@@ -134,14 +134,13 @@ def failure_rate_loss(
     a = np.asarray(acc, dtype=np.float64)
     if a.ndim != 1:
         raise ValueError(f"acc must be 1-D, got shape {a.shape}")
-    if a.size and a.min() >= 0.0 and a.max() <= 1.0:  # the usual case in two reductions (a NaN fails min)
-        return 1.0 - a if group_index is None else 1.0 - group_mean(a, group_index, num_groups)
-    finite = a[np.isfinite(a)]
-    if finite.size and (finite.min() < 0.0 or finite.max() > 1.0):
-        raise ValueError(
-            f"acc must be correctness in [0, 1] (the reward's `acc`, never the shaped score), "
-            f"got values in [{finite.min()}, {finite.max()}]"
-        )
+    if not (a.size and a.min() >= 0.0 and a.max() <= 1.0):  # the usual case passes in two reductions (NaN fails min)
+        finite = a[np.isfinite(a)]
+        if finite.size and (finite.min() < 0.0 or finite.max() > 1.0):
+            raise ValueError(
+                f"acc must be correctness in [0, 1] (the reward's `acc`, never the shaped score), "
+                f"got values in [{finite.min()}, {finite.max()}]"
+            )
     if group_index is None:
         return 1.0 - a
     return 1.0 - group_mean(a, group_index, num_groups)
