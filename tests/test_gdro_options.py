@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from verl_gdro.classifier import OnlineDifficultyClassifier
 from verl_gdro.demo.config import METHODS, method_gdro_group, parse_method
-from verl_gdro.demo.stats import bootstrap_ci, rollouts_to_reach, summarise
+from verl_gdro.demo.stats import bootstrap_ci, markdown, rollouts_to_reach, summarise
 from verl_gdro.integration.config import resolve_gdro
 from verl_gdro.integration.controller import GDROController
 from verl_gdro.prompt_gdro import (
@@ -357,8 +357,41 @@ def test_summary_pairs_each_seed_with_grpos_same_seed():
     p = summary["paired"]["x"]
     assert p["worst_level_acc"]["mean"] == pytest.approx(0.1) and p["worst_level_acc"]["positive"] == 3
     assert p["level_acc"]["0"]["mean"] == pytest.approx(0.0)
-    assert p["rollouts_to_grpo_worst"]["per_seed"] == [0.5, 0.5, 0.5]
+    hardest = p["compute_to_grpo_final"]["hardest_level_acc"]
+    assert hardest["per_seed"] == [0.5, 0.5, 0.5] and hardest["median"] == 0.5 and hardest["counted"] == 3
+    # GRPO's mean@8 rose by 0.25-0.35 from the warm start: counted; x reached it at the first point
+    assert p["compute_to_grpo_final"]["mean@8"]["per_seed"] == [0.5, 0.5, 0.5]
+    assert p["mean@8"]["ci95"][0] is not None
     assert summary["testbed"]["grpo_gain_mean@8_per_seed"] == pytest.approx([0.2, 0.25, 0.3])
+    md = markdown(summary)
+    assert "[+" in md and "decide nothing" not in md
+
+    # two seeds: per-seed differences only, no interval, no star, no median, and a line that says so
+    two = {k: v for k, v in results.items() if k[1] < 2}
+    summary2 = summarise(SimpleNamespace(task="add", seeds=2, to_dict=lambda: {}), ["grpo", "x"], two, ws, 1.0)
+    p2 = summary2["paired"]["x"]
+    assert p2["worst_level_acc"]["ci95"] == [None, None]
+    assert p2["compute_to_grpo_final"]["hardest_level_acc"]["median"] is None
+    md2 = markdown(summary2)
+    assert "decide nothing" in md2 and "verl-gdro study" in md2
+    assert "*" not in md2.split("decide nothing")[1].replace("**", "") and "[+" not in md2
+    assert "+0.100 / +0.100" in md2
+
+
+def test_compute_share_counts_only_what_grpo_lifted():
+    """GRPO's final hardest level is reached at 0.5 of its rollouts; a figure GRPO lifted by less
+    than MIN_LIFT is excluded, and one never reached says so."""
+    from verl_gdro.demo.stats import compute_share
+
+    def pt(r, h, m):
+        return {"rollouts": r, "mean@8": m, "level_acc": {"0": 0.9, "1": h}}
+
+    grpo = [pt(0, 0.0, 0.30), pt(100, 0.1, 0.32), pt(200, 0.3, 0.35)]
+    fast = [pt(0, 0.0, 0.30), pt(100, 0.3, 0.50), pt(200, 0.5, 0.60)]
+    slow = [pt(0, 0.0, 0.30), pt(100, 0.1, 0.30), pt(200, 0.2, 0.30)]
+    assert compute_share(grpo, fast, "hardest_level_acc") == ("reached", 0.5)
+    assert compute_share(grpo, slow, "hardest_level_acc") == ("never", None)
+    assert compute_share(grpo, fast, "mean@8") == ("excluded", None)  # GRPO lifted mean@8 by 0.05 only
 
 
 def test_ess_share_by_bin_matches_the_per_element_share():

@@ -845,6 +845,33 @@ class OnlineDifficultyClassifier:
             t_out[seen] = self._trials_sum[slots[seen]]
         return s_out, t_out
 
+    def decayed_counts(self, uids: Any, decay: float) -> tuple[np.ndarray, np.ndarray]:
+        """(successes, trials) per uid with each visit weighted by ``decay ** age`` (age 0 for the
+        latest visit), over the window's visits; (0, 0) for a uid never observed.
+
+        Why: the window pools up to ``window`` visits, i.e. most of a run's history, so a prompt
+        the policy has just learned keeps its old failures for many visits. A per-visit decay
+        follows the policy; ``decay=1`` is :meth:`window_counts`. Read from the ring buffers the
+        classifier already keeps, so it adds no state and a resumed run reads the same counts.
+        """
+        if not (isinstance(decay, (int, float, np.floating)) and 0.0 < float(decay) <= 1.0):
+            raise ValueError(f"decay must be in (0, 1], got {decay!r}")
+        u = _int_array("uids", uids)
+        slots = self._slots(u)
+        s_out = np.zeros(u.size, dtype=np.float64)
+        t_out = np.zeros(u.size, dtype=np.float64)
+        seen = slots >= 0
+        if seen.any():
+            sl = slots[seen]
+            cols = np.arange(self._width, dtype=np.int64)[None, :]
+            # ring column c of a prompt with v visits holds visit v - 1 - age, age = (v - 1 - c) mod W;
+            # unfilled cells hold zeros and add nothing
+            age = (self._visits[sl][:, None] - 1 - cols) % self._window
+            w = float(decay) ** age
+            s_out[seen] = (w * self._succ[sl]).sum(axis=1)
+            t_out[seen] = (w * self._trials[sl]).sum(axis=1)
+        return s_out, t_out
+
     def raw_bins(self, p: Any) -> np.ndarray:
         """Raw bin of each estimate in ``p`` (no hysteresis): the number of inner edges <= p."""
         arr = np.asarray(p, dtype=np.float64)

@@ -44,9 +44,12 @@ __all__ = [
     "dual_update",
     "exact_budget_marginals",
     "FULL_INFORMATION_UTILITIES",
+    "PER_PROMPT_UTILITIES",
     "arm_utility_values",
     "expected_informative_utility",
+    "hit_utility",
     "per_prompt_allocation",
+    "per_prompt_utility",
     "smoothed_rate",
     "exp_weights_arm_log_probs",
     "exp_weights_arm_probs",
@@ -55,14 +58,18 @@ __all__ = [
     "neyman_scores",
     "sample_exact_budget",
     "score_ema",
+    "variance_utility",
     "solve_exact_budget",
 ]
 
 ALLOCATORS = ("bandit", "neyman", "per_prompt")
-ARM_UTILITIES = ("expected_informative", "failure_weighted", "knapsack", "informative", "loss")
+ARM_UTILITIES = ("expected_informative", "failure_weighted", "knapsack", "variance", "hit", "informative", "loss")
 #: Utilities computed for every arm from a success rate (full information): the bandit updates
 #: every arm of a present bin, and the ``per_prompt`` allocator maximises them directly.
-FULL_INFORMATION_UTILITIES = ("expected_informative", "failure_weighted", "knapsack")
+FULL_INFORMATION_UTILITIES = ("expected_informative", "failure_weighted", "knapsack", "variance")
+#: Utilities of the ``per_prompt`` allocator: the rate-based ones, and HORA's ``hit``, which needs
+#: each prompt's success and trial counts (a Beta posterior), not only a rate.
+PER_PROMPT_UTILITIES = (*FULL_INFORMATION_UTILITIES, "hit")
 SELECTIONS = ("auto", "map", "sample")
 
 #: Relative tolerance under which two DP scores count as equal optima. Mathematically equal sums
@@ -600,10 +607,14 @@ def arm_utility_values(name: str, p: np.ndarray, arms: np.ndarray) -> np.ndarray
       hard tail. Beyond the paper (docs/algorithm.md, "Rollout-GDRO utilities").
     - ``knapsack``: p (1 - p)^2 (1 - p^n - (1 - p)^n), Knapsack RL's value of a group (the
       informative probability times the expected gradient magnitude of a rare success).
+    - ``variance``: -p (1 - p) / n, VIP's objective (:func:`variance_utility`).
 
-    Each is concave in n for a fixed p (its increments w(p) (p^n (1 - p) + (1 - p)^n p) shrink
-    with n), which is what makes greedy marginal allocation exact for ``per_prompt``.
+    Each is concave in n for a fixed p (the first three have increments
+    w(p) (p^n (1 - p) + (1 - p)^n p), ``variance`` p (1 - p) / (n (n + 1)), both shrinking with n),
+    which is what makes greedy marginal allocation exact for ``per_prompt``.
     """
+    if name == "variance":
+        return variance_utility(p, arms)
     u = expected_informative_utility(p, arms)
     q = np.asarray(p, dtype=np.float64)[:, None]
     if name == "expected_informative":
@@ -613,6 +624,57 @@ def arm_utility_values(name: str, p: np.ndarray, arms: np.ndarray) -> np.ndarray
     if name == "knapsack":
         return q * (1.0 - q) ** 2 * u
     raise ValueError(f"arm_utility={name!r} is not a full-information utility; allowed: {list(FULL_INFORMATION_UTILITIES)}")
+
+
+def variance_utility(p: np.ndarray, arms: np.ndarray) -> np.ndarray:
+    """VIP (Nguyen et al., arXiv 2602.01601, ICLR 2026): u(p, n) = -p (1 - p) / n.
+
+    VIP allocates a batch's rollouts to minimise the summed variance of the per-prompt gradient
+    estimates, which for Dr.GRPO/RLOO is proportional to p (1 - p) / n (a Bernoulli variance over a
+    group of n), under a hard budget. Maximising the sum of this utility is that convex programme;
+    its continuous optimum is n_i proportional to sqrt(p_i (1 - p_i)) (Neyman allocation per
+    prompt). VIP predicts p with a Gaussian process over recent rollouts; here p is the smoothed
+    per-prompt rate the other per-prompt utilities use (:func:`smoothed_rate`, or its per-visit
+    decayed form), so the allocators differ only in their objective.
+    """
+    q = np.asarray(p, dtype=np.float64)[:, None]
+    n = np.asarray(arms, dtype=np.float64)[None, :]
+    return -(q * (1.0 - q)) / n
+
+
+def hit_utility(successes: np.ndarray, trials: np.ndarray, arms: np.ndarray) -> np.ndarray:
+    """HORA (Wang et al., arXiv 2605.07114): the posterior probability that at least one of n
+    rollouts is correct, per prompt (rows) and arm (columns).
+
+    With a uniform prior (HORA's default, which its ablation found as good as learned priors) the
+    success rate's posterior after S successes in T trials is Beta(a, b), a = S + 1,
+    b = T - S + 1, and
+
+        u(n) = 1 - E[(1 - p)^n] = 1 - B(a, b + n) / B(a, b) = 1 - prod_{j<n} (b + j) / (a + b + j).
+
+    Its increment E[p (1 - p)^n] shrinks with n, so it is concave and the greedy per-prompt
+    allocation is exact. Counts may be fractional (per-visit decayed evidence).
+    """
+    s = np.asarray(successes, dtype=np.float64)[:, None]
+    t = np.asarray(trials, dtype=np.float64)[:, None]
+    a, b = s + 1.0, t - s + 1.0
+    n_max = int(np.max(arms))
+    j = np.arange(n_max, dtype=np.float64)[None, :]
+    miss = np.cumprod((b + j) / (a + b + j), axis=1)  # column m: P(no success in m + 1 rollouts)
+    return 1.0 - miss[:, np.asarray(arms, dtype=np.int64) - 1]
+
+
+def per_prompt_utility(name: str, successes: np.ndarray, trials: np.ndarray, arms: np.ndarray) -> np.ndarray:
+    """u_i(n) of the ``per_prompt`` allocator from each prompt's (successes, trials) evidence.
+
+    ``hit`` reads the counts as a Beta posterior; every other utility reads the smoothed rate
+    (S + 1/2) / (T + 1) (:func:`smoothed_rate`).
+    """
+    if name == "hit":
+        return hit_utility(successes, trials, arms)
+    if name not in FULL_INFORMATION_UTILITIES:
+        raise ValueError(f"arm_utility={name!r} is not a per-prompt utility; allowed: {list(PER_PROMPT_UTILITIES)}")
+    return arm_utility_values(name, smoothed_rate(successes, trials), arms)
 
 
 def smoothed_rate(successes: np.ndarray, trials: np.ndarray) -> np.ndarray:
@@ -730,8 +792,14 @@ class RolloutGDRO:
         _check_range("selection", selection in SELECTIONS, f"one of {list(SELECTIONS)}", selection)
         _check_range(
             "arm_utility",
-            allocator != "per_prompt" or arm_utility in FULL_INFORMATION_UTILITIES,
-            f"one of {list(FULL_INFORMATION_UTILITIES)} with allocator='per_prompt' (it needs u(p, n) for every n)",
+            allocator != "per_prompt" or arm_utility in PER_PROMPT_UTILITIES,
+            f"one of {list(PER_PROMPT_UTILITIES)} with allocator='per_prompt' (it needs u(p, n) for every n)",
+            arm_utility,
+        )
+        _check_range(
+            "arm_utility",
+            arm_utility != "hit" or allocator == "per_prompt",
+            "'hit' only with allocator='per_prompt' (it needs each prompt's own counts)",
             arm_utility,
         )
         _check_range("seed", is_int(seed) and seed >= 0, "integer >= 0", seed)
@@ -812,26 +880,22 @@ class RolloutGDRO:
 
     # ---- allocation ---------------------------------------------------------------------
 
-    def allocate(self, bins: Any, rates: Any = None) -> np.ndarray:
+    def allocate(self, bins: Any, rates: Any = None, counts: Any = None) -> np.ndarray:
         """Rollouts per prompt for the step's bins (ints in [n_min, n_max], sum == n_mean * len).
 
         Every prompt of a bin gets its bin's n; the configuration is chosen over the bins present
         in the step (their counts set the cost of each arm). ``sample`` advances the controller's
         own generator. The ``per_prompt`` allocator instead gives each prompt its own n from its
-        own success rate ``rates`` (required there, one per prompt; :func:`smoothed_rate`).
+        own evidence: ``counts`` = (successes, trials) per prompt (:func:`per_prompt_utility`; may
+        be fractional, e.g. decayed), or a success rate per prompt in ``rates`` (not for ``hit``).
         """
         b = self._validate_bins(bins)
         if b.size == 0:
             return np.zeros(0, dtype=np.int64)
+        evidence = counts
         present, counts, inverse, budget = self._step_problem(b)
         if self.allocator == "per_prompt":
-            if rates is None:
-                raise ValueError("allocator='per_prompt' needs rates: each prompt's own success rate")
-            p = np.asarray(rates, dtype=np.float64)
-            if p.shape != b.shape or not np.all((p >= 0.0) & (p <= 1.0)):
-                raise ValueError(f"rates must hold one success rate in [0, 1] per prompt ({b.size})")
-            u = arm_utility_values(self.arm_utility, p, self._arms)
-            n, self._mu = per_prompt_allocation(u, self.n_min, budget)
+            n, self._mu = per_prompt_allocation(self._per_prompt_table(b, rates, evidence), self.n_min, budget)
         elif self.allocator == "neyman":
             scores = neyman_scores(counts, self._variance[present], self._arms)
             per_bin = solve_exact_budget(scores, counts, self._arms, budget)
@@ -851,6 +915,21 @@ class RolloutGDRO:
         if int(n.sum()) != budget or n.min() < self.n_min or n.max() > self.n_max:
             raise AssertionError(f"allocation violates the exact budget {budget} or the arm range")
         return n
+
+    def _per_prompt_table(self, b: np.ndarray, rates: Any, counts: Any) -> np.ndarray:
+        """The [prompts, arms] utility table of the ``per_prompt`` allocator, inputs checked."""
+        if counts is not None:
+            s, t = (np.asarray(x, dtype=np.float64) for x in counts)
+            if s.shape != b.shape or t.shape != b.shape or not np.all((s >= 0.0) & (s <= t)):
+                raise ValueError(f"counts must hold (successes, trials) with 0 <= successes <= trials per prompt ({b.size})")
+            return per_prompt_utility(self.arm_utility, s, t, self._arms)
+        if rates is None or self.arm_utility == "hit":
+            need = "counts (successes, trials)" if self.arm_utility == "hit" else "rates or counts"
+            raise ValueError(f"allocator='per_prompt' with arm_utility={self.arm_utility!r} needs {need} per prompt")
+        p = np.asarray(rates, dtype=np.float64)
+        if p.shape != b.shape or not np.all((p >= 0.0) & (p <= 1.0)):
+            raise ValueError(f"rates must hold one success rate in [0, 1] per prompt ({b.size})")
+        return arm_utility_values(self.arm_utility, p, self._arms)
 
     # ---- update -------------------------------------------------------------------------
 

@@ -1,11 +1,13 @@
 """The study's statistics: per-method summaries, paired differences to GRPO with bootstrap
-intervals, and the compute each method needs to reach GRPO's final worst-level accuracy.
+intervals, and the compute each method needs to reach GRPO's final accuracy (hardest level, mean@8).
 
 Why paired: every method of a seed starts from the same warm start, sees the same prompt order and
 is evaluated with the same sampling stream, so the seed-to-seed spread (which is larger than most
 method effects on a tiny model) cancels in the per-seed difference. The interval is a percentile
 bootstrap over seeds of the mean paired difference (10,000 resamples, fixed generator); with 5
-seeds it is a rough interval, which is why the per-seed signs are reported beside it.
+seeds it is a rough interval, which is why the per-seed signs are reported beside it. Below
+:data:`MIN_SEEDS_FOR_INTERVALS` seeds no interval, significance mark or median is computed at all:
+the per-seed differences are all there is.
 
 numpy only (no torch): ``results.json`` can be re-summarised anywhere.
 """
@@ -17,10 +19,23 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["BASELINE", "bootstrap_ci", "markdown", "rollouts_to_reach", "summarise"]
+__all__ = [
+    "BASELINE",
+    "MIN_LIFT",
+    "MIN_SEEDS_FOR_INTERVALS",
+    "bootstrap_ci",
+    "compute_share",
+    "markdown",
+    "rollouts_to_reach",
+    "summarise",
+]
 
 BASELINE = "grpo"
 _KEYS = ("mean@8", "pass@8", "worst_level_acc")
+#: fewer paired seeds than this print per-seed differences only (no interval, no ``*``, no median)
+MIN_SEEDS_FOR_INTERVALS = 3
+#: the compute figure counts a seed only where GRPO lifts the figure by at least this much
+MIN_LIFT = 0.10
 
 
 def bootstrap_ci(values: Sequence[float], level: float = 0.95, resamples: int = 10_000, seed: int = 0) -> tuple[float, float]:
@@ -45,10 +60,56 @@ def rollouts_to_reach(curve: Sequence[Mapping[str, Any]], target: float, key: st
     return None
 
 
+def _hardest(r: Mapping[str, Any]) -> float:
+    """The hardest level's accuracy (the last level in difficulty order) of a result or curve point."""
+    return float(r["level_acc"][max(r["level_acc"], key=int)])
+
+
+def _value(r: Mapping[str, Any], key: str) -> float:
+    return _hardest(r) if key == "hardest_level_acc" else float(r[key])
+
+
+def compute_share(
+    base_curve: Sequence[Mapping[str, Any]],
+    other_curve: Sequence[Mapping[str, Any]],
+    key: str,
+    min_lift: float = MIN_LIFT,
+) -> tuple[str, float | None]:
+    """Share of GRPO's rollouts at which ``other`` first reaches GRPO's final ``key`` (same seed).
+
+    Returns ``("excluded", None)`` when GRPO lifts ``key`` by less than ``min_lift`` over the run
+    (its first curve point, the warm start, to its last): reaching a figure that barely moved is
+    evaluation noise, not learning. Else ``("reached", share)`` or ``("never", None)``. ``key`` is a
+    curve field (``mean@8``) or ``hardest_level_acc``.
+    """
+    target = _value(base_curve[-1], key)
+    if target - _value(base_curve[0], key) < min_lift:
+        return "excluded", None
+    for point in other_curve:
+        if _value(point, key) >= target - 1e-12:
+            return "reached", int(point["rollouts"]) / int(base_curve[-1]["rollouts"])
+    return "never", None
+
+
+def _compute_figure(base: Mapping[int, Mapping], other: Mapping[int, Mapping], key: str) -> dict[str, Any]:
+    seeds = sorted(set(base) & set(other))
+    rows = [compute_share(base[s]["curve"], other[s]["curve"], key) for s in seeds]
+    counted = [share for status, share in rows if status != "excluded"]
+    reached = [share for share in counted if share is not None]
+    every = bool(counted) and len(reached) == len(counted)
+    return {
+        "per_seed": [share if status == "reached" else status for status, share in rows],
+        "counted": len(counted),
+        "reached": len(reached),
+        # a median only from enough seeds, all of them counted and reaching
+        "median": float(np.median(reached)) if every and len(counted) >= MIN_SEEDS_FOR_INTERVALS else None,
+    }
+
+
 def _paired(base: Mapping[int, Mapping], other: Mapping[int, Mapping], get) -> dict[str, Any]:
     seeds = sorted(set(base) & set(other))
     d = np.array([get(other[s]) - get(base[s]) for s in seeds], dtype=np.float64)
-    lo, hi = bootstrap_ci(d)
+    lo, hi = bootstrap_ci(d) if d.size >= MIN_SEEDS_FOR_INTERVALS else (None, None)
     return {
         "mean": float(d.mean()) if d.size else float("nan"),
         "ci95": [lo, hi],
@@ -117,16 +178,11 @@ def summarise(
                 continue
             entry = {k: _paired(base, by[m], lambda r, k=k: r[k]) for k in _KEYS}
             entry["level_acc"] = {lv: _paired(base, by[m], lambda r, lv=lv: r["level_acc"][lv]) for lv in levels}
-            # compute: rollouts to reach GRPO's final worst-level accuracy of the same seed
-            fracs = []
-            for s in sorted(set(base) & set(by[m])):
-                need = rollouts_to_reach(by[m][s]["curve"], base[s]["worst_level_acc"])
-                fracs.append(None if need is None else need / base[s]["rollouts"])
-            reached = [f for f in fracs if f is not None]
-            entry["rollouts_to_grpo_worst"] = {
-                "per_seed": fracs,
-                "reached": len(reached),
-                "median": float(np.median(reached)) if len(reached) == len(fracs) and fracs else None,
+            # compute: the share of GRPO's rollouts at which the method first reaches GRPO's final
+            # accuracy of the same seed, on the hardest level and on mean@8
+            entry["compute_to_grpo_final"] = {
+                "hardest_level_acc": _compute_figure(base, by[m], "hardest_level_acc"),
+                "mean@8": _compute_figure(base, by[m], "mean@8"),
             }
             paired[m] = entry
         summary["paired"] = paired
@@ -135,8 +191,17 @@ def summarise(
 
 def _fmt_ci(p: Mapping[str, Any]) -> str:
     lo, hi = p["ci95"]
+    if lo is None:  # too few seeds for an interval: the per-seed differences only
+        return " / ".join(f"{d:+.3f}" for d in p["per_seed"])
     star = "*" if (lo > 0 or hi < 0) else ""
     return f"{p['mean']:+.3f} [{lo:+.3f}, {hi:+.3f}]{star} ({p['positive']}/{p['seeds']})"
+
+
+def _fmt_compute(c: Mapping[str, Any]) -> str:
+    if c["median"] is not None:
+        return f"{c['median']:.2f} ({c['reached']}/{c['counted']})"
+    cells = ["-" if v == "excluded" else "never" if v == "never" else f"{v:.2f}" for v in c["per_seed"]]
+    return " / ".join(cells) + f" ({c['reached']}/{c['counted']} counted reached)"
 
 
 def markdown(summary: Mapping[str, Any]) -> str:
@@ -180,26 +245,39 @@ def markdown(summary: Mapping[str, Any]) -> str:
         ]
     paired = summary.get("paired") or {}
     if paired:
+        few = seeds < MIN_SEEDS_FOR_INTERVALS
+        lines += [""]
+        if few:
+            lines += [
+                f"**{seeds} seed(s) decide nothing**: the differences below are per seed, with no interval or "
+                "median; `verl-gdro study` (5 paired seeds) is the comparison that decides.",
+                "",
+                "## Paired difference to GRPO (same seed), per seed",
+            ]
+        else:
+            lines += [
+                "## Paired difference to GRPO (same seed), mean [95 % bootstrap interval] (seeds better)",
+                "",
+                "`*`: the interval excludes 0.",
+            ]
         lines += [
             "",
-            "## Paired difference to GRPO (same seed), mean [95 % bootstrap interval] (seeds better)",
-            "",
-            "`*`: the interval excludes 0. Rollouts to GRPO's worst level: the share of GRPO's rollouts at which "
-            "the method first reaches GRPO's final worst-level accuracy of the same seed (median over seeds; "
-            "'-' when some seed never reached it within the run).",
+            "Compute to GRPO's final: the share of GRPO's rollouts at which the method first reaches GRPO's final "
+            "accuracy of the same seed (hardest level; mean@8), counted only on seeds where GRPO lifts that figure "
+            f"by >= {MIN_LIFT:.2f} over the run ('-' not counted); "
+            + ("per seed." if few else "median over seeds when every counted seed reached it, else per seed."),
             "",
             "| method | Δ mean@8 | Δ pass@8 | Δ worst level | "
             + " | ".join(f"Δ L{lv}" for lv in levels)
-            + " | rollouts to GRPO's worst (reached) |",
-            "|---|---|---|---|" + "---|" * len(levels) + "---|",
+            + " | compute to GRPO's final hardest level | compute to GRPO's final mean@8 |",
+            "|---|---|---|---|" + "---|" * len(levels) + "---|---|",
         ]
         for m, p in paired.items():
-            r = p["rollouts_to_grpo_worst"]
-            med = "-" if r["median"] is None else f"{r['median']:.2f}"
+            c = p["compute_to_grpo_final"]
             lines.append(
                 f"| {m} | {_fmt_ci(p['mean@8'])} | {_fmt_ci(p['pass@8'])} | {_fmt_ci(p['worst_level_acc'])} | "
                 + " | ".join(f"{p['level_acc'][lv]['mean']:+.3f}" for lv in levels)
-                + f" | {med} ({r['reached']}/{len(r['per_seed'])}) |"
+                + f" | {_fmt_compute(c['hardest_level_acc'])} | {_fmt_compute(c['mean@8'])} |"
             )
     specs = {m: e["spec"] for m, e in ms.items() if e["spec"] != m}
     if specs:

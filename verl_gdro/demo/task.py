@@ -26,7 +26,7 @@ and a test checks them together (defect 5 of the released patch was a prompt/sco
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -62,12 +62,52 @@ class Problem:
         return asdict(self)
 
 
+#: A task's problem generator: (random stream, the level's parameters) -> (question, answer).
+DrawFn = Callable[[np.random.Generator, tuple[int, ...]], tuple[str, str]]
+
+
+def draw_add(rng: np.random.Generator, spec: tuple[int, ...]) -> tuple[str, str]:
+    """``add``: the operands' digit counts are ``spec``; a d-digit operand has no leading zero."""
+    ops = [int(rng.integers(0 if d == 1 else 10 ** (d - 1), 10**d)) for d in spec]
+    return "+".join(str(x) for x in ops) + "=", str(sum(ops))
+
+
+def draw_sort(rng: np.random.Generator, spec: tuple[int, ...]) -> tuple[str, str]:
+    """``sort``: a string of ``spec[0]`` digits 1-9 (no zero, so the sorted answer never starts
+    with 0 and math_dapo's normalisation compares it as the literal string)."""
+    (length,) = spec
+    digits = rng.integers(1, 10, size=length)
+    return "sort " + "".join(str(d) for d in digits), "".join(str(d) for d in np.sort(digits))
+
+
+def draw_count(rng: np.random.Generator, spec: tuple[int, ...]) -> tuple[str, str]:
+    """``count``: how often each of ``spec[1]`` queried digits occurs in a string of ``spec[0]``
+    digits 1-9, e.g. ``count 37 in 3717927`` -> ``32`` (one count digit per queried digit, in the
+    query's order). No arithmetic beyond counting and no ordering: each answer digit is an
+    order-free tally of the tokens equal to one query token, so the difficulty is the string's
+    length and the number of tallies that must all be right. Half the characters are queried
+    digits so counts spread over several values; a string with a count above 9 is redrawn.
+    """
+    length, queries = spec
+    while True:
+        query = rng.choice(np.arange(1, 10), size=queries, replace=False)
+        others = np.setdiff1d(np.arange(1, 10), query)
+        hit = rng.random(length) < 0.5
+        chars = np.where(hit, rng.choice(query, size=length), rng.choice(others, size=length))
+        counts = [int((chars == q).sum()) for q in query]
+        if max(counts) <= 9:
+            break
+    question = "count " + "".join(str(q) for q in query) + " in " + "".join(str(c) for c in chars)
+    return question, "".join(str(c) for c in counts)
+
+
 @dataclass(frozen=True)
 class Task:
     """A family of problems: ``levels`` names each difficulty level, ``draw`` makes one problem.
 
-    ``levels`` are parameters of :meth:`draw` (operand digit counts for ``add``, the string length
-    for ``sort``); their order is the difficulty order the study reports.
+    ``levels`` are the parameters handed to the family's own ``draw_fn`` (operand digit counts for
+    ``add``, the string length for ``sort``, (length, queried digits) for ``count``); their order is the difficulty order
+    the study reports. A new family is a draw function and a :data:`TASKS` entry.
     """
 
     name: str
@@ -75,6 +115,7 @@ class Task:
     #: response length limit: the longest reference response ("Answer: " + answer), its end-of-turn
     #: token and slack, so a sampled response can be wrong without being cut off
     max_new_tokens: int
+    draw_fn: DrawFn
     level_weights: tuple[float, ...] = LEVEL_WEIGHTS
 
     @property
@@ -83,18 +124,7 @@ class Task:
 
     def draw(self, rng: np.random.Generator, level: int) -> tuple[str, str]:
         """(question, answer) of a random problem of ``level``."""
-        spec = self.levels[level]
-        if self.name == "add":
-            # a d-digit operand has no leading zero
-            ops = [int(rng.integers(0 if d == 1 else 10 ** (d - 1), 10**d)) for d in spec]
-            return "+".join(str(x) for x in ops) + "=", str(sum(ops))
-        if self.name == "sort":
-            # digits 1-9 (no zero), so the sorted answer never starts with 0 and math_dapo's
-            # normalisation compares it as the literal string
-            (length,) = spec
-            digits = rng.integers(1, 10, size=length)
-            return "sort " + "".join(str(d) for d in digits), "".join(str(d) for d in np.sort(digits))
-        raise ValueError(f"unknown task {self.name!r}")
+        return self.draw_fn(rng, self.levels[level])
 
     def problem(self, rng: np.random.Generator, level: int, uid: int) -> Problem:
         q, a = self.draw(rng, level)
@@ -114,9 +144,17 @@ TASKS: dict[str, Task] = {
             (2, 2, 1),  # 47+38+6
         ),
         max_new_tokens=14,  # "Answer: 207" + end of turn + 2
+        draw_fn=draw_add,
     ),
     # confirmation task: sort a string of digits; difficulty = length
-    "sort": Task("sort", levels=((3,), (4,), (5,), (6,), (7,), (8,)), max_new_tokens=18),  # 8 + 8 + eos + 1
+    "sort": Task("sort", levels=((3,), (4,), (5,), (6,), (7,), (8,)), max_new_tokens=18, draw_fn=draw_sort),
+    # development task (issue 22): count queried digits; difficulty = length and number of tallies
+    "count": Task(
+        "count",
+        levels=((3, 1), (5, 1), (6, 2), (8, 2), (10, 3), (12, 4)),
+        max_new_tokens=14,  # "Answer: 1234" + end of turn + 1
+        draw_fn=draw_count,
+    ),
 }
 
 

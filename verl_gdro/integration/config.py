@@ -28,7 +28,7 @@ from typing import Any
 
 from verl_gdro.presets import LOSS_SIGNALS, PRESETS, resolve_preset
 from verl_gdro.prompt_gdro import PromptGDRO
-from verl_gdro.rollout_gdro import ALLOCATORS, ARM_UTILITIES, FULL_INFORMATION_UTILITIES, RolloutGDRO
+from verl_gdro.rollout_gdro import ALLOCATORS, ARM_UTILITIES, PER_PROMPT_UTILITIES, RolloutGDRO
 
 __all__ = [
     "ALLOCATORS",
@@ -162,6 +162,8 @@ class RolloutSettings:
     arm_utility: str
     selection: str
     seed: int
+    #: per-visit decay of the per_prompt allocator's evidence; None = the classifier's window
+    rate_decay: float | None = None
 
     def kwargs(self, num_bins: int, n_mean: int) -> dict[str, Any]:
         """Constructor arguments of :class:`verl_gdro.rollout_gdro.RolloutGDRO`.
@@ -431,11 +433,24 @@ def _resolve_rollout(c: dict[str, Any], preset: str) -> RolloutSettings:
     if n_max < n_min:
         raise ValueError(f"{p}.n_max={n_max} is invalid: must be >= {p}.n_min={n_min}")
     arm_utility, selection = c["arm_utility"], c["selection"]
-    if c["allocator"] == "per_prompt" and arm_utility not in FULL_INFORMATION_UTILITIES:
+    if c["allocator"] == "per_prompt" and arm_utility not in PER_PROMPT_UTILITIES:
         raise ValueError(
             f"{p}.arm_utility={arm_utility!r} is invalid with {p}.allocator=per_prompt: allowed "
-            f"{list(FULL_INFORMATION_UTILITIES)} (the allocator needs u(p, n) for every n)"
+            f"{list(PER_PROMPT_UTILITIES)} (the allocator needs u(p, n) for every n)"
         )
+    if arm_utility == "hit" and c["allocator"] != "per_prompt":
+        raise ValueError(
+            f"{p}.arm_utility='hit' is invalid with {p}.allocator={c['allocator']!r}: HORA's hit utility needs "
+            f"each prompt's own counts, set {p}.allocator=per_prompt"
+        )
+    rate_decay = c.get("rate_decay")
+    if rate_decay is not None:
+        rate_decay = _float(f"{p}.rate_decay", rate_decay, 0.0, 1.0, low_open=True)
+        if c["allocator"] != "per_prompt":
+            raise ValueError(
+                f"{p}.rate_decay={rate_decay} is invalid with {p}.allocator={c['allocator']!r}: it decays the "
+                f"per_prompt allocator's evidence; set {p}.allocator=per_prompt or leave it null"
+            )
     seed = c["seed"]
     return RolloutSettings(
         enable=_bool(f"{p}.enable", c["enable"]),
@@ -449,6 +464,7 @@ def _resolve_rollout(c: dict[str, Any], preset: str) -> RolloutSettings:
         arm_utility=_choice(f"{p}.arm_utility", arm_utility, ARM_UTILITIES),
         selection=_choice(f"{p}.selection", selection, SELECTIONS),
         seed=_int(f"{p}.seed", seed, low=0),
+        rate_decay=rate_decay,
     )
 
 

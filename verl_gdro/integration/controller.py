@@ -46,7 +46,7 @@ from verl_gdro.prompt_gdro import (
     surrogate_kl_loss,
     surrogate_loss,
 )
-from verl_gdro.rollout_gdro import FULL_INFORMATION_UTILITIES, RolloutGDRO, smoothed_rate
+from verl_gdro.rollout_gdro import FULL_INFORMATION_UTILITIES, RolloutGDRO
 
 __all__ = ["EXTRA_METRICS", "GDROController", "StepPlan", "describe_mode", "mode_name"]
 
@@ -176,11 +176,16 @@ class GDROController:
         else:
             bins = self.classifier.bins(uids)
         if self.rollout is not None and uids.size:
-            rates = None
+            counts = None
             if self.rollout.allocator == "per_prompt":
                 assert self.classifier is not None
-                rates = smoothed_rate(*self.classifier.window_counts(uids))
-            n = np.asarray(self.rollout.allocate(bins, rates), dtype=np.int64)
+                decay = self.settings.rollout.rate_decay
+                counts = (
+                    self.classifier.window_counts(uids)
+                    if decay is None
+                    else self.classifier.decayed_counts(uids, decay)
+                )
+            n = np.asarray(self.rollout.allocate(bins, counts=counts), dtype=np.int64)
             budget = self.rollout_n * int(uids.size)
             if int(n.sum()) != budget:
                 raise AssertionError(
@@ -555,7 +560,11 @@ def describe_mode(settings: GDROSettings, rollout_n: int | None = None) -> str:
         )
     if r.enable:
         budget = "" if rollout_n is None else f", mean n {int(rollout_n)}"
-        parts.append(f"rollout: {r.allocator}/{r.arm_utility}/{r.selection}, n {r.n_min}..{r.n_max}{budget}")
+        if r.allocator == "per_prompt":
+            evidence = "window" if r.rate_decay is None else f"decay {r.rate_decay:g}"
+            parts.append(f"rollout: per_prompt/{r.arm_utility} ({evidence}), n {r.n_min}..{r.n_max}{budget}")
+        else:
+            parts.append(f"rollout: {r.allocator}/{r.arm_utility}/{r.selection}, n {r.n_min}..{r.n_max}{budget}")
     elif rollout_n is not None:
         parts.append(f"n {int(rollout_n)} per prompt")
     parts.append(f"classifier: {c.num_bins} bins, window {c.window}, pass@{c.k}")
