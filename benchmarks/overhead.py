@@ -9,7 +9,7 @@ by side in one process on the same batches:
   real ``verl.protocol.DataProto``;
 - GDRO: everything the GDRO trainer adds or replaces, through the very functions
   ``GDROTrainerMixin`` calls (:mod:`verl_gdro.integration.glue`, the dispatch ledger and the step
-  API :class:`verl_gdro.integration.controller.GDROController`), minus TransferQueue's reads: at
+  API :class:`verl_gdro.step.controller.GDROController`), minus TransferQueue's reads: at
   ``_next_train_batch``, classification and the allocation DP (``decide``) and the ledger's
   record; at ``_compute_advantage``, the real rows, the ledger update adopted into the plan, the
   stable-id check, ``acc`` from the reward's per-row extra fields, the Eq. 16 multipliers, the
@@ -219,8 +219,8 @@ class Bench:
     def __init__(self, adversary: str, preset: str, width: int, rng: np.random.Generator, history: int) -> None:
         from omegaconf import OmegaConf
 
-        from verl_gdro.integration.controller import GDROController
         from verl_gdro.integration.ledger import DispatchLedger
+        from verl_gdro.step.controller import GDROController
 
         group = {
             "preset": preset,
@@ -264,10 +264,10 @@ class Bench:
         from verl.trainer.ppo.ray_trainer import compute_advantage
         from verl.trainer.ppo.v1.utils import compute_advantage_for_multi_trajectories
 
-        from verl_gdro.integration.context import gdro_step, uid_keys
         from verl_gdro.integration.glue import acc_from_extra_fields, consume, observe_update
         from verl_gdro.integration.trainer import _as_list, _int_column
         from verl_gdro.integration.trainer import _padded_numpy as read_tokens
+        from verl_gdro.step.context import gdro_step, uid_keys
 
         ctrl, ledger = self.ctrl, self.ledger
         prompt_uids = self.rng.choice(DATASET_PROMPTS, size=shape.prompts, replace=False).astype(np.int64)
@@ -392,9 +392,9 @@ PROFILED = (
     ("verl_gdro.classifier", "OnlineDifficultyClassifier", ("bins", "observe_prepared", "_slots")),
     ("verl_gdro.prompt_gdro", "PromptGDRO", ("bin_multipliers", "update")),
     ("verl_gdro.rollout_gdro", "RolloutGDRO", ("allocate", "update")),
-    ("verl_gdro.integration.controller", "GDROController", ("decide", "adopt", "advantage_multipliers",
+    ("verl_gdro.step.controller", "GDROController", ("decide", "adopt", "advantage_multipliers",
                                                            "after_advantage")),
-    ("verl_gdro.integration.controller", None, ("step_metrics_prepared",)),
+    ("verl_gdro.step.controller", None, ("step_metrics_prepared",)),
     ("verl_gdro.integration.ledger", "DispatchLedger", ("dispatch", "begin_update", "finish_update")),
     ("verl_gdro.integration.glue", None, ("real_rows", "acc_from_extra_fields", "consume", "observe_update",
                                           "flow_metrics")),

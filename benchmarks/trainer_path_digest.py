@@ -51,11 +51,11 @@ def digest(preset: str, adversary: str, prompts: int, steps: int = 60, width: in
     from verl.trainer.ppo.ray_trainer import compute_advantage
 
     import verl_gdro.integration.estimator  # noqa: F401  (registers gdro_grpo)
-    from verl_gdro.integration.context import gdro_step, uid_keys
-    from verl_gdro.integration.controller import GDROController
     from verl_gdro.integration.glue import acc_from_extra_fields, consume, observe_update
     from verl_gdro.integration.ledger import DispatchLedger
     from verl_gdro.integration.trainer import _padded_numpy
+    from verl_gdro.step.context import gdro_step, uid_keys
+    from verl_gdro.step.controller import GDROController
 
     here = str(Path(__file__).resolve().parent)
     if here not in sys.path:

@@ -199,7 +199,7 @@ def test_methods_map_to_gdro_groups():
 
 
 def test_gdro_groups_resolve_in_the_integration_config():
-    from verl_gdro.integration.config import resolve_gdro
+    from verl_gdro.step.config import resolve_gdro
 
     for m in METHODS:
         s = resolve_gdro(method_gdro_group(m))
@@ -224,7 +224,7 @@ def test_gdro_overrides_reach_every_method_and_bad_ones_name_the_key():
     import argparse
 
     from verl_gdro.demo.run import _config_from_args, add_arguments
-    from verl_gdro.integration.config import resolve_gdro
+    from verl_gdro.step.config import resolve_gdro
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)

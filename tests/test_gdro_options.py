@@ -14,8 +14,6 @@ from hypothesis import strategies as st
 from verl_gdro.classifier import OnlineDifficultyClassifier
 from verl_gdro.demo.config import METHODS, method_gdro_group, parse_method
 from verl_gdro.demo.stats import bootstrap_ci, markdown, rollouts_to_reach, summarise
-from verl_gdro.integration.config import resolve_gdro
-from verl_gdro.integration.controller import GDROController
 from verl_gdro.prompt_gdro import (
     PromptGDRO,
     advantage_multipliers,
@@ -31,6 +29,8 @@ from verl_gdro.rollout_gdro import (
     per_prompt_allocation,
     smoothed_rate,
 )
+from verl_gdro.step.config import resolve_gdro
+from verl_gdro.step.controller import GDROController
 
 ARMS = np.arange(2, 13)
 
@@ -373,7 +373,7 @@ def test_summary_pairs_each_seed_with_grpos_same_seed():
     assert p2["worst_level_acc"]["ci95"] == [None, None]
     assert p2["compute_to_grpo_final"]["hardest_level_acc"]["median"] is None
     md2 = markdown(summary2)
-    assert "decide nothing" in md2 and "verl-gdro study" in md2
+    assert "2 seeds decide nothing" in md2 and "verl-gdro study --task add" in md2
     assert "*" not in md2.split("decide nothing")[1].replace("**", "") and "[+" not in md2
     assert "+0.100 / +0.100" in md2
 

@@ -419,7 +419,7 @@ CONTROLLER_GROUPS: list[dict[str, Any]] = [
 
 
 def _controller(group: dict[str, Any]) -> Any:
-    from verl_gdro.integration.controller import GDROController
+    from verl_gdro.step.controller import GDROController
 
     return GDROController.from_config(copy.deepcopy(group), rollout_n=4)
 

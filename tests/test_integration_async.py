@@ -27,8 +27,8 @@ import torch
 from integration_harness import FakeAgentLoop, FakeTQ, make_trainer
 from test_integration_trainer import _state_equal
 
-from verl_gdro.integration.controller import GDROController
 from verl_gdro.integration.trainer import ROLLOUT_N_KEY
+from verl_gdro.step.controller import GDROController
 
 BATCH = 6
 MODES = {

@@ -13,8 +13,8 @@ from verl.trainer.ppo.ray_trainer import compute_advantage
 from verl.trainer.ppo.v1.utils import compute_advantage_for_multi_trajectories
 
 from verl_gdro.integration import estimator as est
-from verl_gdro.integration.context import RowPlan, gdro_step
 from verl_gdro.prompt_gdro import PromptGDRO
+from verl_gdro.step.context import RowPlan, gdro_step
 
 SIZES = [2, 3, 5, 4, 12, 2, 7]  # Rollout-GDRO-like variable group sizes
 
@@ -199,7 +199,7 @@ def test_bad_gdro_key_in_algorithm_group_is_refused(grpo_batch) -> None:
 def test_open_step_settings_replace_the_config_group(grpo_batch) -> None:
     """issue 13: the GDRO trainer hands its resolved settings to the step, so the estimator does
     not resolve and validate algorithm.gdro again on every step; the step's settings then rule."""
-    from verl_gdro.integration.config import resolve_gdro
+    from verl_gdro.step.config import resolve_gdro
 
     data = grpo_batch(SIZES, seed=3)
     uids = sorted(set(data.non_tensor_batch["uid"].tolist()))
@@ -279,7 +279,7 @@ def test_a_step_given_only_rows_builds_no_table_unless_the_batch_differs(grpo_ba
     """gdro_step(rows=...) alone (the trainer's usual step): the table's bits, no per-uid table
     built while the batch is exactly the plan's rows; when verl's batch differs (here reversed,
     as batch balancing may reorder it), the row plan's table is built on demand, same bits."""
-    import verl_gdro.integration.context as ctx
+    import verl_gdro.step.context as ctx
 
     data, uids, table, ref = _table_case(grpo_batch, sizes, seed=37)
     built = _count_calls(monkeypatch, ctx, "_per_uid_table")

@@ -22,7 +22,7 @@ import torch
 from integration_harness import FakeAgentLoop, FakeTQ, make_trainer
 from test_integration_trainer import _state_equal
 
-from verl_gdro.integration.controller import GDROController
+from verl_gdro.step.controller import GDROController
 
 DAPO = ("algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=acc")
 BATCH = 6

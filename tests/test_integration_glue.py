@@ -14,11 +14,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from verl_gdro.integration.context import gdro_step
-from verl_gdro.integration.controller import GDROController
 from verl_gdro.integration.glue import ConsumedBatch, acc_from_extra_fields, consume, flow_metrics, real_rows
 from verl_gdro.integration.ledger import DROP_REASONS, Decision, DispatchLedger
 from verl_gdro.metrics import PREFIX
+from verl_gdro.step.context import gdro_step
+from verl_gdro.step.controller import GDROController
 
 
 def _ctrl(**group: object) -> GDROController:

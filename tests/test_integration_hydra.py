@@ -9,7 +9,7 @@ import pytest
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
-from verl_gdro.integration.config import validate_gdro_config
+from verl_gdro.step.config import validate_gdro_config
 
 ROOT = Path(__file__).resolve().parents[1]
 EXPERIMENTS = sorted(p.stem for p in (ROOT / "hydra_configs" / "experiment").glob("*.yaml"))

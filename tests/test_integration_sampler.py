@@ -13,9 +13,9 @@ import torch
 from integration_harness import FakeTQ, agent_loop_rollout_n, make_trainer, run_step
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from verl_gdro.integration.config import resolve_gdro
-from verl_gdro.integration.controller import GDROController
 from verl_gdro.integration.sampler import GDROSampler
+from verl_gdro.step.config import resolve_gdro
+from verl_gdro.step.controller import GDROController
 
 
 def loader(sampler: GDROSampler, batch_size: int = 4) -> StatefulDataLoader:

@@ -30,8 +30,8 @@ from integration_harness import (
 from verl import DataProto
 from verl.trainer.ppo.ray_trainer import compute_advantage
 
-from verl_gdro.integration.controller import GDROController
 from verl_gdro.integration.trainer import ROLLOUT_N_KEY
+from verl_gdro.step.controller import GDROController
 
 # ---------------------------------------------------------------------------------------------
 
@@ -304,7 +304,7 @@ def test_int_column_reads_object_arrays_like_int(values: list) -> None:
 
 
 def test_uid_keys_gives_a_fresh_list_of_exact_str() -> None:
-    from verl_gdro.integration.context import uid_keys
+    from verl_gdro.step.context import uid_keys
 
     uids = ["a", "b", "a"]
     keys = uid_keys(uids)

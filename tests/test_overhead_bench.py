@@ -96,7 +96,7 @@ def test_trainer_path_digest_is_reproducible_and_sees_a_changed_value(monkeypatc
 
     first = trainer_path_digest.digest("robust", "prompt", 32, steps=4)
     assert first == trainer_path_digest.digest("robust", "prompt", 32, steps=4)
-    from verl_gdro.integration.controller import GDROController
+    from verl_gdro.step.controller import GDROController
 
     original = GDROController.advantage_multipliers
     monkeypatch.setattr(GDROController, "advantage_multipliers",

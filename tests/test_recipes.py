@@ -122,7 +122,7 @@ def test_preset_and_template_are_one_variable_each(tmp_path):
     paper = compose(recipe_argv(tmp_path, "joint_qwen3_1.7b.sh", env={"PRESET": "paper"})[2:])
     assert robust.gdro.preset == "robust" and paper.gdro.preset == "paper"
     assert flat(paper)["trainer.experiment_name"] == "joint_qwen3_1.7b_paper_answer_seed0"
-    from verl_gdro.integration.config import validate_gdro_config
+    from verl_gdro.step.config import validate_gdro_config
 
     assert validate_gdro_config(robust).prompt.loss_signal == "failure_rate"
     s = validate_gdro_config(paper)

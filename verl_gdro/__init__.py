@@ -1,9 +1,57 @@
 """verl-gdro: Multi-Adversary Group DRO for LLM reasoning RL (arXiv 2601.19280) on verl 0.9.1.
 
-The controllers (:mod:`verl_gdro.classifier`, :mod:`verl_gdro.prompt_gdro`,
-:mod:`verl_gdro.rollout_gdro`, :mod:`verl_gdro.metrics`) are plain numpy and import neither verl
-nor torch, so they can be read, tested and reused on their own. Everything that touches verl lives
-in :mod:`verl_gdro.integration`.
+The package reads bottom-up, each floor importing only the floors below it
+(``tests/test_layering.py`` enforces it):
+
+1. the math: :mod:`verl_gdro.classifier`, :mod:`verl_gdro.prompt_gdro`,
+   :mod:`verl_gdro.rollout_gdro`, :mod:`verl_gdro.metrics`, :mod:`verl_gdro.presets`: plain numpy;
+2. the step API, :mod:`verl_gdro.step`: :class:`GDROController`, the ``gdro`` config's resolution
+   and validation, and the estimator hand-over :func:`gdro_step`; still neither verl nor torch;
+3. the verl 0.9.1 glue, :mod:`verl_gdro.integration`: the ``gdro_grpo`` estimator, the trainer
+   modes, sampler, dataset and the plugin entry point; the only floor that imports verl;
+4. the tools: the CPU demo, evaluation, the recipes' dry run, plots and the CLI.
+
+``from verl_gdro import GDROController`` (and the other names of :data:`__all__`) loads the step
+API on first use only (PEP 562), so ``import verl_gdro`` itself, which verl's plugin entry point
+triggers on every ``import verl``, imports nothing.
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from verl_gdro.step.config import GDROSettings, resolve_gdro, validate_gdro_config
+    from verl_gdro.step.context import gdro_step
+    from verl_gdro.step.controller import GDROController, StepPlan, describe_mode
+
 __version__ = "0.1.0"
+
+#: public name -> the step-API module that defines it
+_STEP_API = {
+    "GDROController": "verl_gdro.step.controller",
+    "StepPlan": "verl_gdro.step.controller",
+    "describe_mode": "verl_gdro.step.controller",
+    "GDROSettings": "verl_gdro.step.config",
+    "resolve_gdro": "verl_gdro.step.config",
+    "validate_gdro_config": "verl_gdro.step.config",
+    "gdro_step": "verl_gdro.step.context",
+}
+
+__all__ = ["GDROController", "GDROSettings", "StepPlan", "__version__", "describe_mode", "gdro_step",
+           "resolve_gdro", "validate_gdro_config"]
+
+
+def __getattr__(name: str) -> Any:
+    """Load a step-API name on first access, so that ``import verl_gdro`` stays free."""
+    module = _STEP_API.get(name)
+    if module is None:
+        raise AttributeError(f"module 'verl_gdro' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later accesses skip this hook
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_STEP_API})

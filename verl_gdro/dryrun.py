@@ -9,7 +9,7 @@ the recipe would give ``python -m verl.trainer.main_ppo`` (``--config-path``, ``
    before Ray: batch divisibility, actor dataclass and its ``validate``, micro-batch settings), the
    dataclass conversion of the rollout and checkpoint-engine configs, and loading the custom reward
    function the config names;
-3. ours: ``verl_gdro.integration.config.validate_gdro_config`` (must be importable: a dry run that
+3. ours: ``verl_gdro.step.config.validate_gdro_config`` (must be importable: a dry run that
    skips it would pass configs the trainer refuses);
 4. the prompt template against the data: when the parquet files exist, every row's
    ``extra_info.template`` must be the config's template and ``extra_info.index`` unique;
@@ -191,9 +191,9 @@ def batch_checks(cfg) -> list[str]:
 def gdro_checks(cfg):
     """Our validation of the ``gdro`` group against the rest of the config. Fails loudly if missing."""
     try:
-        from verl_gdro.integration.config import validate_gdro_config
+        from verl_gdro.step.config import validate_gdro_config
     except ImportError as e:
-        raise DryRunError(f"verl_gdro.integration.config.validate_gdro_config is not importable: {e}") from e
+        raise DryRunError(f"verl_gdro.step.config.validate_gdro_config is not importable: {e}") from e
     try:
         return validate_gdro_config(cfg)
     except ValueError as e:
@@ -302,7 +302,7 @@ def dry_run(argv: list[str], require_data: bool = False, print_config: bool = Tr
         checks = verl_checks(cfg)
         checks += batch_checks(cfg)
         settings = gdro_checks(cfg)
-        checks.append("verl_gdro.integration.config.validate_gdro_config")
+        checks.append("verl_gdro.step.config.validate_gdro_config")
         notes, train_rows = data_checks(cfg, require=require_data)
         derived = derived_quantities(cfg, settings, train_rows)
     except DryRunError as e:

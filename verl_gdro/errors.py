@@ -1,6 +1,6 @@
 """Bad input versus crashes: what the ``verl-gdro`` command answers with one line and exit 2.
 
-The configuration checks (``verl_gdro.integration.config``, the demo's ``DemoConfig``) raise
+The configuration checks (``verl_gdro.step.config``, the demo's ``DemoConfig``) raise
 ``ValueError`` naming the offending key and its allowed range. Inside a subcommand the same type
 also comes out of real bugs, so the CLI cannot treat every ValueError as the user's mistake. A
 subcommand therefore marks the part of its work that only reads and validates input with

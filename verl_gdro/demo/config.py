@@ -208,7 +208,7 @@ class DemoConfig:
             raise ValueError(f"n_mean={self.n_mean} must be in [2, 12] (the arms of Rollout-GDRO)")
         if self.eval_samples < 8:
             raise ValueError(f"eval_samples={self.eval_samples} must be >= 8 (pass@8 is reported)")
-        from verl_gdro.integration.config import resolve_gdro
+        from verl_gdro.step.config import resolve_gdro
 
         for m in self.methods:
             resolve_gdro(method_gdro_group(m, overrides=self.gdro))  # names the bad gdro.* key

@@ -325,8 +325,8 @@ def run_demo(cfg: DemoConfig, out: Path, resume: bool = False, plots: bool = Tru
     )
 
     labels = [parse_method(m)[0] for m in cfg.methods]
-    from verl_gdro.integration.config import resolve_gdro
-    from verl_gdro.integration.controller import describe_mode
+    from verl_gdro.step.config import resolve_gdro
+    from verl_gdro.step.controller import describe_mode
 
     from .config import method_gdro_group
 

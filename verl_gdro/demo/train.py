@@ -228,7 +228,7 @@ class MethodRun:
     ) -> None:
         from omegaconf import OmegaConf
 
-        from verl_gdro.integration.controller import GDROController
+        from verl_gdro.step.controller import GDROController
 
         self.method, self.seed, self.cfg, self.tok = method, seed, cfg, tok
         self.train_set = list(train_set)
@@ -274,7 +274,7 @@ class MethodRun:
         from verl.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn, kl_penalty
         from verl.trainer.ppo.ray_trainer import compute_advantage
 
-        from verl_gdro.integration.context import gdro_step
+        from verl_gdro.step.context import gdro_step
 
         cfg, tok = self.cfg, self.tok
         t0 = time.perf_counter()

@@ -1,7 +1,9 @@
-"""verl 0.9.1 glue: the ``gdro_grpo`` estimator, the ``gdro_sync`` trainer, sampler and dataset.
+"""verl 0.9.1 glue: the ``gdro_grpo`` estimator, the trainer modes, sampler, dataset and plugin.
 
-This is the only layer that imports verl, and only in the modules that need it (``estimator``,
-``trainer``, ``sampler``, ``dataset``, ``plugin``, ``driver``). ``config``, ``context`` and ``controller``
-stay verl-free at import so the CPU demo, recipes' dry runs and tests can use them cheaply;
-importing this package imports nothing heavy.
+This is the floor that imports verl, and only in the modules that need it (``estimator``,
+``trainer``, ``sampler``, ``dataset``, ``plugin``, ``driver``, ``replay_buffer``). It sits on the
+step API (:mod:`verl_gdro.step`: the controller, the ``gdro`` config and the estimator hand-over),
+which every training loop shares. ``glue``, ``ledger`` and ``registry`` stay verl-free at import:
+they are the trainer's per-step bookkeeping, kept importable so benchmarks and tests can drive it
+without verl. Importing this package imports nothing heavy.
 """

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 from verl.utils.dataset.rl_dataset import RLHFDataset
 
-from verl_gdro.integration.config import ROW_INDEX_FIELD, UID_KEYS
+from verl_gdro.step.config import ROW_INDEX_FIELD, UID_KEYS
 
 __all__ = ["GDRODataset", "stable_prompt_uids", "uid_field"]
 

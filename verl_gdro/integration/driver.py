@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from verl_gdro.integration.config import ESTIMATOR_NAME, TRAINER_MODES, validate_gdro_config
+from verl_gdro.step.config import ESTIMATOR_NAME, TRAINER_MODES, validate_gdro_config
 
 __all__ = ["install_driver_validation", "uses_gdro", "uses_gdro_trainer"]
 

@@ -13,7 +13,7 @@ entry point), selected with ``algorithm.adv_estimator=gdro_grpo``. verl calls it
    std 1 for a singleton), which is not a group-relative advantage; a singleton only appears here
    when generation failed for the other rollouts of a prompt (n >= 2 is enforced).
 3. Prompt-GDRO multipliers (Eq. 16):
-   - inside a :func:`verl_gdro.integration.context.gdro_step` (the GDRO trainer, the CPU demo): the
+   - inside a :func:`verl_gdro.step.context.gdro_step` (the GDRO trainer, the CPU demo): the
      per-uid multipliers of the step, computed from the classifier's bins and S_{t-1};
    - otherwise **standalone** (any recipe that keeps its own trainer): each group is binned by its
      own correctness this step (outcome reward > ``gdro.prompt.standalone_correct_threshold``),
@@ -41,9 +41,9 @@ import torch
 from verl.trainer.ppo import core_algos
 
 from verl_gdro.classifier import raw_bin
-from verl_gdro.integration.config import ESTIMATOR_NAME, GDROSettings, resolve_gdro
-from verl_gdro.integration.context import PADDING_UID_PREFIX, current_step, uid_keys
 from verl_gdro.prompt_gdro import PromptGDRO
+from verl_gdro.step.config import ESTIMATOR_NAME, GDROSettings, resolve_gdro
+from verl_gdro.step.context import PADDING_UID_PREFIX, current_step, uid_keys
 
 __all__ = ["ESTIMATOR_NAME", "compute_gdro_grpo_advantage", "reset_standalone", "standalone_state"]
 

@@ -27,12 +27,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numpy.typing import NDArray
 
-from verl_gdro.integration.context import PADDING_UID_PREFIX, RowPlan
 from verl_gdro.integration.ledger import DROP_REASONS, DispatchLedger, ObservedUpdate
 from verl_gdro.metrics import PREFIX
+from verl_gdro.step.context import PADDING_UID_PREFIX, RowPlan
 
 if TYPE_CHECKING:
-    from verl_gdro.integration.controller import GDROController
+    from verl_gdro.step.controller import GDROController
 
 __all__ = ["ConsumedBatch", "acc_from_extra_fields", "consume", "flow_metrics", "observe_update", "real_rows"]
 

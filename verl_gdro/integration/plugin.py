@@ -3,21 +3,21 @@
 verl imports this module on every ``import verl`` (driver, TaskRunner actor, workers) and swallows
 any exception a plugin raises (logged at DEBUG only). So each registration is attempted on its own,
 a failure is logged at WARNING and recorded in :data:`REGISTRATION_ERRORS`, and the GDRO trainer
-calls :func:`check_registered` at init to turn a silent failure into a loud one.
+calls :func:`verl_gdro.integration.registry.check_registered` at init to turn a silent failure
+into a loud one. The record lives in :mod:`~verl_gdro.integration.registry`, which imports neither
+this module nor the trainer, so the trainer can read it without an import circle.
 """
 
 from __future__ import annotations
 
 import logging
 
-from verl_gdro.integration.config import ESTIMATOR_NAME, TRAINER_MODES, TRAINER_NAME
+from verl_gdro.integration.registry import REGISTRATION_ERRORS
+from verl_gdro.step.config import ESTIMATOR_NAME, TRAINER_NAME
 
-__all__ = ["REGISTRATION_ERRORS", "check_registered", "register"]
+__all__ = ["register"]
 
 logger = logging.getLogger(__name__)
-
-#: name -> "ExceptionType: message" for every registration that failed in this process.
-REGISTRATION_ERRORS: dict[str, str] = {}
 
 
 def register() -> dict[str, str]:
@@ -45,25 +45,6 @@ def register() -> dict[str, str]:
     except Exception as e:
         logger.warning("verl-gdro: driver-side config validation not installed: %s", e, exc_info=True)
     return dict(REGISTRATION_ERRORS)
-
-
-def check_registered() -> None:
-    """Raise RuntimeError unless verl's registries hold verl-gdro's estimator and trainer."""
-    from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY
-    from verl.trainer.ppo.v1.trainer_base import TRAINER_REGISTRY
-
-    problems = []
-    if ESTIMATOR_NAME not in ADV_ESTIMATOR_REGISTRY:
-        problems.append(f"advantage estimator '{ESTIMATOR_NAME}' ({REGISTRATION_ERRORS.get(ESTIMATOR_NAME, 'not imported')})")
-    for name in TRAINER_MODES:  # one module (verl_gdro.integration.trainer) registers them all
-        if name not in TRAINER_REGISTRY:
-            problems.append(f"trainer '{name}' ({REGISTRATION_ERRORS.get(TRAINER_NAME, 'not imported')})")
-    if problems:
-        raise RuntimeError(
-            "verl-gdro is not registered with verl: " + "; ".join(problems) + ". Is the package installed "
-            "(pip install -e .) so that the verl.plugins entry point loads verl_gdro.integration.plugin, and is "
-            "VERL_USE_EXTERNAL_PLUGINS not 'none'?"
-        )
 
 
 register()

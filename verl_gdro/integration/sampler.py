@@ -2,7 +2,7 @@
 
 verl 0.9.1 saves ``StatefulDataLoader.state_dict()`` to ``global_step_N/data.pt`` and restores it
 on resume; the loader's state embeds its sampler's ``state_dict()``. So the sampler saves the whole
-:class:`~verl_gdro.integration.controller.GDROController` (classifier history, Prompt-GDRO scores,
+:class:`~verl_gdro.step.controller.GDROController` (classifier history, Prompt-GDRO scores,
 Rollout-GDRO arm scores, shadow price and generator) next to its own cursor and generator, and a
 resumed run continues bit-identically without any checkpoint code of ours.
 
@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Sampler
 
-from verl_gdro.integration.controller import GDROController
+from verl_gdro.step.controller import GDROController
 
 __all__ = ["SAMPLER_MODES", "GDROSampler"]
 

@@ -55,15 +55,6 @@ from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils import tensordict_utils as tu
 from verl.utils.dataset.rl_dataset import collate_fn
 
-from verl_gdro.integration.config import (
-    TRAINER_MODES,
-    TRAINER_NAME,
-    GDROSettings,
-    to_plain,
-    validate_gdro_config,
-)
-from verl_gdro.integration.context import gdro_step, uid_keys
-from verl_gdro.integration.controller import GDROController, describe_mode
 from verl_gdro.integration.dataset import stable_prompt_uids, uid_field
 from verl_gdro.integration.glue import (
     ConsumedBatch,
@@ -73,8 +64,18 @@ from verl_gdro.integration.glue import (
     observe_update,
 )
 from verl_gdro.integration.ledger import DispatchLedger
+from verl_gdro.integration.registry import check_registered
 from verl_gdro.integration.replay_buffer import with_observer
 from verl_gdro.integration.sampler import GDROSampler
+from verl_gdro.step.config import (
+    TRAINER_MODES,
+    TRAINER_NAME,
+    GDROSettings,
+    to_plain,
+    validate_gdro_config,
+)
+from verl_gdro.step.context import gdro_step, uid_keys
+from verl_gdro.step.controller import GDROController, describe_mode
 
 __all__ = [
     "ROLLOUT_N_KEY",
@@ -144,8 +145,6 @@ class GDROTrainerMixin:
     GDRO_MODE: str = TRAINER_NAME
 
     def __init__(self, config: DictConfig) -> None:
-        from verl_gdro.integration.plugin import check_registered
-
         check_registered()
         with open_dict(config):
             config.trainer.v1.trainer_mode = self.GDRO_MODE

@@ -8,15 +8,15 @@ import numpy as np
 import pytest
 
 from verl_gdro.classifier import OnlineDifficultyClassifier
-from verl_gdro.integration.config import resolve_gdro
-from verl_gdro.integration.controller import (
+from verl_gdro.metrics import PREFIX, metric_keys, step_keys
+from verl_gdro.prompt_gdro import PromptGDRO
+from verl_gdro.step.config import resolve_gdro
+from verl_gdro.step.controller import (
     EXTRA_METRICS,
     GDROController,
     describe_mode,
     mode_name,
 )
-from verl_gdro.metrics import PREFIX, metric_keys, step_keys
-from verl_gdro.prompt_gdro import PromptGDRO
 
 
 def ctrl(rollout_n: int = 4, **group: object) -> GDROController:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from verl_gdro.integration.config import GDROSettings, resolve_gdro, validate_gdro_config
+from verl_gdro.step.config import GDROSettings, resolve_gdro, validate_gdro_config
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
 
@@ -187,7 +187,7 @@ def test_num_bins_is_derived_from_edges() -> None:
 
 
 def test_settings_build_the_controllers() -> None:
-    from verl_gdro.integration.controller import GDROController
+    from verl_gdro.step.controller import GDROController
 
     s = resolve_gdro({"rollout": {"enable": True, "n_min": 3, "n_max": 8}, "prompt": {"eta": 0.4}})
     ctrl = GDROController(s, rollout_n=5)
@@ -198,9 +198,9 @@ def test_settings_build_the_controllers() -> None:
 def test_importable_without_verl_ray_or_torch() -> None:
     code = (
         "import sys\n"
-        "from verl_gdro.integration.config import validate_gdro_config\n"
-        "from verl_gdro.integration.controller import GDROController\n"
-        "from verl_gdro.integration.context import gdro_step\n"
+        "from verl_gdro.step.config import validate_gdro_config\n"
+        "from verl_gdro.step.controller import GDROController\n"
+        "from verl_gdro.step.context import gdro_step\n"
         "bad = [m for m in ('verl', 'ray', 'torch') if m in sys.modules]\n"
         "assert not bad, bad\n"
     )

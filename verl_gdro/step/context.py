@@ -116,7 +116,7 @@ class GDROStep:
     """The multiplier of every prompt group of one advantage computation, keyed by verl ``uid``.
 
     ``settings`` (optional): the caller's resolved ``gdro`` settings
-    (:class:`verl_gdro.integration.config.GDROSettings`). The GDRO trainer validated at init that
+    (:class:`verl_gdro.step.config.GDROSettings`). The GDRO trainer validated at init that
     ``algorithm.gdro`` equals them, so the estimator uses them instead of resolving and validating
     its config group again on every step.
     """

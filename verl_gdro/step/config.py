@@ -4,7 +4,7 @@ Importable without verl, Ray or torch (the recipes' ``DRY_RUN=1`` path and the C
 every mistake in a launch command surfaces in a second instead of after Ray, the workers and vLLM
 have started. Every error is a ``ValueError`` whose message starts with the offending key, e.g.
 ``gdro.rollout.n_min=1 is invalid: ...``; ``docs/configuration.md`` lists every check with its
-message and ``tests/test_integration_config.py`` checks each one.
+message and ``tests/test_step_config.py`` checks each one.
 
 Two entry points:
 

@@ -14,7 +14,7 @@ A step, in the spec's order (ALGORITHM.md section 1, "Order within step t"):
 2. ``mult = ctrl.advantage_multipliers(group_index)``: the Eq. 16 multiplier of every trajectory
    (``group_index`` = the plan position of its prompt), from S_{t-1}; exactly 1.0 when Prompt-GDRO
    is off or in ``resample`` mode. Hand them to the estimator with
-   ``verl_gdro.integration.context.gdro_step`` around verl's ``compute_advantage``.
+   ``verl_gdro.step.context.gdro_step`` around verl's ``compute_advantage``.
 3. ``metrics = ctrl.after_advantage(group_index, acc, ...)``: per-prompt loss signal (spec
    section 2), classifier visit, Prompt-GDRO and Rollout-GDRO updates, and every metric of spec
    section 4 (``verl_gdro.metrics.step_metrics``) plus a few integration counters. The
@@ -35,7 +35,6 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from verl_gdro.classifier import MAX_TRIALS_PER_VISIT, OnlineDifficultyClassifier
-from verl_gdro.integration.config import GDROSettings, resolve_gdro
 from verl_gdro.metrics import PREFIX, step_metrics_prepared
 from verl_gdro.prompt_gdro import (
     PromptGDRO,
@@ -47,6 +46,7 @@ from verl_gdro.prompt_gdro import (
     surrogate_loss,
 )
 from verl_gdro.rollout_gdro import FULL_INFORMATION_UTILITIES, RolloutGDRO
+from verl_gdro.step.config import GDROSettings, resolve_gdro
 
 __all__ = ["EXTRA_METRICS", "GDROController", "StepPlan", "describe_mode", "mode_name"]
 
@@ -81,7 +81,7 @@ class GDROController:
     """The classifier, Prompt-GDRO and Rollout-GDRO of one run, driven one step at a time.
 
     Args:
-        settings: the resolved ``gdro`` group (:func:`verl_gdro.integration.config.resolve_gdro`).
+        settings: the resolved ``gdro`` group (:func:`verl_gdro.step.config.resolve_gdro`).
         rollout_n: verl's ``actor_rollout_ref.rollout.n``, the mean rollout budget per prompt.
 
     With ``settings.enable`` false nothing is built: every prompt gets bin 0 and ``rollout_n``,
