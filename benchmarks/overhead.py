@@ -38,7 +38,15 @@ classification runs at its worst case (late training), not on empty rings.
 
 Run: ``python benchmarks/overhead.py`` (``--quick`` for a small smoke run). The last line printed
 is a JSON object with ``prompt_gdro_ratio`` and ``rollout_gdro_ratio`` (the worst ratio over the
-shapes, default ``robust`` preset) and every row. The machine may be shared: the ratios measured
+shapes, default ``robust`` preset, default allocator) and every row. ``--rollout-variant`` adds
+Rollout-GDRO rows under other ``gdro`` keys (e.g. ``rollout.allocator=per_prompt,
+rollout.arm_utility=failure_weighted``), so a candidate default is timed in the same run as the
+current one; their worst ratios are in ``rollout_variants``.
+
+``tests/test_overhead_bench.py`` records, with wrappers on every function and method of the step
+API and the trainer's glue, which of them a real ``gdro_sync`` trainer step and :meth:`Bench.step`
+call, in which order, and fails when the two sequences differ: the benchmark cannot drift from
+the trainer's path again unnoticed. The machine may be shared: the ratios measured
 side by side in one run are what count, not the absolute seconds.
 """
 
@@ -82,6 +90,7 @@ class Row:
     shape: str
     adversary: str  # "prompt" or "rollout"
     preset: str
+    variant: str = ""  # extra gdro overrides of a --rollout-variant row ("" = the defaults)
     grpo_s: list[float] = field(default_factory=list)
     v1_grpo_s: list[float] = field(default_factory=list)
     gdro_s: list[float] = field(default_factory=list)
@@ -121,6 +130,7 @@ class Row:
             "shape": self.shape,
             "adversary": self.adversary,
             "preset": self.preset,
+            "variant": self.variant,
             "grpo_s": self.grpo,
             "gdro_s": self.gdro,
             "ratio": self.ratio,
@@ -216,17 +226,26 @@ def shallow_copy(data: Any) -> Any:
 class Bench:
     """Holds the controller of one (adversary, preset) and runs timed steps on synthetic batches."""
 
-    def __init__(self, adversary: str, preset: str, width: int, rng: np.random.Generator, history: int) -> None:
+    def __init__(
+        self, adversary: str, preset: str, width: int, rng: np.random.Generator, history: int,
+        overrides: dict[str, Any] | None = None,
+    ) -> None:
         from omegaconf import OmegaConf
 
         from verl_gdro.integration.ledger import DispatchLedger
         from verl_gdro.step.controller import GDROController
 
-        group = {
+        group: dict[str, Any] = {
             "preset": preset,
             "prompt": {"enable": adversary == "prompt"},
             "rollout": {"enable": adversary == "rollout"},
         }
+        for key, value in (overrides or {}).items():  # dotted gdro keys, e.g. rollout.allocator
+            *sections, leaf = key.split(".")
+            node = group
+            for section in sections:
+                node = node.setdefault(section, {})
+            node[leaf] = value
         self.ctrl = GDROController.from_config(group, rollout_n=N_MEAN)
         self.ledger = DispatchLedger()  # the trainer decides at dispatch and records it here
         self.global_steps = 1
@@ -236,8 +255,15 @@ class Bench:
         )
         self.grpo_cfg = OmegaConf.create({"adv_estimator": "grpo", "norm_adv_by_std_in_grpo": True})
         self.adversary = adversary
-        # the trainer reads the token arrays only for the surrogate loss signals (preset paper)
-        self.needs_log_probs = self.ctrl.settings.prompt.loss_signal != "failure_rate"
+        # the trainer reads the token arrays only for the surrogate loss signals (preset paper),
+        # and the reference log-probs only for surrogate_kl (GDROTrainerMixin._gdro_token_fields)
+        signal = self.ctrl.settings.prompt.loss_signal
+        self.needs_log_probs = signal != "failure_rate" and (
+            self.ctrl.prompt is not None or self.ctrl.rollout is not None
+        )
+        self.token_fields = ["response_mask", "old_log_probs", "advantages"]
+        if signal == "surrogate_kl":
+            self.token_fields.append("ref_log_prob")
         self.width = width
         self.rng = rng
         # heavy-tailed true pass rates: many prompts near 0 or 1, as on DAPO
@@ -359,10 +385,13 @@ class Bench:
                 t2 = time.perf_counter()
             extra: dict[str, np.ndarray] = {}
             if self.needs_log_probs:
+                # GDROTrainerMixin._gdro_token_fields: the removed groups' rows (none here) are
+                # appended zero-masked; the fields come from verl's stage output
+                dropped_rows = consumed.dropped()[0].size
+                assert dropped_rows == 0
                 batch = gdro_data.batch
-                for name, key in (("response_mask", "response_mask"), ("old_log_probs", "old_log_probs"),
-                                  ("advantages", "advantages"), ("ref_log_probs", "ref_log_prob")):
-                    extra[name] = read_tokens(batch[key], rows)
+                for key in self.token_fields:
+                    extra["ref_log_probs" if key == "ref_log_prob" else key] = read_tokens(batch[key], rows)
             t3 = time.perf_counter()
             if self.needs_log_probs:
                 observe_update(ledger, ctrl, consumed, acc_rows, self.global_steps, **extra)
@@ -443,12 +472,12 @@ class Profiler:
 
 def measure(
     shape: Shape, adversary: str, preset: str, width: int, reps: int, warmup: int, history: int, seed: int,
-    profile: bool = False, pause_gc: bool = True,
+    profile: bool = False, pause_gc: bool = True, variant: str = "",
 ) -> Row:
     rng = np.random.default_rng(seed)
-    bench = Bench(adversary, preset, width, rng, history)
+    bench = Bench(adversary, preset, width, rng, history, parse_overrides(variant))
     tokens = TokenArrays(shape.prompts * N_MEAN, width, rng)
-    row = Row(shape=shape.name, adversary=adversary, preset=preset)
+    row = Row(shape=shape.name, adversary=adversary, preset=preset, variant=variant)
     profiler = Profiler() if profile else None
     for i in range(warmup + reps):
         if profiler is not None and i == warmup:
@@ -508,6 +537,21 @@ def steady_allocator() -> bool:
     return bool(mallopt(m_mmap_max, 0)) and bool(mallopt(m_trim_threshold, 2**30))
 
 
+def parse_overrides(variant: str) -> dict[str, Any]:
+    """``"rollout.allocator=per_prompt,rollout.arm_utility=failure_weighted"`` -> a dict of dotted
+    gdro keys; values are read as YAML scalars (``0.9`` a float, ``null`` None, ``true`` a bool)."""
+    import yaml
+
+    out: dict[str, Any] = {}
+    for item in filter(None, (x.strip() for x in variant.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise SystemExit(f"--rollout-variant: expected KEY=VALUE[,KEY=VALUE...] (gdro keys), got {item!r}")
+        key = key.strip().removeprefix("gdro.")
+        out[key] = yaml.safe_load(value.strip())
+    return out
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="small shapes and few repetitions (smoke run)")
@@ -531,7 +575,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "allocations does not land in whichever stage happens to cross the threshold)")
     p.add_argument("--profile", action="store_true",
                    help="also print the mean time per step in each controller / glue function (timing wrappers)")
-    return p.parse_args(argv)
+    p.add_argument("--rollout-variant", action="append", default=[], metavar="KEY=VALUE[,KEY=VALUE...]",
+                   help="also time Rollout-GDRO with these gdro overrides, e.g. "
+                        "rollout.allocator=per_prompt,rollout.arm_utility=failure_weighted (repeatable; the "
+                        "default-allocator rows always run and give the headline ratios)")
+    args = p.parse_args(argv)
+    for variant in args.rollout_variant:
+        parse_overrides(variant)  # refuse a malformed variant before any timing
+    return args
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -570,13 +621,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for adversary in ("prompt", "rollout"):
             if adversary == "rollout" and shape.n is None:
                 continue  # Rollout-GDRO's batches are variable-n by construction (its allocation)
-            for preset in presets:
+            variants = [""] + (args.rollout_variant if adversary == "rollout" else [])
+            for preset, variant in ((p, v) for v in variants for p in presets):
                 row = measure(shape, adversary, preset, width, reps, warmup, history, args.seed + si, args.profile,
-                              pause_gc=not args.with_gc)
+                              pause_gc=not args.with_gc, variant=variant)
                 rows.append(row)
                 parts = "  ".join(f"{k}={statistics.median(v):.4f}" for k, v in row.parts_s.items())
+                label = preset + (f" [{variant}]" if variant else "")
                 print(
-                    f"{shape.name:>16}  {adversary + '-GDRO':<12} {preset:<7} grpo {row.grpo:8.4f} s  "
+                    f"{shape.name:>16}  {adversary + '-GDRO':<12} {label:<7} grpo {row.grpo:8.4f} s  "
                     f"gdro {row.gdro:8.4f} s  ratio {row.ratio:5.2f}x (of minima {row.ratio_min:5.2f}x, "
                     f"paired {row.ratio_paired:5.2f}x, "
                     f"target {TARGETS[adversary]:.2f}x; vs verl V1 grpo path {row.ratio_v1:5.2f}x)  [{parts}]",
@@ -586,8 +639,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     print("      profile (ms/step, nested calls count in their callers too): " + "  ".join(
                         f"{k}={v * 1e3:.3f}" for k, v in row.profile_s.items()), flush=True)
 
-    def worst(adversary: str, preset: str) -> float:
-        vals = [r.ratio for r in rows if r.adversary == adversary and r.preset == preset]
+    def worst(adversary: str, preset: str, variant: str = "") -> float:
+        vals = [r.ratio for r in rows if r.adversary == adversary and r.preset == preset and r.variant == variant]
         return max(vals) if vals else math.nan
 
     headline = "robust" if "robust" in presets else presets[0]
@@ -596,6 +649,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "rollout_gdro_ratio": worst("rollout", headline),
         "preset": headline,
         "ratios_by_preset": {p: {"prompt": worst("prompt", p), "rollout": worst("rollout", p)} for p in presets},
+        "rollout_variants": {v: {p: worst("rollout", p, v) for p in presets} for v in args.rollout_variant},
         "targets": TARGETS,
         "paper_seconds": PAPER_SECONDS,
         "paper_ratios": {"prompt": PAPER_SECONDS["prompt"] / PAPER_SECONDS["grpo"],
@@ -614,6 +668,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             f"Rollout-GDRO {r['rollout']:.2f}x (target {TARGETS['rollout']}x); paper: "
             f"{summary['paper_ratios']['prompt']:.1f}x and {summary['paper_ratios']['rollout']:.1f}x"
         )
+        for v in args.rollout_variant:
+            print(f"worst ratio, preset {p}, Rollout-GDRO [{v}]: {summary['rollout_variants'][v][p]:.2f}x "
+                  f"(target {TARGETS['rollout']}x)")
     print(json.dumps(summary))
     return summary
 
