@@ -892,3 +892,28 @@ def test_snap_is_idempotent(p: float) -> None:
     with snapped=True): that is the same as rounding twice only because snap is idempotent on [0, 1]."""
     once = snap(np.array([p, 1.0 - p, p / 3.0]))
     assert once.tobytes() == snap(once).tobytes()
+
+
+def test_decayed_counts_weight_each_visit_by_its_age():
+    """decayed_counts: visit j of v (0-based) weighs decay ** (v - 1 - j); decay 1 is the window sum;
+    a wrapped ring keeps only the window's visits; an unseen uid is (0, 0)."""
+    c = OnlineDifficultyClassifier(window=3)
+    visits = [(1, 4), (3, 4), (0, 4), (4, 4)]  # (successes, trials) of uid 7, oldest first
+    for s, t in visits:
+        c.observe([7], [s], [t])
+    s_d, t_d = c.decayed_counts([7, 8], 0.5)
+    # the window (3) holds the last three visits: (3, 4) age 2, (0, 4) age 1, (4, 4) age 0
+    assert s_d[0] == pytest.approx(3 * 0.25 + 0 * 0.5 + 4)
+    assert t_d[0] == pytest.approx(4 * 0.25 + 4 * 0.5 + 4)
+    assert (s_d[1], t_d[1]) == (0.0, 0.0)
+    s_w, t_w = c.window_counts([7])
+    s_1, t_1 = c.decayed_counts([7], 1.0)
+    assert (s_1[0], t_1[0]) == (s_w[0], t_w[0]) == (7, 12)
+    # before the ring wraps (two visits of a window of 3)
+    c2 = OnlineDifficultyClassifier(window=3)
+    c2.observe([1], [2], [4])
+    c2.observe([1], [0], [2])
+    s2, t2 = c2.decayed_counts([1], 0.5)
+    assert (s2[0], t2[0]) == (pytest.approx(1.0), pytest.approx(4.0))
+    with pytest.raises(ValueError, match="decay"):
+        c.decayed_counts([7], 0.0)

@@ -29,6 +29,7 @@ from verl_gdro.rollout_gdro import (
     neyman_scores,
     sample_exact_budget,
     score_ema,
+    smoothed_rate,
     solve_exact_budget,
 )
 
@@ -736,3 +737,83 @@ def test_dp_shift_is_the_per_arm_copy_whatever_the_starts(arms, step, width, gap
     _shift_into(out, row, starts, add)
     expected = np.stack([row[k : k + width] + add[a] for a, k in enumerate(starts.tolist())])
     np.testing.assert_array_equal(out, expected)
+
+
+# ---- the 2026 per-prompt utilities: HORA's hit, VIP's variance (issue 22) ----------------------
+
+
+def test_hit_utility_by_hand():
+    """HORA: Beta(S + 1, T - S + 1) posterior; P(no success in n) = prod_{j<n} (b + j) / (a + b + j).
+    After 0 of 4: a = 1, b = 5, so P(miss 2) = 5/6 * 6/7 = 5/7 and P(miss 3) = 5/7 * 7/8 = 5/8."""
+    from verl_gdro.rollout_gdro import hit_utility
+
+    u = hit_utility(np.array([0.0, 4.0, 0.0]), np.array([4.0, 4.0, 0.0]), np.array([2, 3]))
+    assert u[0] == pytest.approx([1 - 5 / 7, 1 - 5 / 8])
+    # 4 of 4: a = 5, b = 1: P(miss 2) = 1/6 * 2/7
+    assert u[1, 0] == pytest.approx(1 - (1 / 6) * (2 / 7))
+    # no evidence: uniform prior, P(miss n) = 1 / (n + 1)
+    assert u[2] == pytest.approx([1 - 1 / 3, 1 - 1 / 4])
+
+
+def test_variance_utility_by_hand():
+    """VIP: u = -p (1 - p) / n; the increments p (1 - p) / (n (n + 1)) shrink with n."""
+    from verl_gdro.rollout_gdro import variance_utility
+
+    u = variance_utility(np.array([0.5, 0.1]), np.array([2, 3, 4]))
+    assert u[0] == pytest.approx([-0.125, -0.25 / 3, -0.0625])
+    assert u[1] == pytest.approx([-0.045, -0.03, -0.0225])
+
+
+@pytest.mark.parametrize("utility", ["hit", "variance", "failure_weighted", "knapsack", "expected_informative"])
+def test_per_prompt_utilities_are_concave_and_spend_the_exact_budget(utility):
+    """Each per-prompt utility's increments shrink with n (so the greedy allocation is optimal) and
+    the allocation spends exactly n_mean * prompts within [n_min, n_max]; it matches brute force."""
+    from itertools import product
+
+    from verl_gdro.rollout_gdro import per_prompt_utility
+
+    rng = np.random.default_rng(0)
+    arms = np.arange(2, 13)
+    t = rng.integers(0, 40, 200).astype(float) * rng.random(200)  # fractional: decayed evidence
+    s = t * rng.random(200)
+    u = per_prompt_utility(utility, s, t, arms)
+    inc = np.diff(u, axis=1)
+    assert np.all(np.diff(inc, axis=1) <= 1e-12)
+    ctl = RolloutGDRO(num_bins=10, allocator="per_prompt", arm_utility=utility)
+    n = ctl.allocate(rng.integers(0, 10, 200), counts=(s, t))
+    assert n.sum() == 800 and n.min() >= 2 and n.max() <= 12
+    # brute force on 4 prompts, budget 16, arms 2..6
+    small = RolloutGDRO(num_bins=1, n_max=6, allocator="per_prompt", arm_utility=utility)
+    s4, t4 = np.array([0.0, 1.0, 3.0, 7.5]), np.array([4.0, 4.0, 4.0, 8.0])
+    table = per_prompt_utility(utility, s4, t4, np.arange(2, 7))
+    best = max(
+        table[np.arange(4), np.array(c) - 2].sum() for c in product(range(2, 7), repeat=4) if sum(c) == 16
+    )
+    got = small.allocate(np.zeros(4, dtype=int), counts=(s4, t4))
+    assert got.sum() == 16 and table[np.arange(4), got - 2].sum() == pytest.approx(best)
+
+
+def test_hit_leans_to_hard_prompts_and_needs_counts():
+    """A prompt that failed 0/8 gets more rollouts than one that passed 8/8 under HORA; a rate alone
+    is refused (the posterior needs the counts), and so is 'hit' outside per_prompt."""
+    ctl = RolloutGDRO(num_bins=10, allocator="per_prompt", arm_utility="hit")
+    n = ctl.allocate([0, 9], counts=(np.array([0.0, 8.0]), np.array([8.0, 8.0])))
+    assert n[0] > n[1] and n.sum() == 8
+    with pytest.raises(ValueError, match="needs counts"):
+        ctl.allocate([0, 9], rates=[0.1, 0.9])
+    with pytest.raises(ValueError, match="arm_utility"):
+        RolloutGDRO(num_bins=10, allocator="bandit", arm_utility="hit")
+    with pytest.raises(ValueError, match="counts must hold"):
+        ctl.allocate([0, 9], counts=(np.array([3.0, 1.0]), np.array([2.0, 1.0])))
+
+
+def test_rates_and_counts_give_the_same_allocation_for_rate_utilities():
+    """The counts path smooths the counts exactly as smoothed_rate does: same n as passing rates."""
+    rng = np.random.default_rng(3)
+    t = rng.integers(0, 30, 64).astype(float)
+    s = np.floor(t * rng.random(64))
+    bins = rng.integers(0, 10, 64)
+    for utility in ("failure_weighted", "variance"):
+        a = RolloutGDRO(num_bins=10, allocator="per_prompt", arm_utility=utility).allocate(bins, counts=(s, t))
+        b = RolloutGDRO(num_bins=10, allocator="per_prompt", arm_utility=utility).allocate(bins, rates=smoothed_rate(s, t))
+        np.testing.assert_array_equal(a, b)

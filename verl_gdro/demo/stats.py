@@ -249,8 +249,9 @@ def markdown(summary: Mapping[str, Any]) -> str:
         lines += [""]
         if few:
             lines += [
-                f"**{seeds} seed(s) decide nothing**: the differences below are per seed, with no interval or "
-                "median; `verl-gdro study` (5 paired seeds) is the comparison that decides.",
+                f"**{seeds} seed{'s' if seeds > 1 else ''} decide{'' if seeds > 1 else 's'} nothing**: the differences "
+                f"below are per seed, with no interval or median; `verl-gdro study --task {summary['task']}` (5 paired "
+                "seeds) is the comparison that decides.",
                 "",
                 "## Paired difference to GRPO (same seed), per seed",
             ]
