@@ -181,8 +181,9 @@ def decided_step(uid: str, agent: FakeAgentLoop) -> int:
     return next(c["step"] for c in agent.calls if uid in c["uid"])
 
 
+@pytest.mark.parametrize("mode", list(MODES))
 def test_resume_with_in_flight_prompts_reproduces_decisions(tmp_path: Path, fake_tq: FakeTQ, det_uuid: Any,
-                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+                                                            monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
     """Checkpoint after step 2 with prompts in flight (warm-up prefetch): data.pt (controller +
     ledger) and TransferQueue's checkpoint (the store) restore a run that decides, consumes and
     updates exactly like the uninterrupted one."""
@@ -190,7 +191,7 @@ def test_resume_with_in_flight_prompts_reproduces_decisions(tmp_path: Path, fake
 
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
-    a, agent_a = make_async(tmp_path / "a", fake_tq, "gdro_colocate_async", *DAPO)
+    a, agent_a = make_async(tmp_path / "a", fake_tq, mode, *DAPO)
     warm_up(a)
     for step in range(1, 3):
         async_step(a, fake_tq, step)
@@ -206,7 +207,7 @@ def test_resume_with_in_flight_prompts_reproduces_decisions(tmp_path: Path, fake
                      ("kv_clear", tq_ckpt.clear)):
         monkeypatch.setattr(transfer_queue, name, fn)
     det_uuid["next"] = saved_counter
-    b, agent_b = make_async(tmp_path / "b", tq_ckpt, "gdro_colocate_async", *DAPO)
+    b, agent_b = make_async(tmp_path / "b", tq_ckpt, mode, *DAPO)
     b.train_dataloader.load_state_dict(torch.load(data_pt, weights_only=False))  # PPOTrainer._load_checkpoint
     b.global_steps = 3
     b._restored_tq_prompt_count = sum(1 for t in tq_ckpt.tags.values() if t.get("is_prompt"))
@@ -228,10 +229,174 @@ def test_resume_with_in_flight_prompts_reproduces_decisions(tmp_path: Path, fake
             k: v for k, v in mb.items() if k != "gdro/controller_time_s"}
 
 
-def test_gdro_disabled_async_is_plain_verl(tmp_path: Path, fake_tq: FakeTQ) -> None:
-    trainer, agent = make_async(tmp_path, fake_tq, "gdro_colocate_async", "gdro.enable=false")
+@pytest.mark.parametrize("mode", list(MODES))
+def test_gdro_disabled_async_is_plain_verl(tmp_path: Path, fake_tq: FakeTQ, mode: str) -> None:
+    trainer, agent = make_async(tmp_path, fake_tq, mode, "gdro.enable=false")
     assert trainer.gdro is None and trainer.replay_buffer.gdro_observer is None
     warm_up(trainer)
     out = async_step(trainer, fake_tq, 1)
     assert not any(k.startswith("gdro/") for k in out["metrics"])
     assert all(n == 4 for c in agent.calls for n in c["rollout_n"])
+
+
+# ---------------------------------------------------------------------------------------------
+# gdro_separate_async: the rest of the trainer's path in its own mode (issue 23). No checkpoint
+# engine of verl 0.9.1 that this mode accepts runs on a CPU (docs/e2e.md), so these unit tests,
+# with the ones parametrized over MODES above, are what runs its every line.
+# ---------------------------------------------------------------------------------------------
+
+SEPARATE = "gdro_separate_async"
+
+
+def test_separate_async_paper_preset_appends_removed_groups_zero_masked(
+    tmp_path: Path, fake_tq: FakeTQ, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Preset paper (surrogate_kl): the token fields are read after verl's estimator, and the rows
+    of groups the async buffer removed untrained (DAPO) are appended with a zero mask."""
+    trainer, _agent = make_async(tmp_path, fake_tq, SEPARATE, "gdro.preset=paper",
+                                 "actor_rollout_ref.actor.use_kl_loss=true", *DAPO, num_rows=12)
+    drops = record_drops(trainer)
+    seen: list[tuple[int, dict[str, np.ndarray]]] = []
+    real = trainer.gdro.after_advantage
+
+    def spy(group_index: np.ndarray, acc: np.ndarray, **fields: Any) -> dict[str, float]:
+        seen.append((group_index.size, {k: v for k, v in fields.items() if isinstance(v, np.ndarray)}))
+        return real(group_index, acc, **fields)
+
+    monkeypatch.setattr(trainer.gdro, "after_advantage", spy)
+    warm_up(trainer)
+    with_removed = 0
+    for step in range(1, 6):
+        before = len(drops)
+        out = async_step(trainer, fake_tq, step)
+        trained = len(out["batch"].keys)
+        rows, tokens = seen[-1]
+        assert set(tokens) == {"response_mask", "old_log_probs", "advantages", "ref_log_probs"}
+        assert all(v.shape[0] == rows for v in tokens.values())
+        assert tokens["response_mask"][:trained].sum() > 0
+        if len(drops) > before:
+            with_removed += 1
+            assert rows > trained  # the removed groups' rows ride along...
+        assert tokens["response_mask"][trained:].sum() == 0  # ...with a zero mask
+        assert all(np.isfinite(v) for k, v in out["metrics"].items() if k.startswith("gdro/"))
+    assert with_removed > 0, "no update observed a removed group: the padding path was not exercised"
+
+
+def test_separate_async_removed_groups_without_correctness_are_lost_once(
+    tmp_path: Path, fake_tq: FakeTQ, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A removed group whose reward has no acc yet (a colocated reward model scores after
+    sampling) cannot be observed: it is counted lost, with one warning; a removed group this
+    trainer never dispatched is reported and left alone."""
+    import logging
+
+    trainer, agent = make_async(tmp_path, fake_tq, SEPARATE)
+    warm_up(trainer)
+    uid, other = agent.calls[0]["uid"][:2]
+    keys = {u: sorted(k for (part, k) in fake_tq.rows if part == "train" and k.startswith(f"{u}_"))
+            for u in (uid, other)}
+    for k in keys[uid] + keys[other]:
+        fake_tq.rows[("train", k)]["extra_fields"] = {"reward_extra_info": {"score": -1.0}}
+    import transfer_queue
+
+    def strict_get(keys: list[str], partition_id: str, select_fields: list[str] | None = None) -> Any:
+        if select_fields == ["acc"]:  # the real TransferQueue raises for a field no key has
+            raise KeyError("acc")
+        return fake_tq.get(keys, partition_id, select_fields)
+
+    with caplog.at_level(logging.WARNING, logger="verl_gdro.integration.trainer"):
+        trainer._gdro_observe_removed("train", {uid: keys[uid], "not-ours": ["not-ours_0_0"]},
+                                      {uid: "stale", "not-ours": "stale"})
+        with pytest.MonkeyPatch.context() as m:
+            m.setattr(transfer_queue, "kv_batch_get", strict_get)
+            trainer._gdro_observe_removed("train", {other: keys[other]}, {other: "failed"})
+    assert "1 removed group(s) were not dispatched by this run's GDRO trainer" in caplog.text
+    assert caplog.text.count("removed groups without correctness are not observed") == 1
+    assert uid not in trainer.gdro_ledger.entries and other not in trainer.gdro_ledger.entries
+    assert trainer.gdro_ledger.lost == 2 and not trainer.gdro_ledger.dropped
+
+
+def test_separate_async_reads_acc_from_a_top_level_reward_field(tmp_path: Path, fake_tq: FakeTQ,
+                                                                det_uuid: Any) -> None:
+    """With acc outside ``extra_fields`` (a colocated reward model writes it as its own field) the
+    trainer reads it from TransferQueue and the controllers end where the usual layout leaves them."""
+    states = []
+    for layout in ("extra_fields", "top_level"):
+        det_uuid["next"] = itertools.count(1)  # the same verl uids in both runs (verl orders by them)
+        fake_tq.rows.clear()
+        fake_tq.tags.clear()
+        (tmp_path / layout).mkdir()
+        trainer, agent = make_async(tmp_path / layout, fake_tq, SEPARATE)
+        if layout == "top_level":
+            generate = agent.generate_sequences
+
+            def moved(batch: Any, generate: Any = generate) -> None:
+                generate(batch)
+                for row in fake_tq.rows.values():
+                    info = row.get("extra_fields", {}).get("reward_extra_info", {})
+                    if "acc" in info:
+                        row["acc"] = info.pop("acc")
+
+            agent.generate_sequences = moved
+        warm_up(trainer)
+        for step in range(1, 4):
+            async_step(trainer, fake_tq, step)
+        states.append(trainer.gdro.state_dict())
+    assert _state_equal(states[0], states[1])
+
+
+def test_separate_async_refuses_a_broken_step(tmp_path: Path, fake_tq: FakeTQ,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A prompt batch without the id column, an allocation off the exact budget, and trajectories
+    carrying another prompt's stable id stop the step with an error naming the cause."""
+    trainer, _agent = make_async(tmp_path, fake_tq, SEPARATE)
+    warm_up(trainer)
+    trainer.global_steps = 1
+    with monkeypatch.context() as m:
+        m.setattr(trainer, "_gdro_uid_field", "no_such_column")
+        with pytest.raises(ValueError, match="the prompt batch has no 'no_such_column' column"):
+            trainer._add_batch_to_generate()
+    with monkeypatch.context() as m:
+        decide = trainer.gdro.decide
+
+        def over_budget(uids: Any) -> Any:
+            plan = decide(uids)
+            plan.rollout_n[0] += 1
+            return plan
+
+        m.setattr(trainer.gdro, "decide", over_budget)
+        with pytest.raises(RuntimeError, match="not the exact budget"):
+            trainer._add_batch_to_generate()
+    batch, _rb = trainer.replay_buffer.sample(global_steps=1, partition_id="train", batch_size=BATCH)
+    row = fake_tq.rows[("train", batch.keys[0])]
+    row[trainer._gdro_uid_field] = int(row[trainer._gdro_uid_field]) + 1
+    with pytest.raises(RuntimeError, match="other stable prompt ids than their planned prompts"):
+        trainer._compute_advantage(batch, {})
+
+
+def test_separate_async_data_loader_modes(tmp_path: Path, fake_tq: FakeTQ) -> None:
+    """Prompt-GDRO's resample mode draws through the GDRO sampler in this mode too; loader worker
+    processes are refused (their draws would run batches ahead of the controller updates)."""
+    (tmp_path / "resample").mkdir()
+    trainer, agent = make_async(tmp_path / "resample", fake_tq, SEPARATE, "gdro.prompt.mode=resample")
+    assert trainer.gdro_sampler is not None and trainer.gdro_sampler.mode == "resample"
+    warm_up(trainer)
+    async_step(trainer, fake_tq, 1)
+    assert all(sum(c["rollout_n"]) == 4 * len(c["uid"]) for c in agent.calls)
+    (tmp_path / "workers").mkdir()
+    with pytest.raises(ValueError, match="data.dataloader_num_workers=2 is invalid"):
+        make_async(tmp_path / "workers", fake_tq, SEPARATE, "data.dataloader_num_workers=2")
+
+
+def test_a_custom_replay_buffer_is_refused() -> None:
+    """verl's trainer.v1.sampler.custom_sampler replaces the buffer: the GDRO trainer could not
+    observe the groups it removes, so it refuses at init rather than losing them silently."""
+    from verl.trainer.ppo.v1.replay_buffer import ReplayBufferAsync
+
+    from verl_gdro.integration.replay_buffer import with_observer
+
+    class CustomBuffer(ReplayBufferAsync):
+        pass
+
+    with pytest.raises(TypeError, match="CustomBuffer is not verl's built-in one"):
+        with_observer(CustomBuffer.__new__(CustomBuffer), None)

@@ -140,6 +140,24 @@ def test_ledger_state_round_trips() -> None:
     assert other.entries["d"].seq == 3  # the sequence continues after a resume
 
 
+def test_ledger_refuses_malformed_input_and_state() -> None:
+    """Each refusal names what is wrong and changes nothing (the ledger is checkpointed with the
+    controller, so a bad call or a foreign state must not leave it half-updated)."""
+    ledger = DispatchLedger()
+    _dispatch(ledger, ["a", "b"], step=1)
+    assert len(ledger.entries) == 2 and list(ledger.entries) == ["a", "b"]
+    with pytest.raises(ValueError, match="one stable id, bin and rollout_n per verl uid"):
+        ledger.dispatch(["c"], np.array([1, 2]), np.array([0]), np.array([4]), step=2)
+    with pytest.raises(ValueError, match="unknown drop reason 'evicted'"):
+        ledger.drop("a", [1.0], "evicted")
+    state = ledger.state_dict()
+    with pytest.raises(ValueError, match="not a DispatchLedger state"):
+        ledger.load_state_dict({**state, "version": -1})
+    with pytest.raises(ValueError, match="uids and decision columns disagree"):
+        ledger.load_state_dict({**state, "uids": ["a", "a"]})
+    assert ledger.state_dict()["uids"] == ["a", "b"] and not ledger.dropped
+
+
 # ---------------------------------------------------------------------------------------------
 # consume: the trainer's update, against its former per-row code
 # ---------------------------------------------------------------------------------------------

@@ -311,3 +311,36 @@ def test_uid_keys_gives_a_fresh_list_of_exact_str() -> None:
     assert keys == uids and keys is not uids
     mixed = uid_keys(np.array(["a", 7, np.str_("b")], dtype=object))
     assert mixed == ["a", "7", "b"] and all(type(k) is str for k in mixed)
+
+
+def test_as_list_reads_every_column_form() -> None:
+    """TransferQueue and TensorDict hand columns over as tensors, arrays, NonTensorStack /
+    NonTensorData (``tolist``; a scalar's is not a list), objects holding ``.data``, or plain
+    sequences: each becomes one flat Python list."""
+    from types import SimpleNamespace
+
+    from tensordict import NonTensorData, NonTensorStack
+
+    from verl_gdro.integration.trainer import _as_list
+
+    assert _as_list(torch.tensor([1, 2])) == [1, 2]
+    assert _as_list(np.array(["a", "b"], dtype=object)) == ["a", "b"]
+    assert _as_list(np.int64(5)) == [5]
+    assert _as_list(NonTensorStack.from_list([NonTensorData(1), NonTensorData(2)])) == [1, 2]
+    assert _as_list(SimpleNamespace(data=("x", "y"))) == ["x", "y"]
+    assert _as_list(SimpleNamespace(data="z")) == ["z"]
+    assert _as_list(iter((8, 9))) == [8, 9]
+
+
+def test_padded_numpy_pads_jagged_fields_and_selects_rows() -> None:
+    """The token fields come jagged from TransferQueue: zero-padded to the longest row, float32
+    for the int64 mask, the tensor's own memory when every row is kept, a copy of the kept rows
+    otherwise (padding rows dropped)."""
+    from verl_gdro.integration.trainer import _padded_numpy
+
+    jagged = torch.nested.as_nested_tensor([torch.tensor([1, 1, 1]), torch.tensor([1])], layout=torch.jagged)
+    out = _padded_numpy(jagged, np.arange(2))
+    assert out.dtype == np.float32 and out.tolist() == [[1, 1, 1], [1, 0, 0]]
+    dense = torch.arange(6, dtype=torch.float64).reshape(3, 2)
+    assert np.shares_memory(_padded_numpy(dense, np.arange(3)), dense.numpy())
+    assert _padded_numpy(dense, np.array([0, 2])).tolist() == [[0.0, 1.0], [4.0, 5.0]]

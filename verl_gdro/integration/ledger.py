@@ -181,13 +181,11 @@ class DispatchLedger:
         self.calls.append((count, int(rollout_n.sum())))
 
     def _refuse_repeat(self, uids: list[str]) -> None:
-        """Raise naming the first uid of ``uids`` already outstanding or repeated (error path only)."""
+        """Raise naming the first uid of ``uids`` already outstanding or repeated (error path only;
+        the callers have found one, so ``next`` always finds it)."""
         seen: set[str] = set(self._row_of)
-        for uid in uids:
-            if uid in seen:
-                raise RuntimeError(f"verl-gdro: prompt uid {uid!r} was dispatched twice")
-            seen.add(uid)
-        raise AssertionError("no repeated uid")  # unreachable: the callers found one
+        repeated = next(uid for uid in uids if uid in seen or seen.add(uid))  # add() is None: falsy
+        raise RuntimeError(f"verl-gdro: prompt uid {repeated!r} was dispatched twice")
 
     def drop(self, uid: str, acc: list[float], reason: str) -> bool:
         """A group the replay buffer removes untrained; observed at the next update. False when the

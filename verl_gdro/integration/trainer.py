@@ -218,12 +218,8 @@ class GDROTrainerMixin:
         super()._init_dataloader()  # type: ignore[misc]
         if self.gdro is None:
             return
-        workers = self.config.data.get("dataloader_num_workers", 0)
-        if workers != 0:
-            raise ValueError(
-                f"data.dataloader_num_workers={workers!r} is invalid with trainer.v1.trainer_mode={self.GDRO_MODE}: "
-                "must be 0, or the adaptive sampler's draws run batches ahead of the controller updates"
-            )
+        # data.dataloader_num_workers is 0 here: validate_gdro_config refused any other value at
+        # __init__ (worker processes would draw batches ahead of the controller updates).
         uids = stable_prompt_uids(self.train_dataset, self.gdro_settings.uid_key)
         if self.gdro.resamples:
             mode = "resample"
