@@ -64,7 +64,12 @@ def _add_common(parser: argparse.ArgumentParser, study: bool) -> None:
         "LABEL=METHOD:key=value,key=value of gdro.* keys",
     )
     parser.add_argument("--steps", type=int, default=None, help="RL steps per method (overrides the size's default)")
-    parser.add_argument("--eval-every", type=int, default=None, help="evaluate the held-out set every N steps")
+    parser.add_argument(
+        "--eval-every",
+        type=int,
+        default=None,
+        help="evaluate the held-out set every N steps (default 20 for demo, 10 for study)",
+    )
     parser.add_argument("--threads", type=int, default=None, help="torch threads per run (default 1)")
     parser.add_argument(
         "--set",
@@ -94,9 +99,16 @@ def add_study_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fresh", action="store_true", help="discard the run directory's earlier results")
 
 
-def _config_from_args(args: argparse.Namespace) -> DemoConfig:
+#: the study evaluates every 10 steps: the compute figure (rollouts to GRPO's final accuracy) is only
+#: as fine as the evaluation grid, and 20 steps is an eighth of a run
+STUDY_EVAL_EVERY = 10
+
+
+def _config_from_args(args: argparse.Namespace, study: bool = False) -> DemoConfig:
     cfg = DemoConfig.quick() if args.quick else DemoConfig()
     over: dict[str, Any] = {"seeds": int(args.seeds), "jobs": int(getattr(args, "jobs", 1) or 1)}
+    if study and not args.quick:
+        over["eval_every"] = STUDY_EVAL_EVERY
     if args.task is not None:
         over["task"] = str(args.task)
     if args.methods:
@@ -138,11 +150,11 @@ def _split_methods(arg: str) -> list[str]:
     return arg.split(",")
 
 
-def _read_config(args: argparse.Namespace) -> DemoConfig:
+def _read_config(args: argparse.Namespace, study: bool = False) -> DemoConfig:
     from verl_gdro.errors import usage_errors
 
     with usage_errors(yaml.YAMLError):  # bad --set / --gdro / --methods / --task: one line, exit 2
-        return _config_from_args(args)
+        return _config_from_args(args, study)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -156,7 +168,7 @@ def main(args: argparse.Namespace) -> int:
 
 
 def main_study(args: argparse.Namespace) -> int:
-    cfg = _read_config(args)
+    cfg = _read_config(args, study=True)
     out = Path(args.out) if args.out else Path("runs") / f"study-{cfg.task}{'-quick' if args.quick else ''}"
     results = run_demo(cfg, out, resume=not args.fresh, plots=not args.no_plots, progress=not args.no_progress)
     print(f"\nresults: {out / 'results.md'}")

@@ -80,52 +80,15 @@ def draw_sort(rng: np.random.Generator, spec: tuple[int, ...]) -> tuple[str, str
     return "sort " + "".join(str(d) for d in digits), "".join(str(d) for d in np.sort(digits))
 
 
-def draw_count(rng: np.random.Generator, spec: tuple[int, ...]) -> tuple[str, str]:
-    """``count``: how often each of ``spec[1]`` queried digits occurs in a string of ``spec[0]``
-    digits 1-9, e.g. ``count 37 in 3717927`` -> ``32`` (one count digit per queried digit, in the
-    query's order). No arithmetic beyond counting and no ordering: each answer digit is an
-    order-free tally of the tokens equal to one query token, so the difficulty is the string's
-    length and the number of tallies that must all be right. Half the characters are queried
-    digits so counts spread over several values; a string with a count above 9 is redrawn.
-    """
-    length, queries = spec
-    while True:
-        query = rng.choice(np.arange(1, 10), size=queries, replace=False)
-        others = np.setdiff1d(np.arange(1, 10), query)
-        hit = rng.random(length) < 0.5
-        chars = np.where(hit, rng.choice(query, size=length), rng.choice(others, size=length))
-        counts = [int((chars == q).sum()) for q in query]
-        if max(counts) <= 9:
-            break
-    question = "count " + "".join(str(q) for q in query) + " in " + "".join(str(c) for c in chars)
-    return question, "".join(str(c) for c in counts)
-
-
-def draw_lookup(rng: np.random.Generator, spec: tuple[int, ...]) -> tuple[str, str]:
-    """``lookup``: a table of ``spec[0]`` key:value digit pairs and ``spec[1]`` queried keys,
-    answered with their values in the query's order, e.g. ``map 37 51 84 get 58`` -> ``14``.
-
-    Retrieval, not arithmetic or ordering: each answer digit is the token that follows the
-    queried key in the prompt (what an induction head computes). Difficulty is the number of
-    distractor pairs and the number of lookups that must all be right. Keys are distinct digits
-    1-9; values are digits 1-9 and may repeat.
-    """
-    pairs, queries = spec
-    keys = rng.choice(np.arange(1, 10), size=pairs, replace=False)
-    values = rng.integers(1, 10, size=pairs)
-    asked = rng.choice(pairs, size=queries, replace=False)
-    table = " ".join(f"{k}{v}" for k, v in zip(keys, values))
-    question = f"map {table} get " + "".join(str(keys[i]) for i in asked)
-    return question, "".join(str(values[i]) for i in asked)
-
-
 def draw_missing(rng: np.random.Generator, spec: tuple[int, ...]) -> tuple[str, str]:
     """``missing``: the digits 1-9 that do not occur in a string of ``spec[0]`` digits 1-9, in
     ascending order (``0`` when every digit occurs), e.g. ``missing 3717927`` -> ``124568``.
 
     Set complement, not arithmetic and not a permutation of the input: each answer digit is the
     next digit above the last one written that is absent from the string, an order-free test
-    against every input token. Longer strings hide fewer digits among more tokens to check.
+    against every input token. The difficulty is the answer's length: a short string leaves many
+    digits to list, each of which must be right (measured: the warm start solves 2-digit strings
+    least often), so the ladder runs from long strings to short ones.
     """
     (length,) = spec
     chars = rng.integers(1, 10, size=length)
@@ -138,7 +101,7 @@ class Task:
     """A family of problems: ``levels`` names each difficulty level, ``draw`` makes one problem.
 
     ``levels`` are the parameters handed to the family's own ``draw_fn`` (operand digit counts for
-    ``add``, the string length for ``sort``, (length, queried digits) for ``count``); their order is the difficulty order
+    ``add``, the string length for ``sort``, the string length for ``missing``); their order is the difficulty order
     the study reports. A new family is a draw function and a :data:`TASKS` entry.
     """
 
@@ -180,24 +143,12 @@ TASKS: dict[str, Task] = {
     ),
     # confirmation task: sort a string of digits; difficulty = length
     "sort": Task("sort", levels=((3,), (4,), (5,), (6,), (7,), (8,)), max_new_tokens=18, draw_fn=draw_sort),
-    # development task (issue 22): count queried digits; difficulty = length and number of tallies
     "missing": Task(
         "missing",
-        levels=((2,), (4,), (6,), (8,), (11,), (14,)),
+        # easiest first: a long string hides few digits (short answer); a 2-digit string leaves 7
+        levels=((14,), (11,), (8,), (6,), (4,), (2,)),
         max_new_tokens=18,  # "Answer: 3456789" + end of turn + 2
         draw_fn=draw_missing,
-    ),
-    "lookup": Task(
-        "lookup",
-        levels=((2, 1), (3, 1), (4, 2), (5, 2), (6, 3), (8, 4)),
-        max_new_tokens=14,  # "Answer: 1234" + end of turn + 1
-        draw_fn=draw_lookup,
-    ),
-    "count": Task(
-        "count",
-        levels=((3, 1), (5, 1), (6, 2), (8, 2), (10, 3), (12, 4)),
-        max_new_tokens=14,  # "Answer: 1234" + end of turn + 1
-        draw_fn=draw_count,
     ),
 }
 
