@@ -1,4 +1,4 @@
-"""The ``verl-gdro`` command: ``demo``, ``study``, ``plot``, ``simulate``, ``eval`` and ``dry-run``.
+"""The ``verl-gdro`` command: ``demo``, ``study``, ``decide``, ``plot``, ``simulate``, ``eval`` and ``dry-run``.
 
 Each subcommand lives in its own module, which exposes ``add_arguments(parser)`` and
 ``main(args) -> int``; modules are imported lazily so that ``verl-gdro plot`` does not pay for
@@ -21,6 +21,7 @@ from verl_gdro.errors import UsageError
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("verl_gdro.demo.run", "CPU demo: GRPO vs Prompt-GDRO vs Rollout-GDRO on a tiny model"),
     "study": ("verl_gdro.demo.study", "paired multi-seed study: GDRO vs GRPO at equal rollouts, with intervals"),
+    "decide": ("verl_gdro.demo.decide", "apply the stated rule that picks the robust default from study results"),
     "plot": ("verl_gdro.plots", "redraw the curriculum figures from metrics.jsonl or verl's file-logger JSONL"),
     "simulate": ("verl_gdro.simulate", "controller-only simulation printing bins, weights and allocations"),
     "eval": ("verl_gdro.eval.cli", "mean@k / pass@k tables from validation generations"),

@@ -1,0 +1,87 @@
+"""The default-decision rule: qualification, ranking, confirmation and the CLI's one-line errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from verl_gdro.cli import main as cli_main
+from verl_gdro.demo.decide import decide, markdown
+
+
+def _p(mean: float, lo: float | None, hi: float | None) -> dict:
+    return {"mean": mean, "ci95": [lo, hi]}
+
+
+def _summary(task: str, arms: dict[str, tuple], seeds: int = 8) -> dict:
+    """arms: label -> (worst mean, worst lo, worst hi, mean@8 mean, mean@8 lo, mean@8 hi)."""
+    methods = {"grpo": {"spec": "grpo"}, **{a: {"spec": f"rollout_gdro:{a}"} for a in arms}}
+    paired = {
+        a: {"worst_level_acc": _p(w, wl, wh), "mean@8": _p(m, ml, mh)} for a, (w, wl, wh, m, ml, mh) in arms.items()
+    }
+    return {"task": task, "num_seeds": seeds, "methods": methods, "paired": paired}
+
+
+DEV = _summary(
+    "missing",
+    {
+        "a_big": (0.05, 0.01, 0.09, 0.00, -0.010, 0.01),  # worst gain largest but mean@8 interval reaches -0.01
+        "b_good": (0.04, 0.01, 0.07, 0.01, -0.004, 0.02),  # qualifies, ranked first
+        "c_ok": (0.02, 0.005, 0.04, 0.00, 0.000, 0.01),  # qualifies, second
+        "d_zero": (0.03, -0.01, 0.07, 0.02, 0.010, 0.03),  # worst interval reaches 0
+    },
+)
+
+
+def test_qualification_and_ranking():
+    d = decide(DEV, {})
+    assert [a.label for a in d.arms] == ["b_good", "c_ok", "a_big", "d_zero"]
+    reasons = {a.label: a.why for a in d.arms}
+    assert reasons["a_big"].startswith("mean@8 interval reaches")
+    assert reasons["d_zero"] == "worst-level interval reaches 0"
+    # no confirmation task given: the best qualified arm is confirmed vacuously
+    assert d.chosen == "b_good" and d.status == "chosen"
+
+
+def test_confirmation_loss_passes_to_the_next_arm():
+    add = _summary("add", {"b_good": (0, 0, 0, -0.011, 0, 0), "c_ok": (0, 0, 0, -0.010, 0, 0)}, seeds=5)
+    sort = _summary("sort", {"b_good": (0, 0, 0, 0.02, 0, 0), "c_ok": (0, 0, 0, 0.0, 0, 0)}, seeds=5)
+    d = decide(DEV, {"add": add, "sort": sort})
+    assert d.chosen == "c_ok"  # b_good lost 0.011 > 0.01 on add; c_ok lost exactly 0.01
+    text = markdown(d)
+    assert "**Chosen: `c_ok`**" in text and "-0.011" in text
+
+
+def test_unconfirmed_best_arm_leaves_the_decision_pending():
+    add = _summary("add", {"c_ok": (0, 0, 0, 0.0, 0, 0)}, seeds=5)
+    d = decide(DEV, {"add": add})
+    assert d.chosen is None and d.status == "pending"  # b_good ranks above c_ok and was not run on add
+
+
+def test_no_qualifying_arm_keeps_the_default():
+    few = _summary("missing", {"x": (0.05, None, None, 0.01, None, None)}, seeds=2)
+    d = decide(few, {})
+    assert d.chosen is None and d.status == "default stays"
+    assert d.arms[0].why == "too few seeds for intervals"
+    assert "the default stays" in markdown(d)
+
+
+def test_cli_reads_run_directories_and_names_bad_paths(tmp_path, capsys):
+    dev, add = tmp_path / "dev", tmp_path / "add"
+    dev.mkdir()
+    add.mkdir()
+    (dev / "results.json").write_text(json.dumps(DEV))
+    (add / "results.json").write_text(json.dumps(_summary("add", {"b_good": (0, 0, 0, 0.0, 0, 0)}, seeds=5)))
+    assert cli_main(["decide", str(dev), "--confirm", str(add)]) == 0
+    assert "**Chosen: `b_good`**" in capsys.readouterr().out
+    assert cli_main(["decide", str(tmp_path / "nowhere")]) == 2
+    assert "dev" in capsys.readouterr().err
+    assert cli_main(["decide", str(dev), "--confirm", str(dev)]) == 2
+    assert "--confirm" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("lo", [0.0, -0.001])
+def test_worst_interval_touching_zero_does_not_qualify(lo):
+    d = decide(_summary("missing", {"x": (0.02, lo, 0.05, 0.01, 0.0, 0.02)}), {})
+    assert not d.arms[0].qualifies and d.status == "default stays"

@@ -1,0 +1,195 @@
+"""``verl-gdro decide``: the stated rule that picks the ``robust`` default from study results.
+
+The rule (issue 22, recorded in ``docs/algorithm.md``) reads only paired differences to GRPO, so a
+default is chosen by a rule written before the runs, not by looking at the tables:
+
+1. On the development task, an arm *qualifies* when its worst-level interval excludes 0 on the
+   positive side (``lo > 0``) and its whole mean@8 interval lies above ``-0.005``
+   (:data:`MEAN_FLOOR`). Intervals need at least :data:`~verl_gdro.demo.stats.MIN_SEEDS_FOR_INTERVALS`
+   seeds; with fewer, nothing qualifies.
+2. Qualified arms are ranked by their mean worst-level gain.
+3. Going down that ranking, an arm is *confirmed* when, on every confirmation task, its mean
+   mean@8 difference to GRPO is no worse than ``-0.01`` (:data:`CONFIRM_MAX_LOSS`). The default is
+   the first confirmed arm, provided every arm ranked above it was run on the confirmation tasks
+   and failed there (an unconfirmed arm above it leaves the decision pending). No confirmed arm:
+   the default stays.
+
+Reads each study's ``results.json`` (``verl-gdro study --out DIR``); numpy only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from verl_gdro.errors import UsageError
+
+#: the mean@8 interval of a qualifying arm lies above this on the development task
+MEAN_FLOOR = -0.005
+#: the most mean@8 (paired mean difference) the chosen arm may lose on a confirmation task
+CONFIRM_MAX_LOSS = 0.01
+
+
+@dataclass
+class ArmVerdict:
+    """One arm's reading of the rule."""
+
+    label: str
+    spec: str
+    worst_gain: float
+    worst_ci: tuple[float | None, float | None]
+    mean_gain: float
+    mean_ci: tuple[float | None, float | None]
+    qualifies: bool
+    why: str
+    #: confirmation task -> mean paired mean@8 difference (None: the arm was not run there)
+    confirm: dict[str, float | None] = field(default_factory=dict)
+
+    @property
+    def confirmed(self) -> bool | None:
+        """True/False once every confirmation task ran the arm; None while one has not."""
+        if not self.qualifies:
+            return False
+        if any(v is None for v in self.confirm.values()):
+            return None
+        return all(v >= -CONFIRM_MAX_LOSS - 1e-12 for v in self.confirm.values())
+
+
+@dataclass
+class Decision:
+    """The arms in rule order and the outcome: ``chosen`` (a label) or None with ``status``."""
+
+    task: str
+    seeds: int
+    arms: list[ArmVerdict]
+    confirm_tasks: list[str]
+    chosen: str | None
+    status: str  # "chosen", "pending" (an arm awaits confirmation) or "default stays"
+
+
+def _qualify(p: Mapping[str, Any]) -> tuple[bool, str]:
+    w_lo = p["worst_level_acc"]["ci95"][0]
+    m_lo = p["mean@8"]["ci95"][0]
+    if w_lo is None or m_lo is None:
+        return False, "too few seeds for intervals"
+    if w_lo <= 0:
+        return False, "worst-level interval reaches 0"
+    if m_lo <= MEAN_FLOOR:
+        return False, f"mean@8 interval reaches {MEAN_FLOOR}"
+    return True, "qualifies"
+
+
+def decide(dev: Mapping[str, Any], confirm: Mapping[str, Mapping[str, Any]]) -> Decision:
+    """Apply the rule to a development study summary and confirmation study summaries (by task)."""
+    paired = dev.get("paired") or {}
+    if not paired:
+        raise UsageError("the development study has no paired differences: run it with grpo and at least one arm")
+    arms: list[ArmVerdict] = []
+    for label, p in paired.items():
+        ok, why = _qualify(p)
+        verdict = ArmVerdict(
+            label=label,
+            spec=str(dev["methods"][label]["spec"]),
+            worst_gain=float(p["worst_level_acc"]["mean"]),
+            worst_ci=tuple(p["worst_level_acc"]["ci95"]),  # type: ignore[arg-type]
+            mean_gain=float(p["mean@8"]["mean"]),
+            mean_ci=tuple(p["mean@8"]["ci95"]),  # type: ignore[arg-type]
+            qualifies=ok,
+            why=why,
+        )
+        for task, summary in confirm.items():
+            cp = (summary.get("paired") or {}).get(label)
+            verdict.confirm[task] = None if cp is None else float(cp["mean@8"]["mean"])
+        arms.append(verdict)
+    # qualified first, best worst-level gain first; the rest in the same order after them
+    arms.sort(key=lambda a: (not a.qualifies, -a.worst_gain))
+    chosen, status = None, "default stays"
+    for a in arms:
+        if not a.qualifies:
+            break
+        if a.confirmed is None:
+            status = "pending"
+            break
+        if a.confirmed:
+            chosen, status = a.label, "chosen"
+            break
+    return Decision(
+        task=str(dev["task"]),
+        seeds=int(dev["num_seeds"]),
+        arms=arms,
+        confirm_tasks=list(confirm),
+        chosen=chosen,
+        status=status,
+    )
+
+
+def _ci(mean: float, ci: Sequence[float | None]) -> str:
+    lo, hi = ci
+    return f"{mean:+.3f}" if lo is None else f"{mean:+.3f} [{lo:+.3f}, {hi:+.3f}]"
+
+
+def markdown(d: Decision) -> str:
+    """The rule's table: every arm, why it qualifies or not, its confirmations and the outcome."""
+    lines = [
+        f"# Default decision on `{d.task}` ({d.seeds} paired seeds)",
+        "",
+        f"Qualifies: worst-level interval above 0 and mean@8 interval above {MEAN_FLOOR}; ranked by worst-level "
+        f"gain; confirmed: mean@8 loss no more than {CONFIRM_MAX_LOSS} on "
+        + (", ".join(f"`{t}`" for t in d.confirm_tasks) or "(no confirmation task given)")
+        + ".",
+        "",
+        "| arm | Δ worst level | Δ mean@8 | reading | "
+        + " | ".join(f"Δ mean@8 on {t}" for t in d.confirm_tasks)
+        + (" | " if d.confirm_tasks else "")
+        + "confirmed |",
+        "|---|---|---|---|" + "---|" * len(d.confirm_tasks) + "---|",
+    ]
+    for a in d.arms:
+        conf = " | ".join("not run" if a.confirm[t] is None else f"{a.confirm[t]:+.3f}" for t in d.confirm_tasks)
+        state = {True: "yes", False: "no", None: "not yet"}[a.confirmed] if a.qualifies else "-"
+        lines.append(
+            f"| {a.label} | {_ci(a.worst_gain, a.worst_ci)} | {_ci(a.mean_gain, a.mean_ci)} | {a.why} | "
+            + (conf + " | " if d.confirm_tasks else "")
+            + f"{state} |"
+        )
+    lines.append("")
+    if d.status == "chosen":
+        spec = next(a.spec for a in d.arms if a.label == d.chosen)
+        lines.append(f"**Chosen: `{d.chosen}`** (`{spec}`).")
+    elif d.status == "pending":
+        lines.append("**Pending**: the best qualified arm has not been run on every confirmation task yet.")
+    else:
+        lines.append("**No arm qualifies and is confirmed: the default stays.**")
+    lines.append("")
+    return "\n".join(lines)
+
+
+def _load(path: str, flag: str) -> dict[str, Any]:
+    p = Path(path)
+    f = p / "results.json" if p.is_dir() else p
+    if not f.is_file():
+        raise UsageError(f"{flag} {path!r}: no results.json there (run `verl-gdro study --out DIR` first)")
+    return json.loads(f.read_text())
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("dev", help="the development study's run directory (or its results.json)")
+    parser.add_argument(
+        "--confirm", nargs="*", default=[], metavar="DIR", help="confirmation studies' run directories, one per task"
+    )
+
+
+def main(args: argparse.Namespace) -> int:
+    dev = _load(args.dev, "dev")
+    confirm: dict[str, dict[str, Any]] = {}
+    for path in args.confirm:
+        summary = _load(path, "--confirm")
+        if summary["task"] == dev["task"]:
+            raise UsageError(f"--confirm {path!r} is a study of the development task {dev['task']!r}")
+        confirm[str(summary["task"])] = summary
+    print(markdown(decide(dev, confirm)))
+    return 0
