@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections import Counter
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -210,7 +211,6 @@ def test_gdro_groups_resolve_in_the_integration_config():
 def test_config_validation():
     DemoConfig().validate()
     DemoConfig.quick().validate()
-    from dataclasses import replace
 
     with pytest.raises(ValueError, match="n_mean"):
         replace(DemoConfig(), n_mean=13).validate()
@@ -218,6 +218,26 @@ def test_config_validation():
         replace(DemoConfig(), batch_prompts=10_000).validate()
     with pytest.raises(ValueError, match="--methods"):
         replace(DemoConfig(), methods=("grpo", "nope")).validate()
+
+
+def test_a_family_sets_its_testbed_fields_and_the_command_line_wins():
+    import argparse
+
+    from verl_gdro.demo.run import _config_from_args, add_arguments
+
+    fam = dict(TASKS["missing"].config)
+    assert fam and set(fam) <= set(DemoConfig.__dataclass_fields__)
+    full = DemoConfig.for_task("missing")
+    assert (full.steps, full.sft_noise) == (fam["steps"], fam["sft_noise"]) != (DemoConfig().steps, DemoConfig().sft_noise)
+    # the CI size keeps its own run length but takes the family's warm start noise
+    quick = DemoConfig.for_task("missing", quick=True)
+    assert quick.steps == DemoConfig.quick().steps and quick.sft_noise == fam["sft_noise"]
+    # a family without settings is the plain size
+    assert DemoConfig.for_task("sort") == replace(DemoConfig(), task="sort")
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    cfg = _config_from_args(parser.parse_args(["--task", "missing", "--steps", "7", "--set", "sft_noise=0.2"]))
+    assert (cfg.task, cfg.steps, cfg.sft_noise) == ("missing", 7, 0.2)
 
 
 def test_gdro_overrides_reach_every_method_and_bad_ones_name_the_key():

@@ -192,6 +192,23 @@ class DemoConfig:
         )
         return replace(base, **overrides)
 
+    @classmethod
+    def for_task(cls, task: str | None = None, quick: bool = False, **overrides: Any) -> DemoConfig:
+        """The full (or ``quick``) size for ``task`` (default: the development task) with the
+        family's own settings (:attr:`~verl_gdro.demo.task.Task.config`), then ``overrides``.
+
+        Why a family sets some fields: a testbed is a task *and* the warm start and run length at
+        which GRPO's hardest level is learnable yet lags; ``verl-gdro study --task missing`` must
+        reproduce that testbed without extra flags. The CI size keeps its own small sizes.
+        """
+        from .task import get_task
+
+        base = cls.quick() if quick else cls()
+        name = base.task if task is None else task
+        sized = {f for f in cls.__dataclass_fields__ if getattr(base, f) != getattr(cls(), f)} if quick else set()
+        family = {k: v for k, v in get_task(name).config if k not in sized}
+        return replace(base, task=name, **{**family, **overrides})
+
     def validate(self) -> None:
         from .task import get_task
 

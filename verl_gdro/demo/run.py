@@ -105,12 +105,10 @@ STUDY_EVAL_EVERY = 10
 
 
 def _config_from_args(args: argparse.Namespace, study: bool = False) -> DemoConfig:
-    cfg = DemoConfig.quick() if args.quick else DemoConfig()
+    cfg = DemoConfig.for_task(None if args.task is None else str(args.task), quick=bool(args.quick))
     over: dict[str, Any] = {"seeds": int(args.seeds), "jobs": int(getattr(args, "jobs", 1) or 1)}
     if study and not args.quick:
         over["eval_every"] = STUDY_EVAL_EVERY
-    if args.task is not None:
-        over["task"] = str(args.task)
     if args.methods:
         over["methods"] = tuple(m.strip() for arg in args.methods for m in _split_methods(arg) if m.strip())
     if args.steps is not None:

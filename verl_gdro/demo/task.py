@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
 
@@ -112,6 +113,9 @@ class Task:
     max_new_tokens: int
     draw_fn: DrawFn
     level_weights: tuple[float, ...] = LEVEL_WEIGHTS
+    #: ``DemoConfig`` fields this family sets (the command line's ``--steps`` / ``--set`` still win):
+    #: what makes its testbed check pass, chosen on GRPO alone before any GDRO run
+    config: tuple[tuple[str, Any], ...] = ()
 
     @property
     def num_levels(self) -> int:
@@ -149,6 +153,10 @@ TASKS: dict[str, Task] = {
         levels=((14,), (11,), (8,), (6,), (4,), (2,)),
         max_new_tokens=18,  # "Answer: 3456789" + end of turn + 2
         draw_fn=draw_missing,
+        # the testbed check on GRPO alone (docs/benchmarks.md, issue 22): with the shared 0.3 digit
+        # noise its hardest level starts at 0.10 and GRPO closes it to within 0.09-0.15 of the easiest
+        # in 160 steps (not starved); 0.35 and 80 steps start it at 0.09 and leave it 0.23-0.32 behind
+        config=(("sft_noise", 0.35), ("steps", 80)),
     ),
 }
 
