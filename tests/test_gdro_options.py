@@ -365,6 +365,9 @@ def test_summary_pairs_each_seed_with_grpos_same_seed():
     assert summary["testbed"]["grpo_gain_mean@8_per_seed"] == pytest.approx([0.2, 0.25, 0.3])
     md = markdown(summary)
     assert "[+" in md and "decide nothing" not in md
+    # the per-level table carries intervals: level 1 gains +0.1 on every seed
+    per_level = md.split("### Per level")[1]
+    assert "+0.100 [+0.100, +0.100]* (3/3)" in per_level
 
     # two seeds: per-seed differences only, no interval, no star, no median, and a line that says so
     two = {k: v for k, v in results.items() if k[1] < 2}
@@ -375,7 +378,7 @@ def test_summary_pairs_each_seed_with_grpos_same_seed():
     md2 = markdown(summary2)
     assert "2 seeds decide nothing" in md2 and "verl-gdro study --task add" in md2
     assert "*" not in md2.split("decide nothing")[1].replace("**", "") and "[+" not in md2
-    assert "+0.100 / +0.100" in md2
+    assert "+0.100 / +0.100" in md2 and "### Per level" not in md2
 
 
 def test_compute_share_counts_only_what_grpo_lifted():

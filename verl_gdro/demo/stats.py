@@ -280,6 +280,17 @@ def markdown(summary: Mapping[str, Any]) -> str:
                 + " | ".join(f"{p['level_acc'][lv]['mean']:+.3f}" for lv in levels)
                 + f" | {_fmt_compute(c['hardest_level_acc'])} | {_fmt_compute(c['mean@8'])} |"
             )
+        if not few:
+            # per level with intervals: where a method's gain sits (hard tail or easy head)
+            lines += [
+                "",
+                "### Per level: paired difference to GRPO, mean [95 % bootstrap interval]",
+                "",
+                "| method | " + " | ".join(f"Δ L{lv}" for lv in levels) + " |",
+                "|---|" + "---|" * len(levels),
+            ]
+            for m, p in paired.items():
+                lines.append(f"| {m} | " + " | ".join(_fmt_ci(p["level_acc"][lv]) for lv in levels) + " |")
     specs = {m: e["spec"] for m, e in ms.items() if e["spec"] != m}
     if specs:
         lines += ["", "Variants: " + "; ".join(f"`{m}` = `{s}`" for m, s in specs.items())]
