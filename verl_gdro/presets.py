@@ -26,11 +26,11 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         # min_ess: the effective-sample-size floor (docs/algorithm.md, "What the evidence study
         # changed"); measured on the development task, confirmed on the second task family
         "prompt": {"loss_signal": "failure_rate", "min_ess": 0.8},
-        "rollout": {"arm_utility": "expected_informative", "selection": "auto"},
+        "rollout": {"allocator": "bandit", "arm_utility": "expected_informative", "selection": "auto"},
     },
     "paper": {
         "prompt": {"loss_signal": "surrogate_kl", "min_ess": 0.0},
-        "rollout": {"arm_utility": "loss", "selection": "map"},
+        "rollout": {"allocator": "bandit", "arm_utility": "loss", "selection": "map"},
     },
 }
 
