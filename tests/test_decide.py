@@ -8,6 +8,7 @@ import pytest
 
 from verl_gdro.cli import main as cli_main
 from verl_gdro.demo.decide import decide, markdown
+from verl_gdro.errors import UsageError
 
 
 def _p(mean: float, lo: float | None, hi: float | None) -> dict:
@@ -40,8 +41,13 @@ def test_qualification_and_ranking():
     reasons = {a.label: a.why for a in d.arms}
     assert reasons["a_big"].startswith("mean@8 interval reaches")
     assert reasons["d_zero"] == "worst-level interval reaches 0"
-    # no confirmation task given: the best qualified arm is confirmed vacuously
-    assert d.chosen == "b_good" and d.status == "chosen"
+    # no confirmation task given: the rule is not done
+    assert d.chosen is None and d.status == "pending"
+    assert "`b_good` qualifies but has not been run" in markdown(d)
+    # the candidates can be restricted; an unknown label names --arms
+    assert [a.label for a in decide(DEV, {}, ["c_ok", "d_zero"]).arms] == ["c_ok", "d_zero"]
+    with pytest.raises(UsageError, match="--arms"):
+        decide(DEV, {}, ["nope"])
 
 
 def test_confirmation_loss_passes_to_the_next_arm():

@@ -54,8 +54,8 @@ class ArmVerdict:
         """True/False once every confirmation task ran the arm; None while one has not."""
         if not self.qualifies:
             return False
-        if any(v is None for v in self.confirm.values()):
-            return None
+        if not self.confirm or any(v is None for v in self.confirm.values()):
+            return None  # no confirmation task yet: the rule is not done
         return all(v >= -CONFIRM_MAX_LOSS - 1e-12 for v in self.confirm.values())
 
 
@@ -83,17 +83,28 @@ def _qualify(p: Mapping[str, Any]) -> tuple[bool, str]:
     return True, "qualifies"
 
 
-def decide(dev: Mapping[str, Any], confirm: Mapping[str, Mapping[str, Any]]) -> Decision:
-    """Apply the rule to a development study summary and confirmation study summaries (by task)."""
+def decide(
+    dev: Mapping[str, Any], confirm: Mapping[str, Mapping[str, Any]], arms_only: Sequence[str] | None = None
+) -> Decision:
+    """Apply the rule to a development study summary and confirmation study summaries (by task).
+
+    ``arms_only`` restricts the candidates (e.g. the Rollout-GDRO arms when the rollout default is
+    being decided; a Prompt-GDRO arm in the same study is then reported by the study, not ranked).
+    """
     paired = dev.get("paired") or {}
     if not paired:
         raise UsageError("the development study has no paired differences: run it with grpo and at least one arm")
+    if arms_only is not None:
+        unknown = sorted(set(arms_only) - set(paired))
+        if unknown:
+            raise UsageError(f"--arms {unknown} are not arms of the development study; it has {sorted(paired)}")
+        paired = {k: v for k, v in paired.items() if k in set(arms_only)}
     arms: list[ArmVerdict] = []
     for label, p in paired.items():
         ok, why = _qualify(p)
         verdict = ArmVerdict(
             label=label,
-            spec=str(dev["methods"][label]["spec"]),
+            spec=str(dev["methods"][label]["spec"]).removeprefix(f"{label}="),
             worst_gain=float(p["worst_level_acc"]["mean"]),
             worst_ci=tuple(p["worst_level_acc"]["ci95"]),  # type: ignore[arg-type]
             mean_gain=float(p["mean@8"]["mean"]),
@@ -161,7 +172,8 @@ def markdown(d: Decision) -> str:
         spec = next(a.spec for a in d.arms if a.label == d.chosen)
         lines.append(f"**Chosen: `{d.chosen}`** (`{spec}`).")
     elif d.status == "pending":
-        lines.append("**Pending**: the best qualified arm has not been run on every confirmation task yet.")
+        best = next(a.label for a in d.arms if a.confirmed is None)
+        lines.append(f"**Pending**: `{best}` qualifies but has not been run on every confirmation task yet.")
     else:
         lines.append("**No arm qualifies and is confirmed: the default stays.**")
     lines.append("")
@@ -181,6 +193,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--confirm", nargs="*", default=[], metavar="DIR", help="confirmation studies' run directories, one per task"
     )
+    parser.add_argument(
+        "--arms", nargs="*", default=None, metavar="LABEL", help="the candidate arms (default: every arm of the study)"
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -191,5 +206,5 @@ def main(args: argparse.Namespace) -> int:
         if summary["task"] == dev["task"]:
             raise UsageError(f"--confirm {path!r} is a study of the development task {dev['task']!r}")
         confirm[str(summary["task"])] = summary
-    print(markdown(decide(dev, confirm)))
+    print(markdown(decide(dev, confirm, args.arms)))
     return 0
