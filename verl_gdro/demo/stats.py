@@ -293,6 +293,6 @@ def markdown(summary: Mapping[str, Any]) -> str:
                 lines.append(f"| {m} | " + " | ".join(_fmt_ci(p["level_acc"][lv]) for lv in levels) + " |")
     specs = {m: e["spec"] for m, e in ms.items() if e["spec"] != m}
     if specs:
-        lines += ["", "Variants: " + "; ".join(f"`{m}` = `{s}`" for m, s in specs.items())]
+        lines += ["", "Variants: " + "; ".join(f"`{m}` = `{s.removeprefix(m + '=')}`" for m, s in specs.items())]
     lines.append("")
     return "\n".join(lines)
