@@ -146,6 +146,8 @@ def test_dry_run_every_recipe(tmp_path, recipe, capsys):
     assert "mean budget nbar (rollout.n): 4" in out
     if recipe.startswith(("rollout_gdro", "joint")):
         assert "rollout arms per prompt: [2, 12], mean exactly 4" in out
+        # the robust default (issue 22's decision), as the dry run names it
+        assert "Rollout-GDRO: on (allocator=per_prompt, arm_utility=failure_weighted, rate_decay=0.5)" in out
     else:
         assert "Rollout-GDRO: off (every prompt gets n=4)" in out
 

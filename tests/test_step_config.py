@@ -180,6 +180,22 @@ def test_presets_fill_only_null_keys() -> None:
     assert mixed.prompt.loss_signal == "failure_rate" and mixed.rollout.arm_utility == "loss"
 
 
+def test_robust_rollout_is_the_decided_per_prompt_arm_and_paper_keeps_the_bandit() -> None:
+    """Issue 22's rule chose per-prompt failure-weighted allocation with decayed evidence for
+    ``robust``; ``paper`` keeps the bandit. The decay belongs to the per-prompt allocator: a robust
+    run switched to the bandit drops it instead of failing on it, while an explicit decay is kept."""
+    r = resolve_gdro({}).rollout
+    assert (r.allocator, r.arm_utility, r.selection, r.rate_decay) == ("per_prompt", "failure_weighted", "auto", 0.5)
+    p = resolve_gdro({"preset": "paper"}).rollout
+    assert (p.allocator, p.arm_utility, p.rate_decay) == ("bandit", "loss", None)
+    b = resolve_gdro({"rollout": {"allocator": "bandit"}}).rollout
+    assert (b.allocator, b.arm_utility, b.rate_decay) == ("bandit", "failure_weighted", None)
+    w = resolve_gdro({"rollout": {"rate_decay": 1.0}}).rollout
+    assert (w.allocator, w.rate_decay) == ("per_prompt", 1.0)  # 1.0: the classifier's whole window
+    with pytest.raises(ValueError, match=r"^gdro\.rollout\.rate_decay=0\.5 is invalid with gdro\.rollout\.allocator='bandit'"):
+        resolve_gdro({"rollout": {"allocator": "bandit", "rate_decay": 0.5}})
+
+
 def test_num_bins_is_derived_from_edges() -> None:
     s = resolve_gdro({"classifier": {"num_bins": None, "bin_edges": [0.1, 0.2, 0.3, 0.5, 0.7]}})
     assert s.num_bins == 6  # the released patch's "6 bins" edges gave 7 bins (spec section 6)

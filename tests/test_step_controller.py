@@ -131,7 +131,7 @@ def test_repeated_prompt_pools_into_one_visit_and_fits_the_cap() -> None:
 
 
 def test_state_round_trip_continues_bit_identically() -> None:
-    group = {"rollout": {"enable": True, "arm_utility": "informative"}}  # sampled selection: RNG state
+    group = {"rollout": {"enable": True, "allocator": "bandit", "arm_utility": "informative"}}  # sampled selection: RNG state
     full = run(ctrl(**group), range(20))
     first = ctrl(**group)
     run(first, range(10))
@@ -184,7 +184,7 @@ def test_bad_group_index_is_refused() -> None:
 def test_joint_mode_matches_the_three_controllers_called_directly(utility: str) -> None:
     from verl_gdro.rollout_gdro import RolloutGDRO
 
-    c = ctrl(rollout={"enable": True, "arm_utility": utility})
+    c = ctrl(rollout={"enable": True, "allocator": "bandit", "arm_utility": utility})
     cls, prompt = OnlineDifficultyClassifier(), PromptGDRO(10, min_ess=0.8)
     alloc = RolloutGDRO(10, arm_utility=utility, selection="auto")
     for step in range(12):
@@ -259,7 +259,9 @@ def test_mode_line_names_the_adversaries_and_key_settings(group: dict, mode: str
     if group.get("enable", True):
         assert "preset robust" in line and "classifier: 10 bins" in line
     assert ("prompt: reweight, loss failure_rate, eta 0.65" in line) == (mode in ("Prompt-GDRO", "joint"))
-    assert ("rollout: bandit/expected_informative/auto, n 2..12, mean n 4" in line) == (mode in ("Rollout-GDRO", "joint"))
+    assert ("rollout: per_prompt/failure_weighted (decay 0.5), n 2..12, mean n 4" in line) == (
+        mode in ("Rollout-GDRO", "joint")
+    )
     if mode == "joint":
         assert "set it false for Rollout-GDRO alone" in line
     paper = describe_mode(resolve_gdro({**group, "preset": "paper"}))

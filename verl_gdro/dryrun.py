@@ -274,9 +274,12 @@ def derived_quantities(cfg, settings: Any, train_rows: int | None) -> dict[str, 
         )
         if settings.enable and settings.rollout.enable:
             r = settings.rollout
-            out["Rollout-GDRO"] = (
-                f"on (allocator={r.allocator}, arm_utility={r.arm_utility}, selection={r.selection})"
-            )
+            if r.allocator == "per_prompt":
+                evidence = "the classifier's window" if r.rate_decay is None else f"rate_decay={r.rate_decay}"
+                detail = f"allocator=per_prompt, arm_utility={r.arm_utility}, {evidence}"
+            else:
+                detail = f"allocator={r.allocator}, arm_utility={r.arm_utility}, selection={r.selection}"
+            out["Rollout-GDRO"] = f"on ({detail})"
             out["rollout arms per prompt"] = f"[{r.n_min}, {r.n_max}], mean exactly {n}"
         else:
             out["Rollout-GDRO"] = f"off (every prompt gets n={n})"

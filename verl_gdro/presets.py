@@ -8,7 +8,9 @@ Why two: on a simulated heavy-tailed task at equal rollouts, the literal reading
 both adversaries identical to GRPO: Prompt-GDRO's Eq. 6 loss is ~beta_KL * KL at the on-policy
 point (the surrogate term of a group sums to zero), and a played-arm bandit fed a loss that does
 not depend on n never leaves its first arm. ``robust`` feeds Prompt-GDRO the failure rate and
-gives Rollout-GDRO a full-information, n-dependent utility. On real (tiny) policies robust
+gives Rollout-GDRO a full-information, n-dependent utility; since issue 22 it allocates per prompt
+(each prompt its own n from its own recent success rate, failure-weighted), the arm that won on a
+task whose hard tail GRPO can learn but starves, while ``paper`` keeps the per-bin bandit. On real (tiny) policies robust
 Prompt-GDRO at the paper's eta starved the batch (one prompt carried half a step's advantage mass),
 so ``robust`` also floors the multipliers' effective sample size at 0.8 (``min_ess``), chosen on
 the development task of ``verl-gdro study`` and confirmed on the second task family.
@@ -26,11 +28,19 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         # min_ess: the effective-sample-size floor (docs/algorithm.md, "What the evidence study
         # changed"); measured on the development task, confirmed on the second task family
         "prompt": {"loss_signal": "failure_rate", "min_ess": 0.8},
-        "rollout": {"allocator": "bandit", "arm_utility": "expected_informative", "selection": "auto"},
+        # per_prompt / failure_weighted / rate_decay 0.5: chosen by the stated rule of issue 22 on
+        # the development task `missing` and confirmed on `add` and `sort` (docs/algorithm.md,
+        # "Rollout-GDRO re-decided on a task in the regime")
+        "rollout": {
+            "allocator": "per_prompt",
+            "arm_utility": "failure_weighted",
+            "selection": "auto",
+            "rate_decay": 0.5,
+        },
     },
     "paper": {
         "prompt": {"loss_signal": "surrogate_kl", "min_ess": 0.0},
-        "rollout": {"allocator": "bandit", "arm_utility": "loss", "selection": "map"},
+        "rollout": {"allocator": "bandit", "arm_utility": "loss", "selection": "map", "rate_decay": None},
     },
 }
 

@@ -118,7 +118,7 @@ def method_gdro_group(
 @dataclass(frozen=True)
 class DemoConfig:
     # task
-    task: str = "add"  # verl_gdro.demo.task.TASKS: add (development), sort (confirmation)
+    task: str = "missing"  # verl_gdro.demo.task.TASKS: missing (development), add and sort (confirmation)
     train_size: int = 512  # fixed train set, revisited steps * batch_prompts / train_size = 10 times
     eval_per_level: int = 32  # held-out problems per difficulty level
     # model

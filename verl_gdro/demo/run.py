@@ -48,7 +48,7 @@ def _add_common(parser: argparse.ArgumentParser, study: bool) -> None:
     parser.add_argument(
         "--out", default=None, help="run directory (default runs/demo, runs/demo-quick; runs/study-<task> for study)"
     )
-    parser.add_argument("--task", default=None, help="task: add (development, default) or sort (confirmation)")
+    parser.add_argument("--task", default=None, help="task: missing (development, default), add or sort (confirmation)")
     parser.add_argument(
         "--seeds", type=int, default=5 if study else 1, help="paired seeds (results report paired differences to grpo)"
     )

@@ -1,11 +1,14 @@
-"""The demo's verifiable tasks: two families, heavy-tailed difficulty, stable ids, verl's scorer.
+"""The demo's verifiable tasks: three families, heavy-tailed difficulty, stable ids, verl's scorer.
 
-Why two families: a default chosen on one task can be a fit to that task. The ``add`` task
-(development: defaults are chosen on it) is multi-operand addition, whose difficulty is carrying
-across columns and operands; the ``sort`` task (confirmation: the chosen defaults run on it
-unchanged) is sorting a string of digits, whose difficulty is length (counting and ordering, no
-arithmetic). Both are ladders of difficulty levels that a tiny character-level model climbs in
-minutes, and both are checked exactly.
+Why three families: a default chosen on one task can be a fit to that task. The ``missing`` task
+(development: defaults are chosen on it) asks for the digits 1-9 absent from a string, whose
+difficulty is the answer's length (the shorter the string, the more digits to produce); it was
+picked, with its warm start and run length (``Task.config``), by criteria that only read GRPO: GRPO
+lifts mean@8, its hardest level starts near the floor, becomes learnable within the run and still
+lags the easiest level at the end (``docs/benchmarks.md``, issue 22). The ``add`` task
+(multi-operand addition: carrying) and the ``sort`` task (sort a string of digits: length) are the
+confirmation tasks, where the chosen defaults run unchanged. All are ladders of difficulty levels
+that a tiny character-level model climbs in minutes, and all are checked exactly.
 
 Why heavy-tailed: GDRO is about a *skewed* difficulty mix, where the average gradient is dominated
 by the easy majority and the rare hard prompts are starved. Most training problems are easy
@@ -131,7 +134,7 @@ class Task:
 
 
 TASKS: dict[str, Task] = {
-    # development task: multi-operand addition; difficulty = more operands, more digits (carries)
+    # confirmation task: multi-operand addition; difficulty = more operands, more digits (carries)
     "add": Task(
         "add",
         levels=(
@@ -147,6 +150,7 @@ TASKS: dict[str, Task] = {
     ),
     # confirmation task: sort a string of digits; difficulty = length
     "sort": Task("sort", levels=((3,), (4,), (5,), (6,), (7,), (8,)), max_new_tokens=18, draw_fn=draw_sort),
+    # development task: the digits absent from a string; difficulty = the answer's length
     "missing": Task(
         "missing",
         # easiest first: a long string hides few digits (short answer); a 2-digit string leaves 7

@@ -432,7 +432,10 @@ def _resolve_rollout(c: dict[str, Any], preset: str) -> RolloutSettings:
     n_max = _int(f"{p}.n_max", c["n_max"])
     if n_max < n_min:
         raise ValueError(f"{p}.n_max={n_max} is invalid: must be >= {p}.n_min={n_min}")
-    arm_utility, selection = c["arm_utility"], c["selection"]
+    # unknown names first, so that they get the plain "allowed values" message
+    allocator = _choice(f"{p}.allocator", c["allocator"], ALLOCATORS)
+    arm_utility = _choice(f"{p}.arm_utility", c["arm_utility"], ARM_UTILITIES)
+    selection = c["selection"]
     if c["allocator"] == "per_prompt" and arm_utility not in PER_PROMPT_UTILITIES:
         raise ValueError(
             f"{p}.arm_utility={arm_utility!r} is invalid with {p}.allocator=per_prompt: allowed "
@@ -460,8 +463,8 @@ def _resolve_rollout(c: dict[str, Any], preset: str) -> RolloutSettings:
         gamma=_float(f"{p}.gamma", c["gamma"], 0.0, 1.0, high_open=True),
         score_ema=_float(f"{p}.score_ema", c["score_ema"], 0.0, 1.0, low_open=True),
         dual_lr=_float(f"{p}.dual_lr", c["dual_lr"], low=0.0),
-        allocator=_choice(f"{p}.allocator", c["allocator"], ALLOCATORS),
-        arm_utility=_choice(f"{p}.arm_utility", arm_utility, ARM_UTILITIES),
+        allocator=allocator,
+        arm_utility=arm_utility,
         selection=_choice(f"{p}.selection", selection, SELECTIONS),
         seed=_int(f"{p}.seed", seed, low=0),
         rate_decay=rate_decay,
@@ -490,6 +493,8 @@ def resolve_gdro(group: Any = None) -> GDROSettings:
             if c[section][key] is None:
                 if (section, key) == ("prompt", "min_ess") and c["prompt"]["weight_normalization"] != "mean_one":
                     value = 0.0  # the floor acts on mean_one multipliers; raw weights keep the preset's other choices
+                if (section, key) == ("rollout", "rate_decay") and c["rollout"]["allocator"] != "per_prompt":
+                    value = None  # the decay is the per_prompt allocator's; a per-bin one keeps the other choices
                 c[section][key] = value
     uid_key = _choice("gdro.uid_key", c["uid_key"], UID_KEYS)
     acc_key = c["acc_key"]
