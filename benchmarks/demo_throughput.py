@@ -37,7 +37,8 @@ def main() -> None:
     from verl_gdro.demo.train import MethodRun, warm_start
 
     torch.set_num_threads(1)
-    cfg = DemoConfig()
+    # the development task with its own settings, as `verl-gdro demo` runs it (older checkouts: the plain config)
+    cfg = getattr(DemoConfig, "for_task", DemoConfig)()
     over = {}
     for item in args.set:
         key, _, value = item.partition("=")

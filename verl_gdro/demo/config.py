@@ -203,9 +203,10 @@ class DemoConfig:
         """
         from .task import get_task
 
-        base = cls.quick() if quick else cls()
+        full = cls()
+        base = cls.quick() if quick else full
         name = base.task if task is None else task
-        sized = {f for f in cls.__dataclass_fields__ if getattr(base, f) != getattr(cls(), f)} if quick else set()
+        sized = {f for f in cls.__dataclass_fields__ if getattr(base, f) != getattr(full, f)}  # empty unless quick
         family = {k: v for k, v in get_task(name).config if k not in sized}
         return replace(base, task=name, **{**family, **overrides})
 

@@ -14,7 +14,7 @@ default is chosen by a rule written before the runs, not by looking at the table
    and failed there (an unconfirmed arm above it leaves the decision pending). No confirmed arm:
    the default stays.
 
-Reads each study's ``results.json`` (``verl-gdro study --out DIR``); numpy only.
+Reads each study's ``results.json`` (``verl-gdro study --out DIR``); standard library only.
 """
 
 from __future__ import annotations
@@ -98,7 +98,8 @@ def decide(
         unknown = sorted(set(arms_only) - set(paired))
         if unknown:
             raise UsageError(f"--arms {unknown} are not arms of the development study; it has {sorted(paired)}")
-        paired = {k: v for k, v in paired.items() if k in set(arms_only)}
+        keep = set(arms_only)
+        paired = {k: v for k, v in paired.items() if k in keep}
     arms: list[ArmVerdict] = []
     for label, p in paired.items():
         ok, why = _qualify(p)
