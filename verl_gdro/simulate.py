@@ -6,6 +6,10 @@ make the controllers' behaviour visible in seconds (bins, Prompt-GDRO weights, r
 and to compare the ``robust`` and ``paper`` presets on the same synthetic task. It is a toy model
 of learning, not evidence about LLMs: the CPU demo (``verl-gdro demo``) trains a real policy.
 
+The controllers are the step API's (:meth:`GDROController.from_config` on the method's ``gdro``
+group: the package config's defaults, the preset's choices), called in the trainer's order, so the
+simulation runs exactly what a preset configures (``tests/test_simulate_wiring.py``).
+
 Learning model: prompt i of level l succeeds with probability sigmoid(theta_l + c_i). A group with
 both a success and a failure gives a non-zero GRPO gradient; each such group moves theta of its
 level by ``lr * w_i * n_i / sum(n)`` (token-mean aggregation: every response counts once), with
@@ -21,12 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from verl_gdro.classifier import OnlineDifficultyClassifier
 from verl_gdro.errors import positive_int
-from verl_gdro.metrics import step_metrics
-from verl_gdro.presets import preset_value
-from verl_gdro.prompt_gdro import PromptGDRO, failure_rate_loss
-from verl_gdro.rollout_gdro import RolloutGDRO
+from verl_gdro.metrics import per_bin_series
+from verl_gdro.step.controller import GDROController
 
 METHODS = ("grpo", "prompt_gdro", "rollout_gdro", "prompt_gdro_paper", "rollout_gdro_paper")
 
@@ -42,7 +43,7 @@ class SimConfig:
     n_mean: int = 4
     lr: float = 2.0
     spill: float = 0.15
-    kl_scale: float = 0.02  # paper preset: per-prompt KL of the simulated policy (beta_KL * KL)
+    kl: float = 0.05  # surrogate loss signals (paper preset): mean per-token KL to the reference
     seed: int = 0
 
 
@@ -60,62 +61,67 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
     return 1.0 / (1.0 + np.exp(-x))
 
 
+def method_gdro_group(method: str, seed: int = 0) -> dict[str, Any]:
+    """The ``gdro`` config group that defines ``method``, as the trainer and the demo read it.
+
+    Only the preset and the two switches are set; every other key keeps the package config's
+    default (``verl_gdro/config/gdro_trainer.yaml``) and every preset-decided key its preset's
+    value, so the simulation runs exactly what ``gdro.preset`` configures.
+    """
+    if method not in METHODS:
+        raise ValueError(f"--methods: unknown method {method!r}; allowed: {list(METHODS)}")
+    return {
+        "enable": True,
+        "preset": "paper" if method.endswith("_paper") else "robust",
+        "prompt": {"enable": method.startswith("prompt_gdro")},
+        "rollout": {"enable": method.startswith("rollout_gdro"), "seed": int(seed)},
+    }
+
+
+def build_controller(method: str, cfg: SimConfig) -> GDROController:
+    """The step API's controller for ``method`` (:meth:`GDROController.from_config`), as the trainer builds it."""
+    return GDROController.from_config(method_gdro_group(method, cfg.seed), rollout_n=cfg.n_mean)
+
+
 def run_method(method: str, cfg: SimConfig, verbose: bool = False) -> dict[str, Any]:
     """Simulate one method; returns final per-level success and the per-step metric rows."""
     levels, offsets, theta = make_task(cfg)
-    preset = "paper" if method.endswith("_paper") else "robust"
-    use_prompt = method.startswith("prompt_gdro")
-    use_rollout = method.startswith("rollout_gdro")
     rng = np.random.default_rng(cfg.seed + 1)
-    classifier = OnlineDifficultyClassifier()
-    prompt = PromptGDRO(classifier.num_bins, min_ess=preset_value(preset, "prompt", "min_ess"))
-    rollout = RolloutGDRO(
-        classifier.num_bins,
-        n_mean=cfg.n_mean,
-        arm_utility=preset_value(preset, "rollout", "arm_utility"),
-        selection=preset_value(preset, "rollout", "selection"),
-        seed=cfg.seed,
-    )
-    loss_signal = preset_value(preset, "prompt", "loss_signal")
+    ctrl = build_controller(method, cfg)
+    loss_signal = ctrl.settings.prompt.loss_signal
+    num_bins = ctrl.num_bins
     rows: list[dict[str, float]] = []
     total_rollouts = 0
     for step in range(cfg.steps):
         uids = rng.choice(cfg.num_prompts, size=cfg.batch_size, replace=False).astype(np.int64)
-        bins = classifier.bins(uids)
-        n = rollout.allocate(bins) if use_rollout else np.full(uids.size, cfg.n_mean, dtype=np.int64)
+        plan = ctrl.before_generation(uids)
+        bins, n = plan.bins, plan.rollout_n
         assert int(n.sum()) == cfg.n_mean * cfg.batch_size
         total_rollouts += int(n.sum())
+        group = np.repeat(plan.positions, n)
+        # the Eq. 16 multiplier of each trajectory; one per prompt (all of a group's are equal)
+        w_prompt = ctrl.advantage_multipliers(group)[np.cumsum(n) - n]
         p = _sigmoid(theta[levels[uids]] + offsets[uids])
         succ = rng.binomial(n, p)
-        resp_bins = np.repeat(bins, n)
-        w_bin = prompt.bin_multipliers(resp_bins) if use_prompt else np.ones(classifier.num_bins)
         informative = (succ > 0) & (succ < n)
-        push = cfg.lr * w_bin[bins] * n * informative / n.sum()
+        push = cfg.lr * w_prompt * n * informative / n.sum()
         grad = np.bincount(levels[uids], weights=push, minlength=cfg.num_levels)
         theta = theta + grad + cfg.spill * (np.roll(grad, 1) * (np.arange(cfg.num_levels) > 0)
                                             + np.roll(grad, -1) * (np.arange(cfg.num_levels) < cfg.num_levels - 1))
-        group = np.repeat(np.arange(uids.size), n)
-        if loss_signal == "failure_rate":
-            losses = failure_rate_loss(_bernoulli_flat(succ, n), group)
-        else:  # surrogate(_kl) at the on-policy point: beta_KL * KL, small and positive
-            losses = cfg.kl_scale * rng.gamma(2.0, 0.5, size=uids.size)
-        prompt_kwargs: dict[str, Any] = {}
-        if use_prompt:
-            prompt_kwargs = {"prompt_weights": w_bin, "q": prompt.bin_probs(), "scores": prompt.scores,
-                             "omega": prompt.omega()}
-            info = prompt.update(bins, losses)
-            prompt_kwargs["bin_losses"] = info["mean_losses"]
-        if use_rollout:
-            rollout.update(bins, n, succ, losses)
-        metrics = step_metrics(
-            classifier.num_bins, bins, succ, n, n_mean=cfg.n_mean,
-            shadow_price=rollout.mu if use_rollout else 0.0, **prompt_kwargs,
-        )
-        classifier.observe(uids, succ, n)
+        acc = _bernoulli_flat(succ, n)
+        policy: dict[str, np.ndarray] = {}
+        if loss_signal != "failure_rate":
+            # the surrogate signals at the on-policy point: advantages of a group sum to zero (here:
+            # zero), so only the KL to the reference remains (low_var_kl(d) ~ d^2 / 2 per token)
+            zeros = np.zeros((acc.size, 1))
+            kl = cfg.kl * rng.gamma(2.0, 0.5, size=acc.size)
+            policy = {"response_mask": np.ones((acc.size, 1)), "old_log_probs": zeros, "advantages": zeros,
+                      "ref_log_probs": -np.sqrt(2.0 * kl)[:, None]}
+        metrics = ctrl.after_advantage(group, acc, **policy)
         metrics["reward/mean"] = float(succ.sum() / n.sum())
         rows.append(metrics)
         if verbose and (step % max(1, cfg.steps // 10) == 0 or step == cfg.steps - 1):
-            print(_describe_step(method, step, bins, n, w_bin, classifier.num_bins, metrics))
+            print(_describe_step(method, step, bins, n, metrics, num_bins))
     final = _sigmoid(theta[:, None] + offsets[None, :])
     per_level = np.array([final[lvl, levels == lvl].mean() for lvl in range(cfg.num_levels)])
     return {"per_level": per_level, "rows": rows, "rollouts": total_rollouts}
@@ -128,14 +134,16 @@ def _bernoulli_flat(succ: np.ndarray, n: np.ndarray) -> np.ndarray:
     return (pos < np.repeat(succ, n)).astype(np.float64)
 
 
-def _describe_step(method: str, step: int, bins: np.ndarray, n: np.ndarray, w_bin: np.ndarray,
-                   num_bins: int, metrics: dict[str, float]) -> str:
+def _describe_step(method: str, step: int, bins: np.ndarray, n: np.ndarray, metrics: dict[str, float],
+                   num_bins: int) -> str:
     counts = np.bincount(bins, minlength=num_bins)
-    n_bin = [f"{int(n[bins == b][0])}" if counts[b] else "-" for b in range(num_bins)]
+    n_sum = np.bincount(bins, weights=n, minlength=num_bins)
+    n_bin = [f"{n_sum[b] / counts[b]:.1f}" if counts[b] else "-" for b in range(num_bins)]
+    weights = np.round(np.nan_to_num(per_bin_series(metrics, "prompt_weight", num_bins), nan=1.0), 2).tolist()
     return (
         f"[{method:>18}] step {step:4d}  reward {metrics['reward/mean']:.3f}  "
-        f"prompts/bin {counts.tolist()}  weight/bin {np.round(w_bin, 2).tolist()}  "
-        f"n/bin [{' '.join(n_bin)}]  mu {metrics.get('gdro/shadow_price', 0.0):.3f}"
+        f"prompts/bin {counts.tolist()}  weight/bin {weights}  "
+        f"mean n/bin [{' '.join(n_bin)}]  mu {metrics.get('gdro/shadow_price', 0.0):.3f}"
     )
 
 
