@@ -148,9 +148,10 @@ def _describe_step(method: str, step: int, bins: np.ndarray, n: np.ndarray, metr
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--steps", type=positive_int, default=SimConfig.steps)
-    parser.add_argument("--seed", type=int, default=SimConfig.seed)
-    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    parser.add_argument("--steps", type=positive_int, default=SimConfig.steps, help="simulated steps")
+    parser.add_argument("--seed", type=int, default=SimConfig.seed, help="task and controller seed")
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS,
+                        help="methods to simulate (each its preset, as the demo names them)")
     parser.add_argument("--json", action="store_true", help="print the final table as JSON")
     parser.add_argument("--quiet", action="store_true", help="only the final table")
 
