@@ -249,8 +249,8 @@ def stored_field(store: Any, keys: list[str], name: str) -> list[torch.Tensor]:
 
 
 def start_real_tq() -> Iterator[Any]:
-    """TransferQueue for real: Ray with 8 logical CPUs and one storage unit (VERL.md: on a 2-core
-    machine tq.init() otherwise waits forever). ~30 s to start; module-scoped."""
+    """TransferQueue for real: Ray with 8 logical CPUs and one storage unit (on a 2-core machine
+    tq.init() otherwise waits forever). ~30 s to start; module-scoped."""
     import tempfile
 
     import ray

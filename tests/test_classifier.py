@@ -1,4 +1,4 @@
-"""Tests of the online difficulty classifier (spec section 1).
+"""Tests of the online difficulty classifier (docs/algorithm.md, section 1).
 
 Estimates are made exact where the test needs exact bins: with ``k=1`` the pooled estimator is
 S/T over the window, and with ``window=1`` it is the last visit's success rate, so a visit of

@@ -645,12 +645,12 @@ def test_controller_step_where_every_trajectory_is_lost(group: dict[str, Any]) -
 
 
 # --------------------------------------------------------------------------------------------
-# The classifier against a plain-Python model of spec section 1, with bad calls interleaved
+# The classifier against a plain-Python model of docs/algorithm.md, section 1, with bad calls interleaved
 # --------------------------------------------------------------------------------------------
 
 
 class _ReferenceClassifier:
-    """Spec 1 written the obvious way (dicts and lists): window, pooled estimate, hysteresis."""
+    """Section 1 of docs/algorithm.md written the obvious way (dicts and lists): window, pooled estimate, hysteresis."""
 
     def __init__(self, num_bins: int, window: int, k: int, hysteresis: float) -> None:
         self.full = np.arange(num_bins + 1) / num_bins

@@ -1,4 +1,4 @@
-"""Metrics of ALGORITHM.md section 4: names, hand-computed Eqs. 32-33, finiteness always."""
+"""Metrics (docs/algorithm.md, section 4): names, hand-computed Eqs. 32-33, finiteness always."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Prompt-GDRO (ALGORITHM.md section 2): hand-computed cases per equation, properties, resume."""
+"""Prompt-GDRO (docs/algorithm.md, section 2): hand-computed cases per equation, properties, resume."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Tests of Rollout-GDRO (ALGORITHM.md section 3): the exact-budget solver against brute force,
+"""Tests of Rollout-GDRO (docs/algorithm.md, section 3): the exact-budget solver against brute force,
 the conditioned sampler and its marginals, each equation by hand, the update order, the spec's
 behavioural claims, validation and bit-identical resume."""
 

@@ -198,7 +198,7 @@ def test_robust_rollout_is_the_decided_per_prompt_arm_and_paper_keeps_the_bandit
 
 def test_num_bins_is_derived_from_edges() -> None:
     s = resolve_gdro({"classifier": {"num_bins": None, "bin_edges": [0.1, 0.2, 0.3, 0.5, 0.7]}})
-    assert s.num_bins == 6  # the released patch's "6 bins" edges gave 7 bins (spec section 6)
+    assert s.num_bins == 6  # the released patch's "6 bins" edges gave 7 bins (docs/algorithm.md, "Defects of the released patch")
     assert s.classifier.kwargs()["bin_edges"] == [0.1, 0.2, 0.3, 0.5, 0.7]
 
 

@@ -1,4 +1,4 @@
-"""The curriculum figures of ALGORITHM.md section 4, from the demo's ``metrics.jsonl`` or verl's
+"""The curriculum figures of docs/algorithm.md, section 4, from the demo's ``metrics.jsonl`` or verl's
 ``file`` logger JSONL: ``verl-gdro plot RUN_OR_JSONL [--out DIR]``.
 
 Both inputs carry the same ``gdro/`` metric names (``verl_gdro.metrics``), so a cluster user gets

@@ -7,7 +7,7 @@ RL format::
     data_source, prompt=[{"role": "user", "content": ...}], ability,
     reward_model={"style": "rule", "ground_truth": str}, extra_info={"index": int, ...}
 
-``extra_info.index`` is the stable prompt id the GDRO classifier keys on (ALGORITHM.md section 1),
+``extra_info.index`` is the stable prompt id the GDRO classifier keys on (docs/algorithm.md, section 1),
 so it is the row's position in the source split, unique and checked (:func:`validate_rl_frame`).
 ``extra_info.template`` names the prompt template so the reward function can refuse a mismatch.
 

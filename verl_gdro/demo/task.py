@@ -5,7 +5,7 @@ Why three families: a default chosen on one task can be a fit to that task. The 
 difficulty is the answer's length (the shorter the string, the more digits to produce); it was
 picked, with its warm start and run length (``Task.config``), by criteria that only read GRPO: GRPO
 lifts mean@8, its hardest level starts near the floor, becomes learnable within the run and still
-lags the easiest level at the end (``docs/benchmarks.md``, issue 22). The ``add`` task
+lags the easiest level at the end (``docs/history.md``, issue 22). The ``add`` task
 (multi-operand addition: carrying) and the ``sort`` task (sort a string of digits: length) are the
 confirmation tasks, where the chosen defaults run unchanged. All are ladders of difficulty levels
 that a tiny character-level model climbs in minutes, and all are checked exactly.
@@ -15,7 +15,7 @@ by the easy majority and the rare hard prompts are starved. Most training proble
 (level 0); 1 in 20 is of the hardest kind.
 
 Every problem has a stable integer id (its row index in the fixed train set), which is what the
-online classifier keys on (spec section 1); the evaluation set is held out (different stream, no
+online classifier keys on (docs/algorithm.md, section 1); the evaluation set is held out (different stream, no
 overlap with the train set where the level has enough distinct problems) and stratified: the same
 number of problems at every level, so the worst level is measured as precisely as the easiest.
 
@@ -157,7 +157,7 @@ TASKS: dict[str, Task] = {
         levels=((14,), (11,), (8,), (6,), (4,), (2,)),
         max_new_tokens=18,  # "Answer: 3456789" + end of turn + 2
         draw_fn=draw_missing,
-        # the testbed check on GRPO alone (docs/benchmarks.md, issue 22): with the shared 0.3 digit
+        # the testbed check on GRPO alone (docs/history.md, issue 22): with the shared 0.3 digit
         # noise its hardest level starts at 0.10 and GRPO closes it to within 0.09-0.15 of the easiest
         # in 160 steps (not starved); 0.35 and 80 steps start it at 0.09 and leave it 0.23-0.32 behind
         config=(("sft_noise", 0.35), ("steps", 80)),

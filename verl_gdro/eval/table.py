@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 
 from verl_gdro.eval.metrics import TABLE_COLUMNS, RunResult
 
-# The paper's Table 1 (ALGORITHM.md section 5), percentages: MATH500, AIME24+25, AMC, Minerva,
+# The paper's Table 1 (arXiv 2601.19280; docs/reproduce.md), percentages: MATH500, AIME24+25, AMC, Minerva,
 # Olympiad, GPQA (mean@8) and pass@8 pooled over all validation prompts.
 PAPER_TABLE1: dict[str, dict[str, tuple[float, ...]]] = {
     "1.7B": {

@@ -9,7 +9,7 @@ that mixin on one of verl's V1 trainer classes:
 | ``gdro_colocate_async`` | :class:`GDROTrainerColocateAsync` | ``PPOTrainerColocateAsync`` |
 | ``gdro_separate_async`` | :class:`GDROTrainerSeparateAsync` | ``PPOTrainerSeparateAsync`` |
 
-The mixin overrides narrow hooks of verl's step pipeline and always calls ``super()`` (VERL.md);
+The mixin overrides narrow hooks of verl's step pipeline and always calls ``super()`` (docs/integration.md);
 ``fit()`` and ``step()`` stay verl's own:
 
 - ``_build_replay_buffer``: verl's own buffer, turned into its GDRO subclass
@@ -25,7 +25,7 @@ The mixin overrides narrow hooks of verl's step pipeline and always calls ``supe
 - ``_compute_advantage``: the consumed groups plus the groups removed since the last update are
   re-adopted into one controller plan with their dispatch-time decisions; the multipliers go into
   verl's own advantage stage (``gdro_grpo``); then one update observes every one of those groups
-  exactly once, and the ``gdro/`` metrics (spec section 4 plus the flow counters of
+  exactly once, and the ``gdro/`` metrics (docs/algorithm.md, section 4 plus the flow counters of
   :func:`flow_metrics`) go into the step's metrics. This runs before verl saves the step's
   checkpoint, so the saved state includes the step.
 

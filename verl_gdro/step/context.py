@@ -7,7 +7,7 @@ per-fetch ``uid``) and open a :func:`gdro_step` around verl's own advantage comp
 estimator looks the multipliers up with :func:`current_step`. With no step open the estimator runs
 standalone (see ``estimator.py``).
 
-The estimator runs in the trainer process only (VERL.md), in the thread that called
+The estimator runs in the trainer process only (docs/integration.md), in the thread that called
 ``compute_advantage``, so a context variable is enough: no locks, no globals shared across Ray
 actors, and a step that raises leaves no stale multipliers behind.
 """
