@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 
 venv: $(STAMP)
 
-$(STAMP): setup.py pyproject.toml
+$(STAMP): pyproject.toml
 	test -x $(VPY) || $(PY) -m venv $(VENV)
 	$(VPY) -m pip install -q --upgrade pip
 	# Pin the CPU build first: verl's extras would pull a CUDA torch of several GB.

@@ -26,7 +26,12 @@ if TYPE_CHECKING:
     from verl_gdro.step.context import gdro_step
     from verl_gdro.step.controller import GDROController, StepPlan, describe_mode
 
-__version__ = "0.1.0"
+try:  # one source of the version: pyproject.toml, through the installed metadata
+    from importlib.metadata import PackageNotFoundError, version
+
+    __version__ = version("verl-gdro")
+except PackageNotFoundError:  # imported from a source tree that was never installed
+    __version__ = "0+unknown"
 
 #: public name -> the step-API module that defines it
 _STEP_API = {

@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
+import os
 import sys
+import warnings
 
 from verl_gdro.errors import UsageError
 
@@ -27,6 +30,39 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "eval": ("verl_gdro.eval.cli", "mean@k / pass@k tables from validation generations"),
     "dry-run": ("verl_gdro.dryrun", "compose and validate a main_ppo command line without Ray or a model"),
 }
+
+
+#: Third-party warnings a ``verl-gdro`` user can do nothing about: verl 0.9.1 warns at import for
+#: every optional training engine that is not installed (none is needed here). Silenced by the
+#: command only (:func:`quiet_third_party_warnings`), never at import of the library.
+QUIET_WARNINGS: tuple[str, ...] = tuple(
+    f"{engine} engine is not available" for engine in ("torchtitan", "veomni", "automodel", "mindspeed", "megatron")
+)
+
+
+#: verl's platform manager logs these on every CPU-only machine (the demo's and the tests'); the
+#: CPU path needs no accelerator.
+QUIET_LOG_PREFIXES: tuple[str, ...] = ("No supported accelerator detected", "Platform '")
+
+
+class _QuietCpuPlatform(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.levelno == logging.WARNING and str(record.msg).startswith(QUIET_LOG_PREFIXES))
+
+
+def quiet_third_party_warnings() -> None:
+    """Ignore :data:`QUIET_WARNINGS` in this process and in the worker processes it starts, and
+    verl's CPU-platform log lines (:data:`QUIET_LOG_PREFIXES`) in this process."""
+    platform_logger = logging.getLogger("verl.plugin.platform.platform_manager")
+    if not any(isinstance(f, _QuietCpuPlatform) for f in platform_logger.filters):
+        platform_logger.addFilter(_QuietCpuPlatform())
+    for message in QUIET_WARNINGS:
+        warnings.filterwarnings("ignore", message=message, category=UserWarning)
+    # worker processes (study --jobs) inherit the environment, not the filters
+    extra = ",".join(f"ignore:{m}:UserWarning" for m in QUIET_WARNINGS)
+    current = os.environ.get("PYTHONWARNINGS", "")
+    if extra not in current:
+        os.environ["PYTHONWARNINGS"] = f"{current},{extra}" if current else extra
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -46,6 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    quiet_third_party_warnings()
     args = build_parser().parse_args(argv)
     if getattr(args, "_missing", False):
         # Import again to surface the real error.
