@@ -25,7 +25,7 @@ FLOOR_NAMES = {MATH: "math", STEP: "step API", GLUE: "verl glue", TOOLS: "tools"
 #: YAML, read as a resource) have no imports of their own and serve every floor, so they sit at the
 #: bottom with the math. The root package sits with the step API, which it re-exports.
 FLOORS = {
-    "classifier": MATH, "prompt_gdro": MATH, "rollout_gdro": MATH, "metrics": MATH, "presets": MATH,
+    "classifier": MATH, "evidence": MATH, "prompt_gdro": MATH, "rollout_gdro": MATH, "metrics": MATH, "presets": MATH,
     "errors": MATH, "config": MATH,
     "step": STEP, "__init__": STEP,
     "integration": GLUE,

@@ -148,7 +148,7 @@ def test_absent_bins_log_true_zeros_and_no_averages() -> None:
     # issue 13: a per-bin average (weight, loss, acc, n) of a bin absent from the step has no
     # value; logging a placeholder made every mean over steps in wandb/TensorBoard wrong
     m = step_metrics(4, [1, 1], [1, 2], [4, 4], prompt_weights=[3.0, 0.5, 7.0, 7.0], bin_losses=[9.0, 0.5, 9.0, 9.0])
-    assert set(PRESENT_ONLY_METRICS) == {"prompt_weight", "loss", "acc", "rollout_n"}
+    assert set(PRESENT_ONLY_METRICS) == {"prompt_weight", "loss", "acc", "rollout_n", "zero_adv"}
     for b in (0, 2, 3):
         for name in ("prompt_share", "count", "budget_share"):
             assert m[bin_key(name, b)] == 0.0, (name, b)

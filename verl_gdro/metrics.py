@@ -68,6 +68,7 @@ PER_BIN_METRICS: tuple[str, ...] = (
     "acc",  # mean correctness of the bin's rollouts (pooled successes / trials)
     "rollout_n",  # rollouts per prompt n_b
     "budget_share",  # sum_{x in b} n_x / sum_x n_x
+    "zero_adv",  # share of the bin's groups that are all correct or all wrong (GRPO advantage 0)
 )
 
 SCALAR_METRICS: tuple[str, ...] = (
@@ -79,6 +80,7 @@ SCALAR_METRICS: tuple[str, ...] = (
     "shadow_price",  # Rollout-GDRO's mu (Eq. 21 / Eq. 31)
     "wse",  # weighted-standard-error proxy sum_b qhat(b) sigma_b / sqrt(n_b) (Eq. 33)
     "wse_uniform",  # the same with n_b = nbar for every bin: the compute-matched baseline (Eq. 33)
+    "zero_adv_share",  # share of the step's groups that are all correct or all wrong: what GRPO wastes
     "controller_time_s",  # the controllers' own wall time in the step
     "num_prompts",  # prompts in the step
     "num_rollouts",  # rollouts in the step (sum of n)
@@ -90,7 +92,7 @@ SCALAR_METRICS: tuple[str, ...] = (
 METRIC_NAMES: tuple[str, ...] = PER_BIN_METRICS + SCALAR_METRICS
 
 #: Per-bin metrics that average over the bin's prompts of the step: logged for present bins only.
-PRESENT_ONLY_METRICS: tuple[str, ...] = ("prompt_weight", "loss", "acc", "rollout_n")
+PRESENT_ONLY_METRICS: tuple[str, ...] = ("prompt_weight", "loss", "acc", "rollout_n", "zero_adv")
 
 
 def bin_key(name: str, b: int) -> str:
@@ -367,6 +369,9 @@ def step_metrics_prepared(
         raise ValueError(f"n_mean must be a positive finite number, got {n_mean!r}")
     mu_data, mu_weight, lag = lead_lag(shares, w)
     present_bins, wse_terms = _wse_terms(shares, acc)
+    # a group whose rollouts all agree has GRPO advantage 0 for every rollout (no gradient)
+    zero = ((s == 0) | (s == nn)).astype(np.float64)
+    zero_b = np.divide(np.bincount(b, weights=zero, minlength=B), counts, out=np.zeros(B), where=counts > 0)
 
     per_bin = {
         "prompt_share": shares,
@@ -379,6 +384,7 @@ def step_metrics_prepared(
         "acc": acc,
         "rollout_n": n_b,
         "budget_share": budget_share,
+        "zero_adv": zero_b,
     }
     scalars = {
         "mu_data": mu_data,
@@ -389,6 +395,7 @@ def step_metrics_prepared(
         "shadow_price": float(shadow_price),
         "wse": float((wse_terms / np.sqrt(n_b[present_bins])).sum()),  # wse_proxy, sharing its numerators
         "wse_uniform": float((wse_terms / np.sqrt(nbar)).sum()) if nn.size else 0.0,  # wse_uniform, likewise
+        "zero_adv_share": float(zero.sum() / zero.size) if zero.size else 0.0,
         "controller_time_s": float(controller_time_s),
         "num_prompts": float(b.shape[0]),
         "num_rollouts": float(nn.sum()),

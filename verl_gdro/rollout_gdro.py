@@ -33,6 +33,19 @@ from typing import Any
 
 import numpy as np
 
+# The per-prompt evidence and utilities serve both adversaries: they live on the math floor in
+# verl_gdro.evidence and are re-exported here, where the allocators use them.
+from verl_gdro.evidence import (
+    FULL_INFORMATION_UTILITIES,
+    PER_PROMPT_UTILITIES,
+    arm_utility_values,
+    expected_informative_utility,
+    hit_utility,
+    per_prompt_utility,
+    smoothed_rate,
+    variance_utility,
+)
+
 __all__ = [
     "ALLOCATORS",
     "ARM_UTILITIES",
@@ -64,12 +77,6 @@ __all__ = [
 
 ALLOCATORS = ("bandit", "neyman", "per_prompt")
 ARM_UTILITIES = ("expected_informative", "failure_weighted", "knapsack", "variance", "hit", "informative", "loss")
-#: Utilities computed for every arm from a success rate (full information): the bandit updates
-#: every arm of a present bin, and the ``per_prompt`` allocator maximises them directly.
-FULL_INFORMATION_UTILITIES = ("expected_informative", "failure_weighted", "knapsack", "variance")
-#: Utilities of the ``per_prompt`` allocator: the rate-based ones, and HORA's ``hit``, which needs
-#: each prompt's success and trial counts (a Beta posterior), not only a rate.
-PER_PROMPT_UTILITIES = (*FULL_INFORMATION_UTILITIES, "hit")
 SELECTIONS = ("auto", "map", "sample")
 
 #: Relative tolerance under which two DP scores count as equal optima. Mathematically equal sums
@@ -580,112 +587,6 @@ def neyman_implied_price(counts: np.ndarray, variances: np.ndarray, budget: floa
         return 0.0
     s = float(np.sum(np.asarray(counts, dtype=np.float64) * np.sqrt(variances)))
     return (s / float(budget)) ** 2
-
-
-def expected_informative_utility(p: np.ndarray, arms: np.ndarray) -> np.ndarray:
-    """Spec 3 (robust preset): u_b(n) = 1 - p_b^n - (1 - p_b)^n, per bin (rows) and arm (columns).
-
-    The probability that a group of n rollouts has both a success and a failure, i.e. a non-zero
-    GRPO gradient. It depends on n (unlike a bin's loss), saturates near p = 0 or 1 and grows
-    fastest for transition bins: the paper's "budget frontier". Not a paper equation: the spec's
-    replacement for the bin loss, which made the bandit equal to GRPO.
-    """
-    p = np.asarray(p, dtype=np.float64)[:, None]
-    n = np.asarray(arms, dtype=np.float64)[None, :]
-    return 1.0 - p**n - (1.0 - p) ** n
-
-
-def arm_utility_values(name: str, p: np.ndarray, arms: np.ndarray) -> np.ndarray:
-    """A full-information utility u(p, n) per rate (rows) and arm (columns).
-
-    - ``expected_informative``: 1 - p^n - (1 - p)^n (:func:`expected_informative_utility`).
-      Symmetric in p <-> 1 - p: a rare failure of an easy prompt is worth as much as a rare
-      success of a hard one.
-    - ``failure_weighted``: (1 - p) (1 - p^n - (1 - p)^n). The informative probability weighted by
-      the failure rate, the 0/1 loss of Group DRO's worst-group objective: of two prompts equally
-      likely to give a gradient, the one that fails more is worth more, so the budget leans to the
-      hard tail. Beyond the paper (docs/algorithm.md, "Rollout-GDRO utilities").
-    - ``knapsack``: p (1 - p)^2 (1 - p^n - (1 - p)^n), Knapsack RL's value of a group (the
-      informative probability times the expected gradient magnitude of a rare success).
-    - ``variance``: -p (1 - p) / n, VIP's objective (:func:`variance_utility`).
-
-    Each is concave in n for a fixed p (the first three have increments
-    w(p) (p^n (1 - p) + (1 - p)^n p), ``variance`` p (1 - p) / (n (n + 1)), both shrinking with n),
-    which is what makes greedy marginal allocation exact for ``per_prompt``.
-    """
-    if name == "variance":
-        return variance_utility(p, arms)
-    u = expected_informative_utility(p, arms)
-    q = np.asarray(p, dtype=np.float64)[:, None]
-    if name == "expected_informative":
-        return u
-    if name == "failure_weighted":
-        return (1.0 - q) * u
-    if name == "knapsack":
-        return q * (1.0 - q) ** 2 * u
-    raise ValueError(f"arm_utility={name!r} is not a full-information utility; allowed: {list(FULL_INFORMATION_UTILITIES)}")
-
-
-def variance_utility(p: np.ndarray, arms: np.ndarray) -> np.ndarray:
-    """VIP (Nguyen et al., arXiv 2602.01601, ICLR 2026): u(p, n) = -p (1 - p) / n.
-
-    VIP allocates a batch's rollouts to minimise the summed variance of the per-prompt gradient
-    estimates, which for Dr.GRPO/RLOO is proportional to p (1 - p) / n (a Bernoulli variance over a
-    group of n), under a hard budget. Maximising the sum of this utility is that convex programme;
-    its continuous optimum is n_i proportional to sqrt(p_i (1 - p_i)) (Neyman allocation per
-    prompt). VIP predicts p with a Gaussian process over recent rollouts; here p is the smoothed
-    per-prompt rate the other per-prompt utilities use (:func:`smoothed_rate`, or its per-visit
-    decayed form), so the allocators differ only in their objective.
-    """
-    q = np.asarray(p, dtype=np.float64)[:, None]
-    n = np.asarray(arms, dtype=np.float64)[None, :]
-    return -(q * (1.0 - q)) / n
-
-
-def hit_utility(successes: np.ndarray, trials: np.ndarray, arms: np.ndarray) -> np.ndarray:
-    """HORA (Wang et al., arXiv 2605.07114): the posterior probability that at least one of n
-    rollouts is correct, per prompt (rows) and arm (columns).
-
-    With a uniform prior (HORA's default, which its ablation found as good as learned priors) the
-    success rate's posterior after S successes in T trials is Beta(a, b), a = S + 1,
-    b = T - S + 1, and
-
-        u(n) = 1 - E[(1 - p)^n] = 1 - B(a, b + n) / B(a, b) = 1 - prod_{j<n} (b + j) / (a + b + j).
-
-    Its increment E[p (1 - p)^n] shrinks with n, so it is concave and the greedy per-prompt
-    allocation is exact. Counts may be fractional (per-visit decayed evidence).
-    """
-    s = np.asarray(successes, dtype=np.float64)[:, None]
-    t = np.asarray(trials, dtype=np.float64)[:, None]
-    a, b = s + 1.0, t - s + 1.0
-    n_max = int(np.max(arms))
-    j = np.arange(n_max, dtype=np.float64)[None, :]
-    miss = np.cumprod((b + j) / (a + b + j), axis=1)  # column m: P(no success in m + 1 rollouts)
-    return 1.0 - miss[:, np.asarray(arms, dtype=np.int64) - 1]
-
-
-def per_prompt_utility(name: str, successes: np.ndarray, trials: np.ndarray, arms: np.ndarray) -> np.ndarray:
-    """u_i(n) of the ``per_prompt`` allocator from each prompt's (successes, trials) evidence.
-
-    ``hit`` reads the counts as a Beta posterior; every other utility reads the smoothed rate
-    (S + 1/2) / (T + 1) (:func:`smoothed_rate`).
-    """
-    if name == "hit":
-        return hit_utility(successes, trials, arms)
-    if name not in FULL_INFORMATION_UTILITIES:
-        raise ValueError(f"arm_utility={name!r} is not a per-prompt utility; allowed: {list(PER_PROMPT_UTILITIES)}")
-    return arm_utility_values(name, smoothed_rate(successes, trials), arms)
-
-
-def smoothed_rate(successes: np.ndarray, trials: np.ndarray) -> np.ndarray:
-    """A prompt's success rate with Jeffreys' prior: (S + 1/2) / (T + 1).
-
-    Why smoothed: after one visit of 4 rollouts the raw rate is often exactly 0 or 1, where every
-    utility is 0 for every n, so a prompt that failed 4 of 4 would get the fewest rollouts. The
-    prior keeps a hard prompt's rate small but positive (0.1 after 0/4), and an unseen prompt
-    (S = T = 0) at 1/2, the most informative guess.
-    """
-    return (np.asarray(successes, dtype=np.float64) + 0.5) / (np.asarray(trials, dtype=np.float64) + 1.0)
 
 
 def per_prompt_allocation(

@@ -32,6 +32,8 @@ METHODS: dict[str, tuple[str, bool, bool]] = {
     "rollout_gdro_paper": ("paper", False, True),
     "joint": ("robust", True, True),
     "joint_paper": ("paper", True, True),
+    "prompt_gdro_release": ("release", True, False),
+    "rollout_gdro_release": ("release", False, True),
 }
 DEFAULT_METHODS = ("grpo", "prompt_gdro", "rollout_gdro")
 QUICK_METHODS = ("grpo", "prompt_gdro", "rollout_gdro")

@@ -30,6 +30,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from verl_gdro.step.sampler import PromptSampler
+
 from .config import DemoConfig, method_gdro_group
 from .model import build_model, encode_prompts, response_log_probs, sample
 from .task import Problem, get_task, pass_at_k, prompt_text, response_text
@@ -241,6 +243,11 @@ class MethodRun:
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=0.0)
         self.gdro_group = method_gdro_group(cfg.method_spec(method), seed, cfg.gdro)
         self.ctrl = GDROController.from_config(self.gdro_group, rollout_n=cfg.n_mean)
+        # a sampling mode draws the batches through the step API's sampler, as the verl trainer does
+        self.sampler: PromptSampler | None = None
+        if self.ctrl.resamples:
+            uids = np.array([p.uid for p in self.train_set], dtype=np.int64)
+            self.sampler = PromptSampler(self.ctrl, uids, seed=seed * 1_000_003 + 29)
         # verl's `algorithm` group as the estimator sees it, and the actor's loss settings.
         self.algo_cfg = OmegaConf.create(
             {"adv_estimator": "gdro_grpo", "norm_adv_by_std_in_grpo": True, "gdro": self.gdro_group}
@@ -259,10 +266,16 @@ class MethodRun:
         self._needs_ref = cfg.kl_coef > 0 or (settings.prompt.enable and settings.prompt.loss_signal == "surrogate_kl")
         self.step = 0
         self.rollouts = 0
+        # what the study reports beside accuracy: distinct prompts trained on, generated tokens
+        self.trained_uids: set[int] = set()
+        self.response_tokens = 0
 
-    # -- batches: reshuffled every epoch from (seed, epoch), so resuming needs only the step --
+    # -- batches: reshuffled every epoch from (seed, epoch), so resuming needs only the step; a
+    # sampling mode draws from the controller's evidence instead (its generator is checkpointed) --
     def prompt_batch(self, step: int) -> list[Problem]:
         b = self.cfg.batch_prompts
+        if self.sampler is not None:
+            return [self.train_set[i] for i in self.sampler.draw(b)]
         per_epoch = len(self.train_set) // b
         epoch, pos = divmod(step, per_epoch)
         order = np.random.default_rng([self.seed, epoch, 7]).permutation(len(self.train_set))
@@ -372,11 +385,15 @@ class MethodRun:
 
         self.rollouts += int(n.sum())
         self.step += 1
+        self.trained_uids.update(int(p.uid) for p in problems)
+        self.response_tokens += int(ro.response_mask.sum())
         metrics.update(
             {
                 "train/reward": float(reward.mean()),
                 "train/acc": float(acc.mean()),
                 "train/rollouts_total": float(self.rollouts),
+                "train/distinct_prompts": float(len(self.trained_uids)),
+                "train/response_tokens_total": float(self.response_tokens),
                 "actor/pg_loss": float(np.mean(pg_losses)),
                 "actor/kl_loss": float(np.mean(kls)) if kls else 0.0,
                 "actor/pg_clipfrac": float(np.mean(clipfracs)),
@@ -398,6 +415,9 @@ class MethodRun:
             "controller": self.ctrl.state_dict(),
             "generator": self.gen.get_state(),
             "torch_rng": torch.get_rng_state(),
+            "sampler": None if self.sampler is None else self.sampler.state_dict(),
+            "trained_uids": sorted(self.trained_uids),
+            "response_tokens": self.response_tokens,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -406,10 +426,14 @@ class MethodRun:
         self.model.load_state_dict(state["model"])
         self.opt.load_state_dict(state["optimizer"])
         self.ctrl.load_state_dict(state["controller"])
+        if self.sampler is not None:
+            self.sampler.load_state_dict(state["sampler"])
         self.gen.set_state(state["generator"])
         torch.set_rng_state(state["torch_rng"])
         self.step = int(state["step"])
         self.rollouts = int(state["rollouts"])
+        self.trained_uids = set(state.get("trained_uids", ()))
+        self.response_tokens = int(state.get("response_tokens", 0))
 
 
 def _score(response: str, problem: Problem) -> tuple[float, float]:

@@ -129,8 +129,8 @@ def _standalone_multipliers(
     then update S with the failure rate (reward-only loss signal)."""
     if settings.prompt.mode != "reweight":
         raise ValueError(
-            "gdro.prompt.mode=resample is invalid for the standalone gdro_grpo estimator: only the GDRO trainer's "
-            "sampler can resample; use trainer.v1.trainer_mode=gdro_sync or gdro.prompt.mode=reweight"
+            f"gdro.prompt.mode={settings.prompt.mode} is invalid for the standalone gdro_grpo estimator: only the GDRO "
+            "trainer's sampler can draw the prompts; use trainer.v1.trainer_mode=gdro_sync or gdro.prompt.mode=reweight"
         )
     if settings.rollout.enable:
         raise ValueError(

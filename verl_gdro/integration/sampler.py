@@ -6,12 +6,14 @@ on resume; the loader's state embeds its sampler's ``state_dict()``. So the samp
 Rollout-GDRO arm scores, shadow price and generator) next to its own cursor and generator, and a
 resumed run continues bit-identically without any checkpoint code of ours.
 
-Draws are lazy, one index at a time: in ``resample`` mode (Prompt-GDRO ``mode=resample``) each
-draw picks a bin with the current q_t (restricted to the bins that hold prompts) and then a prompt
-of that bin uniformly, so a controller update takes effect at the next draw. That requires
-``data.dataloader_num_workers=0`` (workers would pre-draw batches with stale weights); the trainer
-enforces it. The other modes (``shuffle``, ``sequential``) reproduce verl's epoch semantics
-(every prompt once per epoch) with a seeded numpy generator.
+In ``resample`` mode (a Prompt-GDRO sampling mode: ``gdro.prompt.mode`` resample,
+failure_weighted, greso or band) the draws come from the step API's
+:class:`~verl_gdro.step.sampler.PromptSampler`, the code the CPU study runs: at the first index of a
+batch it draws the whole batch (``batch_size`` distinct prompts under the controller's current
+state) and hands the indices out one at a time, so a controller update takes effect at the next
+batch. That requires ``data.dataloader_num_workers=0`` (workers would pre-draw batches with stale
+state); the trainer enforces it. The other modes (``shuffle``, ``sequential``) reproduce verl's
+epoch semantics (every prompt once per epoch) with a seeded numpy generator.
 
 An epoch is ``len(dataset)`` draws in every mode, so verl's ``steps_per_epoch`` stays right.
 """
@@ -26,11 +28,12 @@ import numpy as np
 from torch.utils.data import Sampler
 
 from verl_gdro.step.controller import GDROController
+from verl_gdro.step.sampler import PromptSampler
 
 __all__ = ["SAMPLER_MODES", "GDROSampler"]
 
 SAMPLER_MODES = ("sequential", "shuffle", "resample")
-_STATE_VERSION = 1
+_STATE_VERSION = 2
 
 
 class _Draws(Iterator[int]):
@@ -54,17 +57,26 @@ class GDROSampler(Sampler[int]):
             :func:`verl_gdro.integration.dataset.stable_prompt_uids`.
         controller: the run's controller (shared with the trainer); saved and restored with the
             sampler.
-        mode: ``sequential``, ``shuffle`` (a fresh permutation per epoch) or ``resample`` (draw
-            with Prompt-GDRO's q_t).
+        mode: ``sequential``, ``shuffle`` (a fresh permutation per epoch) or ``resample`` (the
+            controller's sampling mode draws each batch).
         seed: seed of the sampler's own generator (``data.seed``).
+        batch_size: the data loader's batch size: ``resample`` draws this many distinct prompts at
+            once (default 1: every index drawn on its own).
     """
 
-    def __init__(self, uids: Any, controller: GDROController, mode: str = "shuffle", seed: int = 0) -> None:
+    def __init__(
+        self, uids: Any, controller: GDROController, mode: str = "shuffle", seed: int = 0, batch_size: int = 1
+    ) -> None:
         super().__init__()
         if mode not in SAMPLER_MODES:
             raise ValueError(f"sampler mode {mode!r} is invalid: allowed values are {list(SAMPLER_MODES)}")
         if mode == "resample" and not controller.resamples:
-            raise ValueError("sampler mode 'resample' needs Prompt-GDRO on with gdro.prompt.mode=resample")
+            raise ValueError(
+                "sampler mode 'resample' needs Prompt-GDRO on with a sampling gdro.prompt.mode (resample, "
+                "failure_weighted, greso or band)"
+            )
+        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+            raise ValueError(f"batch_size={batch_size!r} is invalid: must be an integer >= 1")
         u = np.asarray(uids, dtype=np.int64)
         if u.ndim != 1 or u.size == 0:
             raise ValueError(f"uids must be a non-empty 1-D array (one stable id per dataset row), got {u.shape}")
@@ -78,8 +90,13 @@ class GDROSampler(Sampler[int]):
         self._epoch_rng_state: dict[str, Any] | None = None
         self._perm: np.ndarray | None = None
         self._resume = False
-        self._members: list[np.ndarray] | None = None
-        self._members_version: int | None = None
+        self.batch_size = int(batch_size)
+        #: the batch drawn by the step API's sampler and the next position in it (resample mode)
+        self._draws: PromptSampler | None = None
+        self._block = np.zeros(0, dtype=np.int64)
+        self._block_pos = 0
+        if mode == "resample":
+            self._draws = PromptSampler(controller, u, seed=self.seed)
         #: Other state checkpointed with the controller (name -> object with state_dict /
         #: load_state_dict), e.g. the async trainers' dispatch ledger.
         self.companions: dict[str, Any] = {}
@@ -104,6 +121,8 @@ class GDROSampler(Sampler[int]):
     def _start_epoch(self) -> None:
         self._epoch += 1
         self._cursor = 0
+        self._block = np.zeros(0, dtype=np.int64)
+        self._block_pos = 0
         if self.mode == "shuffle":
             self._epoch_rng_state = deepcopy(self._rng.bit_generator.state)
             self._perm = self._rng.permutation(self.uids.size)
@@ -123,25 +142,16 @@ class GDROSampler(Sampler[int]):
         self._cursor += 1
         return index
 
-    def _refresh_members(self) -> None:
-        """Bin membership of every dataset row under the current classifier (O(dataset), once per
-        controller update; committing the bins is idempotent without a new visit)."""
-        bins = self.controller.bins_of(self.uids)
-        order = np.argsort(bins, kind="stable")
-        bounds = np.searchsorted(bins[order], np.arange(self.controller.num_bins + 1))
-        self._members = [order[bounds[b] : bounds[b + 1]] for b in range(self.controller.num_bins)]
-        self._members_version = self.controller.version
-
     def _draw_resample(self) -> int:
-        if self._members is None or self._members_version != self.controller.version:
-            self._refresh_members()
-        assert self._members is not None
-        sizes = np.array([m.size for m in self._members], dtype=np.float64)
-        q = self.controller.bin_probs() * (sizes > 0)
-        q = q / q.sum()
-        b = int(self._rng.choice(q.size, p=q))
-        members = self._members[b]
-        return int(members[self._rng.integers(members.size)])
+        if self._block_pos >= self._block.size:
+            # a new batch: at most the epoch's remaining draws, so an epoch stays len(dataset) draws
+            assert self._draws is not None
+            size = min(self.batch_size, self.uids.size - self._cursor)
+            self._block = self._draws.draw(size)
+            self._block_pos = 0
+        index = int(self._block[self._block_pos])
+        self._block_pos += 1
+        return index
 
     # -- checkpointing (embedded in StatefulDataLoader.state_dict) ---------------------------
 
@@ -157,6 +167,9 @@ class GDROSampler(Sampler[int]):
             "cursor": self._cursor,
             "rng": deepcopy(self._rng.bit_generator.state),
             "epoch_rng": deepcopy(self._epoch_rng_state),
+            "draws": None if self._draws is None else self._draws.state_dict(),
+            "block": self._block.copy(),
+            "block_pos": self._block_pos,
             "controller": self.controller.state_dict(),
             "companions": {name: obj.state_dict() for name, obj in self.companions.items()},
         }
@@ -186,8 +199,10 @@ class GDROSampler(Sampler[int]):
             self._rng.bit_generator.state = deepcopy(self._epoch_rng_state)
             self._perm = self._rng.permutation(self.uids.size)
         self._rng.bit_generator.state = deepcopy(state["rng"])
-        self._members = None
-        self._members_version = None
+        if self._draws is not None:
+            self._draws.load_state_dict(state["draws"])
+        self._block = np.asarray(state["block"], dtype=np.int64).copy()
+        self._block_pos = int(state["block_pos"])
         self._resume = self._epoch > 0
 
 

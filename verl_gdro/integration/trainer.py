@@ -226,9 +226,11 @@ class GDROTrainerMixin:
         else:
             mode = "shuffle" if self.config.data.get("shuffle", True) else "sequential"
         seed = self.config.data.get("seed", None)
-        self.gdro_sampler = GDROSampler(uids, self.gdro, mode=mode, seed=0 if seed is None else int(seed))
-        self.gdro_sampler.companions["ledger"] = self.gdro_ledger
         batch_size = self.train_dataloader.batch_size  # verl's choice (gen_batch_size or train_batch_size)
+        self.gdro_sampler = GDROSampler(
+            uids, self.gdro, mode=mode, seed=0 if seed is None else int(seed), batch_size=int(batch_size)
+        )
+        self.gdro_sampler.companions["ledger"] = self.gdro_ledger
         self.train_dataloader = StatefulDataLoader(
             dataset=self.train_dataset,
             batch_size=batch_size,

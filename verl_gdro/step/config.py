@@ -26,6 +26,7 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any
 
+from verl_gdro.evidence import SAMPLING_PRIORITIES
 from verl_gdro.presets import LOSS_SIGNALS, PRESETS, resolve_preset
 from verl_gdro.prompt_gdro import PromptGDRO
 from verl_gdro.rollout_gdro import ALLOCATORS, ARM_UTILITIES, PER_PROMPT_UTILITIES, RolloutGDRO
@@ -36,6 +37,7 @@ __all__ = [
     "ESTIMATOR_NAME",
     "PASSK_ESTIMATORS",
     "PROMPT_MODES",
+    "SAMPLING_MODES",
     "ROW_INDEX_FIELD",
     "SELECTIONS",
     "TRAINER_MODES",
@@ -68,7 +70,9 @@ UID_KEYS = ("index", "row_index")
 ROW_INDEX_FIELD = "gdro_row_index"
 
 PASSK_ESTIMATORS = ("pooled", "any_of_n")
-PROMPT_MODES = ("reweight", "resample")
+#: Prompt-GDRO modes that draw the prompts (the sampler), the bin-level one and the per-prompt ones
+SAMPLING_MODES = ("resample", *SAMPLING_PRIORITIES)
+PROMPT_MODES = ("reweight", *SAMPLING_MODES)
 WEIGHT_NORMALIZATIONS = ("mean_one", "raw")
 SELECTIONS = ("auto", "map", "sample")
 
@@ -141,6 +145,12 @@ class PromptSettings:
     clip_ratio_low: float
     clip_ratio_high: float
     standalone_correct_threshold: float
+    #: sampling modes: the uniform exploration floor, the evidence's per-visit decay, GRESO's
+    #: revisit probability and the band's width (docs/algorithm.md, "Prompt sampling modes")
+    explore: float = 0.2
+    rate_decay: float = 0.5
+    revisit: float = 0.5
+    band_width: float = 0.2
 
     def kwargs(self, num_bins: int) -> dict[str, Any]:
         """Constructor arguments of :class:`verl_gdro.prompt_gdro.PromptGDRO`."""
@@ -197,8 +207,9 @@ class GDROSettings:
 
     @property
     def resamples(self) -> bool:
-        """Whether the sampler draws prompts with Prompt-GDRO's q_t (``mode=resample``)."""
-        return self.enable and self.prompt.enable and self.prompt.mode == "resample"
+        """Whether the sampler draws the prompts (a sampling ``mode``: ``resample`` with Prompt-GDRO's
+        q_t, or a per-prompt priority)."""
+        return self.enable and self.prompt.enable and self.prompt.mode in SAMPLING_MODES
 
     @property
     def allocates(self) -> bool:
@@ -418,6 +429,10 @@ def _resolve_prompt(c: dict[str, Any], preset: str, num_bins: int) -> PromptSett
         clip_ratio_low=low,
         clip_ratio_high=high,
         standalone_correct_threshold=_float(f"{p}.standalone_correct_threshold", c["standalone_correct_threshold"]),
+        explore=_float(f"{p}.explore", c["explore"], 0.0, 1.0, low_open=True),
+        rate_decay=_float(f"{p}.rate_decay", c["rate_decay"], 0.0, 1.0, low_open=True),
+        revisit=_float(f"{p}.revisit", c["revisit"], 0.0, 1.0, low_open=True),
+        band_width=_float(f"{p}.band_width", c["band_width"], low=0.0, low_open=True),
     )
 
 
@@ -489,11 +504,14 @@ def resolve_gdro(group: Any = None) -> GDROSettings:
         raise ValueError(f"gdro.preset={preset!r} is invalid: allowed values are {sorted(PRESETS)}")
     # null keys that the preset decides take the preset's value (explicit values win)
     for section, keys in resolve_preset(preset).items():
+        if section == "classifier" and (c["classifier"]["num_bins"] is not None or c["classifier"]["bin_edges"] is not None):
+            # the bins are one choice: a user who gives num_bins or bin_edges chooses both
+            keys = {k: v for k, v in keys.items() if k not in ("num_bins", "bin_edges")}
         for key, value in keys.items():
             if c[section][key] is None:
                 if (section, key) == ("prompt", "min_ess") and c["prompt"]["weight_normalization"] != "mean_one":
                     value = 0.0  # the floor acts on mean_one multipliers; raw weights keep the preset's other choices
-                if (section, key) == ("rollout", "rate_decay") and c["rollout"]["allocator"] != "per_prompt":
+                if (section, key) == ("rollout", "rate_decay") and c[section]["allocator"] != "per_prompt":
                     value = None  # the decay is the per_prompt allocator's; a per-bin one keeps the other choices
                 c[section][key] = value
     uid_key = _choice("gdro.uid_key", c["uid_key"], UID_KEYS)
@@ -623,10 +641,10 @@ def validate_gdro_config(cfg: Any) -> GDROSettings:
                 "batch_size * n cannot be met"
             )
 
-    if settings.enable and settings.prompt.enable and settings.prompt.mode == "resample" and not gdro_trainer:
+    if settings.resamples and not gdro_trainer:
         raise ValueError(
-            f"gdro.prompt.mode=resample is invalid with trainer.v1.trainer_mode={trainer_mode!r}: only the GDRO "
-            f"trainer's sampler can draw prompts with q_t; set trainer.v1.trainer_mode={TRAINER_NAME} or "
+            f"gdro.prompt.mode={settings.prompt.mode} is invalid with trainer.v1.trainer_mode={trainer_mode!r}: only "
+            f"the GDRO trainer's sampler can draw the prompts; set trainer.v1.trainer_mode={TRAINER_NAME} or "
             "gdro.prompt.mode=reweight"
         )
 

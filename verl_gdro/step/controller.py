@@ -35,6 +35,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from verl_gdro.classifier import MAX_TRIALS_PER_VISIT, OnlineDifficultyClassifier
+from verl_gdro.evidence import PromptEvidence
 from verl_gdro.metrics import PREFIX, step_metrics_prepared
 from verl_gdro.prompt_gdro import (
     PromptGDRO,
@@ -46,13 +47,15 @@ from verl_gdro.prompt_gdro import (
     surrogate_loss,
 )
 from verl_gdro.rollout_gdro import FULL_INFORMATION_UTILITIES, RolloutGDRO
-from verl_gdro.step.config import GDROSettings, resolve_gdro
+from verl_gdro.step.config import SAMPLING_MODES, GDROSettings, resolve_gdro
 
 __all__ = ["EXTRA_METRICS", "GDROController", "StepPlan", "describe_mode", "mode_name"]
 
 logger = logging.getLogger(__name__)
 
 _STATE_VERSION = 1
+#: gdro.prompt keys added with the sampling modes (filled in when loading an older state)
+_SAMPLING_KEYS = ("explore", "rate_decay", "revisit", "band_width")
 
 #: Integration counters logged next to :data:`verl_gdro.metrics.METRIC_NAMES` (all under ``gdro/``).
 EXTRA_METRICS: tuple[str, ...] = (
@@ -104,6 +107,8 @@ class GDROController:
                 self.prompt = PromptGDRO(**settings.prompt.kwargs(self.num_bins))
             if settings.rollout.enable:
                 self.rollout = RolloutGDRO(**settings.rollout.kwargs(self.num_bins, self.rollout_n))
+        #: Per-prompt evidence of the training set for the sampling modes (:meth:`attach_prompts`).
+        self.evidence: PromptEvidence | None = None
         self.num_steps = 0
         #: Increments after every update: the sampler refreshes its bin membership when it changes.
         self.version = 0
@@ -129,8 +134,9 @@ class GDROController:
 
     @property
     def resamples(self) -> bool:
-        """Prompt-GDRO drives the sampler (on, ``mode=resample``)."""
-        return self.prompt is not None and self.settings.prompt.mode == "resample"
+        """Prompt-GDRO draws the prompts (on, ``mode`` one of the sampling modes: ``resample`` or a
+        per-prompt priority); the multipliers are then exactly 1."""
+        return self.prompt is not None and self.settings.prompt.mode in SAMPLING_MODES
 
     @property
     def pending_prompts(self) -> int:
@@ -331,6 +337,8 @@ class GDROController:
                 # distinct (checked above or pooled by np.unique), int64, trials in [1, 255] (present
                 # prompts, capped by _fit_visit), successes in [0, trials] (bincounts of 0/1 acc)
                 self.classifier.observe_prepared(uniq, *_fit_visit(visit_s, visit_t))
+                if self.evidence is not None:
+                    self.evidence.observe(uniq, visit_s, visit_t)
         except BaseException:
             for controller, state in snapshots:
                 controller.restore(state)
@@ -464,6 +472,15 @@ class GDROController:
             return np.zeros(u.size, dtype=np.int64)
         return self.classifier.bins(u)
 
+    def attach_prompts(self, uids: ArrayLike) -> PromptEvidence:
+        """Register the training set (stable id per row) whose per-prompt evidence the sampling
+        modes read; every later update feeds it. Idempotent for the same set; another set replaces
+        it (a fresh run's sampler). Returns the evidence store."""
+        u = _int_array("uids", uids)
+        if self.evidence is None or not np.array_equal(self.evidence.uids, u):
+            self.evidence = PromptEvidence(u, decay=self.settings.prompt.rate_decay)
+        return self.evidence
+
     def bin_probs(self) -> NDArray[np.float64]:
         """Prompt-GDRO's q_t (uniform when Prompt-GDRO is off)."""
         if self.prompt is None:
@@ -486,6 +503,7 @@ class GDROController:
             "classifier": None if self.classifier is None else self.classifier.state_dict(),
             "prompt": None if self.prompt is None else self.prompt.state_dict(),
             "rollout": None if self.rollout is None else self.rollout.state_dict(),
+            "evidence": None if self.evidence is None else self.evidence.state_dict(),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -496,6 +514,11 @@ class GDROController:
         if isinstance(saved, Mapping) and "advantage_clip" not in saved:
             # Saved before gdro.advantage_clip existed (verl-gdro 0.1.0 pre-release), which meant no clip.
             saved = {**saved, "advantage_clip": None}
+        if isinstance(saved, Mapping) and isinstance(saved.get("prompt"), Mapping):
+            # Saved before the sampling modes' keys existed: they only act in a sampling mode, which
+            # such a run could not use, so the current values describe it.
+            new_keys = {k: v for k, v in self.settings.to_dict()["prompt"].items() if k in _SAMPLING_KEYS}
+            saved = {**saved, "prompt": {**new_keys, **saved["prompt"]}}
         mine = self.settings.to_dict()
         if saved != mine:
             diff = _dict_diff(saved or {}, mine)
@@ -518,6 +541,11 @@ class GDROController:
             self.prompt.load_state_dict(dict(state["prompt"]))
         if self.rollout is not None:
             self.rollout.load_state_dict(dict(state["rollout"]))
+        evidence = state.get("evidence")
+        if evidence is not None:
+            if self.evidence is None:
+                self.evidence = PromptEvidence(evidence["uids"], decay=self.settings.prompt.rate_decay)
+            self.evidence.load_state_dict(dict(evidence))
         self.num_steps = int(state["num_steps"])
         self.version = int(state["controller_version"])
         self._reset_pending()

@@ -1,0 +1,100 @@
+"""The data adversary's prompt draws, verl-free: one sampler for the verl trainer, the CPU study
+and anyone's own RL loop.
+
+:class:`PromptSampler` draws a step's batch of distinct training prompts under the ``gdro.prompt.mode``
+of its :class:`~verl_gdro.step.controller.GDROController` (docs/algorithm.md, "Prompt sampling
+modes"):
+
+- ``resample``: Prompt-GDRO's bin distribution q_t (Eq. 15), spread uniformly over each bin's
+  prompts: prompt i of bin b has weight q_t(b) / |b|;
+- ``failure_weighted``, ``greso``, ``band``: a priority per prompt from its decayed evidence
+  (:func:`verl_gdro.evidence.sampling_priority`).
+
+Every mode mixes in the uniform exploration floor ``gdro.prompt.explore`` (no prompt's probability
+falls below explore / N) and draws the batch without replacement (:func:`draw_without_replacement`),
+so a step has exactly ``size`` distinct prompts and the rollouts stay GRPO's: ``size * rollout.n``.
+One draw is O(N) vectorised (N = training set size): priorities, one exponential race, one partial
+sort. The per-prompt evidence lives in the controller (it is updated in
+:meth:`~verl_gdro.step.controller.GDROController.after_advantage` and saved with its state); the
+sampler's own state is its generator.
+
+Usage::
+
+    sampler = PromptSampler(ctrl, dataset_uids, seed=0)
+    rows = sampler.draw(batch_size)          # row positions into the training set
+    plan = ctrl.before_generation(dataset_uids[rows])
+    ...
+"""
+
+from __future__ import annotations
+
+from copy import deepcopy
+from typing import Any
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from verl_gdro.evidence import draw_without_replacement, mix_uniform, sampling_priority
+from verl_gdro.step.controller import GDROController
+
+__all__ = ["PromptSampler"]
+
+_STATE_VERSION = 1
+
+
+class PromptSampler:
+    """Draws batches of distinct training-set rows with the controller's sampling mode.
+
+    Args:
+        controller: the run's controller, with ``gdro.prompt.mode`` a sampling mode
+            (:attr:`GDROController.resamples`); the sampler registers the training set with it
+            (:meth:`GDROController.attach_prompts`) so that its updates feed the evidence.
+        uids: the stable id of every training-set row (distinct).
+        seed: the generator's seed.
+    """
+
+    def __init__(self, controller: GDROController, uids: ArrayLike, seed: int = 0) -> None:
+        if not controller.resamples:
+            raise ValueError(
+                f"gdro.prompt.mode={controller.settings.prompt.mode!r} does not draw prompts: a PromptSampler needs "
+                "Prompt-GDRO on with a sampling mode (resample, failure_weighted, greso or band)"
+            )
+        self.controller = controller
+        self.evidence = controller.attach_prompts(uids)
+        self.uids = self.evidence.uids
+        self.seed = int(seed)
+        self._rng = np.random.Generator(np.random.PCG64(self.seed))
+
+    def __len__(self) -> int:
+        return int(self.uids.size)
+
+    def probabilities(self) -> NDArray[np.float64]:
+        """Each row's draw probability for the next draw (sums to 1), exploration floor included."""
+        settings = self.controller.settings.prompt
+        if settings.mode == "resample":
+            bins = self.controller.bins_of(self.uids)
+            sizes = np.bincount(bins, minlength=self.controller.num_bins)
+            q = self.controller.bin_probs() * (sizes > 0)
+            priority = q[bins] / sizes[bins]
+        else:
+            ev = self.evidence
+            priority = sampling_priority(
+                settings.mode, ev.successes, ev.trials, ev.streak,
+                n=self.controller.rollout_n, revisit=settings.revisit, width=settings.band_width,
+            )
+        return mix_uniform(priority, settings.explore)
+
+    def draw(self, size: int) -> NDArray[np.int64]:
+        """``size`` distinct rows (positions into ``uids``), in draw order."""
+        if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or not 0 <= size <= self.uids.size:
+            raise ValueError(f"batch size {size!r} is invalid: must be an integer in [0, {self.uids.size}] (the training set)")
+        return draw_without_replacement(self.probabilities(), int(size), self._rng)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The generator (the evidence is saved with the controller)."""
+        return {"version": _STATE_VERSION, "seed": self.seed, "rng": deepcopy(self._rng.bit_generator.state)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if not isinstance(state, dict) or state.get("version") != _STATE_VERSION:
+            raise ValueError(f"not a PromptSampler state of version {_STATE_VERSION}")
+        self._rng.bit_generator.state = deepcopy(state["rng"])
