@@ -91,3 +91,41 @@ def test_cli_reads_run_directories_and_names_bad_paths(tmp_path, capsys):
 def test_worst_interval_touching_zero_does_not_qualify(lo):
     d = decide(_summary("missing", {"x": (0.02, lo, 0.05, 0.01, 0.0, 0.02)}), {})
     assert not d.arms[0].qualifies and d.status == "default stays"
+
+
+def _sat(figures: dict[str, tuple[float | None, ...]]) -> dict:
+    """A saturating study: label -> per-seed mean@8 shares (None: never) with hardest level 0.5."""
+    paired = {}
+    for label, shares in figures.items():
+        counted = [float("inf") if x is None else x for x in shares]
+        reached = [x for x in shares if x is not None]
+        every = len(reached) == len(shares)
+        fig = {
+            "per_seed": ["never" if x is None else x for x in shares],
+            "median": float(sorted(reached)[len(reached) // 2]) if every else None,
+            "median_interpolated": None,
+            "rank_value": float(sorted(counted)[len(counted) // 2]),
+        }
+        hard = {"per_seed": [0.5] * len(shares), "median": 0.5, "median_interpolated": None, "rank_value": 0.5}
+        paired[label] = {"compute_to_grpo_final": {"mean@8": fig, "hardest_level_acc": hard}}
+    return {"task": "missing_long", "paired": paired}
+
+
+def test_saturating_compute_figure_ranks_the_qualified_arms():
+    sat = _sat({"b_good": (0.9, 0.9, None), "c_ok": (0.7, 0.7, 0.7), "a_big": (0.1, 0.1, 0.1)})
+    add = _summary("add", {"b_good": (0, 0, 0, 0.0, 0, 0), "c_ok": (0, 0, 0, 0.0, 0, 0)}, seeds=5)
+    d = decide(DEV, {"add": add}, saturating=sat)
+    # a_big is fastest but does not qualify; c_ok needs less compute than b_good (whose median is 0.9)
+    assert [a.label for a in d.arms][:2] == ["c_ok", "b_good"]
+    assert d.chosen == "c_ok"
+    text = markdown(d)
+    assert "ranked by the mean@8 compute figure on `missing_long`" in text
+    assert "**met** (mean@8 0.70, hardest level 0.50)" in text
+
+
+def test_never_reaching_ranks_above_one_and_ties_go_to_the_worst_level_gain():
+    sat = _sat({"b_good": (None, None, 0.5), "c_ok": (None, None, 0.5)})
+    d = decide(DEV, {}, saturating=sat)
+    assert d.arms[0].rank_value == float("inf") and [a.label for a in d.arms][:2] == ["b_good", "c_ok"]
+    sat = _sat({"b_good": (0.8, 0.8, 0.8), "c_ok": (0.8, 0.8, 0.8)})
+    assert [a.label for a in decide(DEV, {}, saturating=sat).arms][:2] == ["b_good", "c_ok"]  # tie: worst gain

@@ -128,14 +128,7 @@ def test_cli_flags_in_the_docs_exist() -> None:
 
 #: Files of issue 28's work in progress that still cite the old external contract; remove each
 #: from this list when its citations point at docs/algorithm.md.
-_CONTRACT_CITATIONS_PENDING = {
-    "verl_gdro/config/gdro_trainer.yaml",
-    "verl_gdro/metrics.py",
-    "verl_gdro/presets.py",
-    "verl_gdro/prompt_gdro.py",
-    "verl_gdro/rollout_gdro.py",
-    "verl_gdro/step/controller.py",
-}
+_CONTRACT_CITATIONS_PENDING: set[str] = set()
 
 
 def test_no_file_cites_a_contract_outside_the_repository() -> None:

@@ -419,3 +419,31 @@ def test_ess_share_by_bin_matches_the_per_element_share():
             exact = effective_sample_size(advantage_multipliers(q, q, b, cap, "mean_one")[b])
             worst = max(worst, abs(share(scale) - exact) / exact)
     assert worst < _ESS_MARGIN / 20
+
+
+def test_interpolated_share_reads_the_crossing_between_evaluations():
+    from verl_gdro.demo.stats import interpolated_share
+
+    def curve(values: list[float]) -> list[dict]:
+        return [{"rollouts": 100 * i, "mean@8": v} for i, v in enumerate(values)]
+
+    grpo = curve([0.2, 0.4, 0.6])  # final 0.6 at 200 rollouts
+    assert interpolated_share(grpo, curve([0.2, 0.5, 0.7]), "mean@8") == pytest.approx(150 / 200)
+    assert interpolated_share(grpo, curve([0.2, 0.6, 0.7]), "mean@8") == pytest.approx(100 / 200)
+    assert interpolated_share(grpo, curve([0.2, 0.3, 0.5]), "mean@8") is None
+
+
+def test_train_stats_from_the_runs_rows():
+    from verl_gdro.demo.run import _train_stats
+
+    rows = [
+        {"gdro/zero_adv_share": z, "train/distinct_prompts": 10.0 + i, "train/response_tokens_total": 5.0 * i}
+        for i, z in enumerate([0.2, 0.2, 0.4, 0.8])
+    ]
+    t = _train_stats(rows)
+    assert t == {
+        "zero_adv_share": pytest.approx(0.4),
+        "zero_adv_share_last_quarter": pytest.approx(0.8),
+        "distinct_prompts": 13.0,
+        "response_tokens": 15.0,
+    }

@@ -1,4 +1,4 @@
-"""Online difficulty classifier (spec section 1, paper section 3.1).
+"""Online difficulty classifier (docs/algorithm.md section 1, paper section 3.1).
 
 Every prompt (a stable int64 uid: the dataset row index) keeps its last ``window`` visits, each
 visit being (successes, trials) of that step's training rollouts. From them the classifier
@@ -19,7 +19,7 @@ Why the data structures look like this (issue 2 / issue 6 scale targets):
 - ``state_dict`` is a flat dict of numpy arrays (``np.savez(path, **state)`` works as is); the
   hash table is not saved but rebuilt on load, so the saved state does not depend on it.
 
-Order within step t (spec 1): ``bins(uids)`` with the history up to t-1, use those bins for
+Order within step t (docs/algorithm.md section 1): ``bins(uids)`` with the history up to t-1, use those bins for
 every decision of step t, then ``observe(...)`` step t's visit.
 """
 
@@ -69,7 +69,7 @@ def _factor_offsets(k: int, ndim: int) -> np.ndarray:
 
 
 def pooled_pass_at_k(successes: np.ndarray, trials: np.ndarray, k: int) -> np.ndarray:
-    """Pooled pass@k of spec section 1 (``passk_estimator: pooled``).
+    """Pooled pass@k of docs/algorithm.md section 1 (``passk_estimator: pooled``).
 
     With S successes out of T trials summed over the window: ``1 - C(T-S, k) / C(T, k)`` when
     T >= k (the unbiased estimator of the chance that k draws without replacement contain a
@@ -109,7 +109,7 @@ def pooled_pass_at_k(successes: np.ndarray, trials: np.ndarray, k: int) -> np.nd
 
 
 def any_of_n_rate(visit_successes: np.ndarray, num_visits: np.ndarray) -> np.ndarray:
-    """``any_of_n`` estimate of spec section 1 (the released patch's behaviour).
+    """``any_of_n`` estimate of docs/algorithm.md section 1 (the released patch's behaviour).
 
     The mean over the window of 1[the visit had at least one success]. ``visit_successes`` is
     ``[prompts, window]`` with unvisited cells equal to 0 (they count as no success, and are
@@ -134,7 +134,7 @@ def snap(x: Any) -> np.ndarray:
 
 
 def raw_bin(p: np.ndarray, inner_edges: np.ndarray) -> np.ndarray:
-    """Raw bin of an estimate (spec section 1): the number of inner edges <= p.
+    """Raw bin of an estimate (docs/algorithm.md section 1): the number of inner edges <= p.
 
     Bin b holds estimates in [a_b, a_{b+1}); 1.0 falls in the last bin because it is >= every
     inner edge. Estimates must lie in [0, 1] (checked by the caller). Compared on the
@@ -154,7 +154,7 @@ def hysteresis_move(
     committed: np.ndarray, p: np.ndarray, raw: np.ndarray, full_edges: np.ndarray, delta: float,
     thresholds: tuple[np.ndarray, np.ndarray] | None = None, snapped: bool = False,
 ) -> np.ndarray:
-    """Hysteresis rule of spec section 1: the bin a prompt moves to from its committed bin.
+    """Hysteresis rule of docs/algorithm.md section 1: the bin a prompt moves to from its committed bin.
 
     From committed bin c (edges a_c, a_{c+1}) with raw bin r != c, the prompt moves only when the
     estimate passes the boundary by ``delta``: up needs p >= a_{c+1} + delta, down needs
@@ -168,7 +168,7 @@ def hysteresis_move(
     :func:`snap` is idempotent on [0, 1] (``test_snap_is_idempotent``), so the bins are the same.
 
     Both directions are tested with uniform and custom edges: the released patch blocked every
-    downward move for uniform edges (spec section 6, defect 4). The classifier itself applies the
+    downward move for uniform edges (docs/algorithm.md, "Defects of the released patch", 4). The classifier itself applies the
     equivalent keep rule of :func:`_hysteresis_keep` (its raw bins always come from ``p``); this
     is the rule as the spec states it, for any ``raw``, and the reference that rule is tested against.
     """
@@ -488,13 +488,13 @@ def _any_greater(a: np.ndarray, b: np.ndarray, chunk: int = 1 << 22) -> bool:
 
 
 class OnlineDifficultyClassifier:
-    """Per-prompt sliding-window pass@k estimate and hysteresis bins (spec section 1).
+    """Per-prompt sliding-window pass@k estimate and hysteresis bins (docs/algorithm.md section 1).
 
     Args:
         bin_edges: inner edges a_1 < ... < a_{B-1}, strictly inside (0, 1); they define B bins.
             ``None`` means B = ``num_bins`` equal bins (edges i / B).
         num_bins: B; must agree with ``bin_edges`` when both are given (or stay at its default),
-            because the released patch turned "6 bins" of custom edges into 7 (spec 6, defect 6).
+            because the released patch turned "6 bins" of custom edges into 7 (docs/algorithm.md, "Defects of the released patch", 6).
         window: H, visits kept per prompt (default 100).
         hysteresis: delta, margin by which an estimate must pass an edge to move the prompt;
             0 <= delta < the narrowest bin's width.

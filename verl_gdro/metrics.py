@@ -1,4 +1,4 @@
-"""The per-step metrics of ALGORITHM.md section 4, with their names, as pure numpy functions.
+"""The per-step metrics of docs/algorithm.md section 4, with their names, as pure numpy functions.
 
 One place defines every metric name (:data:`PER_BIN_METRICS`, :data:`SCALAR_METRICS`,
 :func:`metric_keys`), so the verl trainer, the CPU demo, the plots and the tests cannot drift
@@ -275,7 +275,7 @@ def step_metrics(
     dropped_nonfinite: int = 0,
     dropped_nonfinite_total: int = 0,
 ) -> dict[str, float]:
-    """Every metric of spec section 4 for one step, keyed exactly as :func:`metric_keys`.
+    """Every metric of docs/algorithm.md section 4 for one step, keyed exactly as :func:`metric_keys`.
 
     Args:
         num_bins: B.

@@ -1,4 +1,4 @@
-"""Prompt-GDRO: the data adversary (ALGORITHM.md section 2; paper 3.2, Eqs. 6-7 and 12-16).
+"""Prompt-GDRO: the data adversary (docs/algorithm.md section 2; paper 3.2, Eqs. 6-7 and 12-16).
 
 Read top to bottom, this module is the equations in order:
 
@@ -63,7 +63,7 @@ _LOW_VAR_KL_CLAMP = 10.0
 
 
 # --------------------------------------------------------------------------------------------
-# Loss signals l(x) (spec section 2, `loss_signal`)
+# Loss signals l(x) (docs/algorithm.md section 2, `loss_signal`)
 # --------------------------------------------------------------------------------------------
 
 
@@ -282,7 +282,7 @@ def surrogate_loss(
     Inputs are per response (rows) and token (columns) with verl's ``response_mask``, plus the
     prompt index of every response, so any group sizes work in one vectorised pass.
 
-    Note (spec section 2): at the on-policy point, where the driver evaluates it, ratio = 1 and
+    Note (docs/algorithm.md section 2): at the on-policy point, where the driver evaluates it, ratio = 1 and
     each response's token-mean is -A_ij; GRPO advantages sum to zero within a group, so for equal
     response weights this signal is exactly zero for every prompt (up to rounding). It carries no
     difficulty information there; the ``failure_rate`` signal does.
@@ -312,7 +312,7 @@ def surrogate_kl_loss(
     the driver) and ``ref_log_prob``. At ratio = 1 the surrogate part of a prompt is exactly zero
     (GRPO advantages sum to zero in a group), so this equals ``kl_coef * mean_j KL_ij``: with share
     normalisation the weights are driven mostly by inverse bin share, modulated by KL. That is the
-    paper's definition, kept and logged per bin rather than hidden (spec section 2).
+    paper's definition, kept and logged per bin rather than hidden (docs/algorithm.md section 2).
     """
     mask, arr = _token_arrays(response_mask, log_prob=log_prob, ref_log_prob=ref_log_prob)
     lp, ref = arr["log_prob"], arr["ref_log_prob"]

@@ -1,4 +1,4 @@
-"""Rollout-GDRO: the compute adversary (ALGORITHM.md section 3; paper 3.3, 4.3, Eqs. 17-21, 28-31).
+"""Rollout-GDRO: the compute adversary (docs/algorithm.md section 3; paper 3.3, 4.3, Eqs. 17-21, 28-31).
 
 Every prompt of difficulty bin b gets n_b rollouts, n_b in the arm set {n_min, ..., n_max}, and the
 step spends exactly ``n_mean * len(bins)`` rollouts: compute-neutral against GRPO at n = n_mean.
@@ -642,7 +642,7 @@ def _check_range(name: str, ok: bool, allowed: str, value: Any) -> None:
 
 
 class RolloutGDRO:
-    """Per-bin rollout counts under an exact mean budget (ALGORITHM.md section 3).
+    """Per-bin rollout counts under an exact mean budget (docs/algorithm.md section 3).
 
     Call :meth:`allocate` with the step's bins before generation and :meth:`update` with the
     step's results afterwards. All state (arm scores, shadow price, smoothed pass rates, Neyman

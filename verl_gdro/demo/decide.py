@@ -1,13 +1,18 @@
 """``verl-gdro decide``: the stated rule that picks the ``robust`` default from study results.
 
-The rule (issue 22, recorded in ``docs/algorithm.md``) reads only paired differences to GRPO, so a
-default is chosen by a rule written before the runs, not by looking at the tables:
+The rule (stated in ``docs/benchmarks.md`` before the runs) reads only paired differences to GRPO,
+so a default is chosen by a rule written before the runs, not by looking at the tables:
 
 1. On the development task, an arm *qualifies* when its worst-level interval excludes 0 on the
    positive side (``lo > 0``) and its whole mean@8 interval lies above ``-0.005``
    (:data:`MEAN_FLOOR`). Intervals need at least :data:`~verl_gdro.demo.stats.MIN_SEEDS_FOR_INTERVALS`
    seeds; with fewer, nothing qualifies.
-2. Qualified arms are ranked by their mean worst-level gain.
+2. Qualified arms are ranked by their mean worst-level gain; with a saturating study
+   (``--saturating``), by its mean@8 compute figure first (the median over seeds of the share of
+   GRPO's rollouts at which the arm first reaches GRPO's final mean@8, a seed that never does
+   counting as above 1; an arm not run there ranks last), ties by the worst-level gain. The goal
+   line says whether the winner reaches GRPO's final mean@8 and hardest level with at most
+   :data:`GOAL_SHARE` of its rollouts (median, every seed reaching).
 3. Going down that ranking, an arm is *confirmed* when, on every confirmation task, its mean
    mean@8 difference to GRPO is no worse than ``-0.01`` (:data:`CONFIRM_MAX_LOSS`). The default is
    the first confirmed arm, provided every arm ranked above it was run on the confirmation tasks
@@ -32,6 +37,8 @@ from verl_gdro.errors import UsageError
 MEAN_FLOOR = -0.005
 #: the most mean@8 (paired mean difference) the chosen arm may lose on a confirmation task
 CONFIRM_MAX_LOSS = 0.01
+#: the goal of the chosen default on the saturating configuration (share of GRPO's rollouts)
+GOAL_SHARE = 0.75
 
 
 @dataclass
@@ -48,6 +55,15 @@ class ArmVerdict:
     why: str
     #: confirmation task -> mean paired mean@8 difference (None: the arm was not run there)
     confirm: dict[str, float | None] = field(default_factory=dict)
+    #: the saturating study's compute figures (None: no saturating study, or the arm was not run)
+    saturating: dict[str, Any] | None = None
+
+    @property
+    def rank_value(self) -> float:
+        """The saturating mean@8 compute figure (inf when absent or never reached)."""
+        if self.saturating is None or self.saturating["mean@8"].get("rank_value") is None:
+            return float("inf")
+        return float(self.saturating["mean@8"]["rank_value"])
 
     @property
     def confirmed(self) -> bool | None:
@@ -69,6 +85,7 @@ class Decision:
     confirm_tasks: list[str]
     chosen: str | None
     status: str  # "chosen", "pending" (an arm awaits confirmation) or "default stays"
+    saturating_task: str | None = None
 
 
 def _qualify(p: Mapping[str, Any]) -> tuple[bool, str]:
@@ -84,7 +101,10 @@ def _qualify(p: Mapping[str, Any]) -> tuple[bool, str]:
 
 
 def decide(
-    dev: Mapping[str, Any], confirm: Mapping[str, Mapping[str, Any]], arms_only: Sequence[str] | None = None
+    dev: Mapping[str, Any],
+    confirm: Mapping[str, Mapping[str, Any]],
+    arms_only: Sequence[str] | None = None,
+    saturating: Mapping[str, Any] | None = None,
 ) -> Decision:
     """Apply the rule to a development study summary and confirmation study summaries (by task).
 
@@ -116,9 +136,16 @@ def decide(
         for task, summary in confirm.items():
             cp = (summary.get("paired") or {}).get(label)
             verdict.confirm[task] = None if cp is None else float(cp["mean@8"]["mean"])
+        if saturating is not None:
+            sp = (saturating.get("paired") or {}).get(label)
+            verdict.saturating = None if sp is None else dict(sp["compute_to_grpo_final"])
         arms.append(verdict)
-    # qualified first, best worst-level gain first; the rest in the same order after them
-    arms.sort(key=lambda a: (not a.qualifies, -a.worst_gain))
+    if saturating is None:
+        # qualified first, best worst-level gain first; the rest in the same order after them
+        arms.sort(key=lambda a: (not a.qualifies, -a.worst_gain))
+    else:
+        # qualified first, least compute to GRPO's final mean@8 first, ties by worst-level gain
+        arms.sort(key=lambda a: (not a.qualifies, a.rank_value, -a.worst_gain))
     chosen, status = None, "default stays"
     for a in arms:
         if not a.qualifies:
@@ -136,7 +163,27 @@ def decide(
         confirm_tasks=list(confirm),
         chosen=chosen,
         status=status,
+        saturating_task=None if saturating is None else str(saturating["task"]),
     )
+
+
+def _share(c: Mapping[str, Any] | None, key: str) -> str:
+    """A compute figure as the rule reads it: the median, or the per-seed values."""
+    if c is None:
+        return "not run"
+    f = c[key]
+    if f.get("median") is not None:
+        interp = f.get("median_interpolated")
+        return f"{f['median']:.2f}" + ("" if interp is None else f" ({interp:.2f})")
+    cells = ["-" if v == "excluded" else "never" if v == "never" else f"{v:.2f}" for v in f["per_seed"]]
+    return "/".join(cells) or "-"
+
+
+def goal_met(c: Mapping[str, Any] | None) -> bool:
+    """Both figures (hardest level, mean@8) reached by every counted seed, medians <= the goal."""
+    if c is None:
+        return False
+    return all(c[k].get("median") is not None and c[k]["median"] <= GOAL_SHARE + 1e-12 for k in ("hardest_level_acc", "mean@8"))
 
 
 def _ci(mean: float, ci: Sequence[float | None]) -> str:
@@ -146,32 +193,50 @@ def _ci(mean: float, ci: Sequence[float | None]) -> str:
 
 def markdown(d: Decision) -> str:
     """The rule's table: every arm, why it qualifies or not, its confirmations and the outcome."""
+    sat = d.saturating_task
+    ranked = (
+        f"ranked by the mean@8 compute figure on `{sat}` (median share of GRPO's rollouts, never = above 1), ties "
+        "by worst-level gain"
+        if sat
+        else "ranked by worst-level gain"
+    )
+    sat_head = f" | compute to GRPO's final on {sat}: mean@8 | hardest level" if sat else ""
     lines = [
         f"# Default decision on `{d.task}` ({d.seeds} paired seeds)",
         "",
-        f"Qualifies: worst-level interval above 0 and mean@8 interval above {MEAN_FLOOR}; ranked by worst-level "
-        f"gain; confirmed: mean@8 loss no more than {CONFIRM_MAX_LOSS} on "
+        f"Qualifies: worst-level interval above 0 and mean@8 interval above {MEAN_FLOOR}; {ranked}; "
+        f"confirmed: mean@8 loss no more than {CONFIRM_MAX_LOSS} on "
         + (", ".join(f"`{t}`" for t in d.confirm_tasks) or "(no confirmation task given)")
         + ".",
         "",
-        "| arm | Δ worst level | Δ mean@8 | reading | "
+        "| arm | Δ worst level | Δ mean@8 | reading"
+        + sat_head
+        + " | "
         + " | ".join(f"Δ mean@8 on {t}" for t in d.confirm_tasks)
         + (" | " if d.confirm_tasks else "")
         + "confirmed |",
-        "|---|---|---|---|" + "---|" * len(d.confirm_tasks) + "---|",
+        "|---|---|---|---|" + ("---|---|" if sat else "") + "---|" * len(d.confirm_tasks) + "---|",
     ]
     for a in d.arms:
         conf = " | ".join("not run" if a.confirm[t] is None else f"{a.confirm[t]:+.3f}" for t in d.confirm_tasks)
         state = {True: "yes", False: "no", None: "not yet"}[a.confirmed] if a.qualifies else "-"
+        sat_cells = f" | {_share(a.saturating, 'mean@8')} | {_share(a.saturating, 'hardest_level_acc')}" if sat else ""
         lines.append(
-            f"| {a.label} | {_ci(a.worst_gain, a.worst_ci)} | {_ci(a.mean_gain, a.mean_ci)} | {a.why} | "
+            f"| {a.label} | {_ci(a.worst_gain, a.worst_ci)} | {_ci(a.mean_gain, a.mean_ci)} | {a.why}{sat_cells} | "
             + (conf + " | " if d.confirm_tasks else "")
             + f"{state} |"
         )
     lines.append("")
     if d.status == "chosen":
-        spec = next(a.spec for a in d.arms if a.label == d.chosen)
-        lines.append(f"**Chosen: `{d.chosen}`** (`{spec}`).")
+        winner = next(a for a in d.arms if a.label == d.chosen)
+        lines.append(f"**Chosen: `{d.chosen}`** (`{winner.spec}`).")
+        if sat:
+            verdict = "met" if goal_met(winner.saturating) else "not met"
+            lines.append(
+                f"Goal on `{sat}` (GRPO's final mean@8 and hardest level each with at most {GOAL_SHARE} of its "
+                f"rollouts, median, every seed reaching): **{verdict}** (mean@8 {_share(winner.saturating, 'mean@8')}, "
+                f"hardest level {_share(winner.saturating, 'hardest_level_acc')})."
+            )
     elif d.status == "pending":
         best = next(a.label for a in d.arms if a.confirmed is None)
         lines.append(f"**Pending**: `{best}` qualifies but has not been run on every confirmation task yet.")
@@ -197,6 +262,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--arms", nargs="*", default=None, metavar="LABEL", help="the candidate arms (default: every arm of the study)"
     )
+    parser.add_argument(
+        "--saturating",
+        default=None,
+        metavar="DIR",
+        help="a saturating study of the same arms: rank qualified arms by its mean@8 compute figure",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -207,5 +278,6 @@ def main(args: argparse.Namespace) -> int:
         if summary["task"] == dev["task"]:
             raise UsageError(f"--confirm {path!r} is a study of the development task {dev['task']!r}")
         confirm[str(summary["task"])] = summary
-    print(markdown(decide(dev, confirm, args.arms)))
+    saturating = None if args.saturating is None else _load(args.saturating, "--saturating")
+    print(markdown(decide(dev, confirm, args.arms, saturating)))
     return 0

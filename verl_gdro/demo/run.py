@@ -265,9 +265,25 @@ def _run_one(cfg: DemoConfig, out: str, method: str, seed: int, resume: bool) ->
         "eval_s": eval_s,
         "curve": curve,
         **{k: final[k] for k in ("pass@8", "mean@8", "level_acc", "level_pass@8", "worst_level_acc", "worst_level")},
+        "train_stats": _train_stats(_rows(metrics_path)),
     }
     _atomic_write(done_path, json.dumps(res))
     return res
+
+
+def _train_stats(rows: list[dict]) -> dict[str, float]:
+    """What a run spent its rollouts on, from its per-step rows: the mean share of zero-advantage
+    groups over the run and over its last quarter, the distinct prompts trained and the generated
+    response tokens (0 where a row lacks the figure)."""
+    zero = [float(r.get("gdro/zero_adv_share", float("nan"))) for r in rows]
+    last = zero[len(zero) - max(1, len(zero) // 4):] if zero else []
+    last_row = rows[-1] if rows else {}
+    return {
+        "zero_adv_share": float(sum(zero) / len(zero)) if zero else float("nan"),
+        "zero_adv_share_last_quarter": float(sum(last) / len(last)) if last else float("nan"),
+        "distinct_prompts": float(last_row.get("train/distinct_prompts", 0.0)),
+        "response_tokens": float(last_row.get("train/response_tokens_total", 0.0)),
+    }
 
 
 def _curve_point(step: int, rollouts: int, ev: dict) -> dict:
@@ -348,6 +364,8 @@ def run_demo(cfg: DemoConfig, out: Path, resume: bool = False, plots: bool = Tru
     bar = tqdm(total=cfg.steps * len(jobs), disable=not progress, dynamic_ncols=True, file=sys.stderr)
 
     def finished(res: dict) -> None:
+        if "train_stats" not in res:  # a run finished before the study recorded them: read its rows
+            res["train_stats"] = _train_stats(_rows(out / "metrics" / f"{res['method']}_seed{res['seed']}.jsonl"))
         results[(res["method"], res["seed"])] = res
         log(
             f"{res['method']}_seed{res['seed']}: mean@8 {res['mean@8']:.3f} pass@8 {res['pass@8']:.3f} worst level "

@@ -25,6 +25,7 @@ __all__ = [
     "MIN_SEEDS_FOR_INTERVALS",
     "bootstrap_ci",
     "compute_share",
+    "interpolated_share",
     "markdown",
     "rollouts_to_reach",
     "summarise",
@@ -91,18 +92,45 @@ def compute_share(
     return "never", None
 
 
+def interpolated_share(
+    base_curve: Sequence[Mapping[str, Any]], other_curve: Sequence[Mapping[str, Any]], key: str
+) -> float | None:
+    """:func:`compute_share` between evaluations: the rollouts at which the straight line between the
+    last evaluation below GRPO's final ``key`` and the first one at or above it crosses it, as a
+    share of GRPO's rollouts (None: never reached). Reaching at the first evaluation reads its
+    rollouts (the warm start reads 0)."""
+    target = _value(base_curve[-1], key)
+    prev = None
+    for point in other_curve:
+        v = _value(point, key)
+        if v >= target - 1e-12:
+            r = float(point["rollouts"])
+            if prev is not None and v > prev[1]:
+                r = prev[0] + (target - prev[1]) / (v - prev[1]) * (r - prev[0])
+            return r / float(base_curve[-1]["rollouts"])
+        prev = (float(point["rollouts"]), v)
+    return None
+
+
 def _compute_figure(base: Mapping[int, Mapping], other: Mapping[int, Mapping], key: str) -> dict[str, Any]:
     seeds = sorted(set(base) & set(other))
     rows = [compute_share(base[s]["curve"], other[s]["curve"], key) for s in seeds]
+    interp = [interpolated_share(base[s]["curve"], other[s]["curve"], key) for s in seeds]
     counted = [share for status, share in rows if status != "excluded"]
     reached = [share for share in counted if share is not None]
+    reached_interp = [x for (status, _), x in zip(rows, interp) if status == "reached"]
     every = bool(counted) and len(reached) == len(counted)
+    enough = every and len(counted) >= MIN_SEEDS_FOR_INTERVALS
     return {
         "per_seed": [share if status == "reached" else status for status, share in rows],
+        "per_seed_interpolated": [x if status == "reached" else status for (status, _), x in zip(rows, interp)],
         "counted": len(counted),
         "reached": len(reached),
         # a median only from enough seeds, all of them counted and reaching
-        "median": float(np.median(reached)) if every and len(counted) >= MIN_SEEDS_FOR_INTERVALS else None,
+        "median": float(np.median(reached)) if enough else None,
+        "median_interpolated": float(np.median(reached_interp)) if enough else None,
+        # the ranking figure of `verl-gdro decide`: median over the counted seeds, "never" above 1
+        "rank_value": float(np.median([np.inf if x is None else x for x in counted])) if counted else None,
     }
 
 
@@ -154,6 +182,9 @@ def summarise(
             {k: r[k] for k in ("seed", "pass@8", "mean@8", "worst_level_acc", "worst_level", "level_acc", "wall_s")}
             for r in rs
         ]
+        stats = [r["train_stats"] for r in rs if "train_stats" in r]
+        if stats:
+            entry["train_stats"] = {k: float(np.mean([x[k] for x in stats])) for k in stats[0]}
         methods[m] = entry
 
     summary: dict[str, Any] = {
@@ -199,7 +230,8 @@ def _fmt_ci(p: Mapping[str, Any]) -> str:
 
 def _fmt_compute(c: Mapping[str, Any]) -> str:
     if c["median"] is not None:
-        return f"{c['median']:.2f} ({c['reached']}/{c['counted']})"
+        interp = c.get("median_interpolated")
+        return f"{c['median']:.2f}" + ("" if interp is None else f" ({interp:.2f} interp.)") + f" ({c['reached']}/{c['counted']})"
     cells = ["-" if v == "excluded" else "never" if v == "never" else f"{v:.2f}" for v in c["per_seed"]]
     return " / ".join(cells) + f" ({c['reached']}/{c['counted']} counted reached)"
 
@@ -264,7 +296,8 @@ def markdown(summary: Mapping[str, Any]) -> str:
         lines += [
             "",
             "Compute to GRPO's final: the share of GRPO's rollouts at which the method first reaches GRPO's final "
-            "accuracy of the same seed (hardest level; mean@8), counted only on seeds where GRPO lifts that figure "
+            "accuracy of the same seed (hardest level; mean@8) at an evaluation (in brackets: where the line between "
+            "evaluations crosses it, interpolated), counted only on seeds where GRPO lifts that figure "
             f"by >= {MIN_LIFT:.2f} over the run ('-' not counted); "
             + ("per seed." if few else "median over seeds when every counted seed reached it, else per seed."),
             "",
@@ -291,6 +324,24 @@ def markdown(summary: Mapping[str, Any]) -> str:
             ]
             for m, p in paired.items():
                 lines.append(f"| {m} | " + " | ".join(_fmt_ci(p["level_acc"][lv]) for lv in levels) + " |")
+    if any("train_stats" in e for e in ms.values()):
+        lines += [
+            "",
+            "## What the rollouts were spent on (mean over seeds)",
+            "",
+            "Zero-advantage share: groups whose rollouts all agree (all correct or all wrong), over the run and its "
+            "last quarter; distinct prompts trained on; generated response tokens.",
+            "",
+            "| method | zero-adv share | last quarter | distinct prompts | response tokens |",
+            "|---|---|---|---|---|",
+        ]
+        for m, e in ms.items():
+            t = e.get("train_stats")
+            if t:
+                lines.append(
+                    f"| {m} | {t['zero_adv_share']:.3f} | {t['zero_adv_share_last_quarter']:.3f} | "
+                    f"{t['distinct_prompts']:.0f} | {t['response_tokens']:.0f} |"
+                )
     specs = {m: e["spec"] for m, e in ms.items() if e["spec"] != m}
     if specs:
         lines += ["", "Variants: " + "; ".join(f"`{m}` = `{s.removeprefix(m + '=')}`" for m, s in specs.items())]

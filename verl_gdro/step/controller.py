@@ -1,11 +1,11 @@
 """One GDRO step, shared by the verl trainer and the CPU demo: plan -> multipliers -> update -> metrics.
 
-:class:`GDROController` holds the three controllers of the spec (classifier, Prompt-GDRO,
+:class:`GDROController` holds the three controllers of docs/algorithm.md (classifier, Prompt-GDRO,
 Rollout-GDRO) and turns one step's flat per-trajectory arrays into decisions, controller updates
 and the ``gdro/`` metrics. The ``gdro_sync`` trainer and the CPU demo both call exactly this code,
 so what the demo measures is what a GPU run does. numpy only at import (no verl, no torch).
 
-A step, in the spec's order (ALGORITHM.md section 1, "Order within step t"):
+A step, in the order of docs/algorithm.md ("Order in step t"):
 
 1. ``plan = ctrl.before_generation(prompt_uids)``: classify the step's prompts with the history up
    to t-1 (``plan.bins``) and, with Rollout-GDRO on, allocate ``plan.rollout_n`` under the exact
@@ -13,11 +13,11 @@ A step, in the spec's order (ALGORITHM.md section 1, "Order within step t"):
    fetch a step's prompts in chunks); positions continue across calls (``plan.positions``).
 2. ``mult = ctrl.advantage_multipliers(group_index)``: the Eq. 16 multiplier of every trajectory
    (``group_index`` = the plan position of its prompt), from S_{t-1}; exactly 1.0 when Prompt-GDRO
-   is off or in ``resample`` mode. Hand them to the estimator with
+   is off or in a sampling mode (``resample``, ``failure_weighted``, ``greso``, ``band``). Hand them to the estimator with
    ``verl_gdro.step.context.gdro_step`` around verl's ``compute_advantage``.
-3. ``metrics = ctrl.after_advantage(group_index, acc, ...)``: per-prompt loss signal (spec
-   section 2), classifier visit, Prompt-GDRO and Rollout-GDRO updates, and every metric of spec
-   section 4 (``verl_gdro.metrics.step_metrics``) plus a few integration counters. The
+3. ``metrics = ctrl.after_advantage(group_index, acc, ...)``: per-prompt loss signal
+   (docs/algorithm.md section 2), classifier visit, Prompt-GDRO and Rollout-GDRO updates, the
+   sampling modes' per-prompt evidence, and every metric of docs/algorithm.md section 4 (``verl_gdro.metrics.step_metrics``) plus a few integration counters. The
    ``failure_rate`` signal reads only ``acc``, so this may run as soon as step 2's multipliers
    are taken (the GDRO trainer does so, before verl's estimator); the surrogate signals read the
    advantages and run after it.
@@ -388,7 +388,7 @@ class GDROController:
         correct_sums: NDArray[np.float64],
         trials: NDArray[np.int64],
     ) -> NDArray[np.float64]:
-        """Per-prompt loss signal l(x) of spec section 2 (NaN for prompts without trajectories).
+        """Per-prompt loss signal l(x) of docs/algorithm.md section 2 (NaN for prompts without trajectories).
 
         ``correct_sums`` / ``trials``: the per-prompt bincounts after_advantage already made; the
         failure rate takes its group means from them instead of counting the trajectories again.
