@@ -8,7 +8,7 @@
 #   OUTPUT_DIR     checkpoints and validation dumps                     [<repo>/checkpoints]
 #   MODEL_ROOT     hub organisation or local folder with Qwen3-*-Base    [Qwen]
 #   NNODES, GPUS_PER_NODE                                                [recipe's value, 8]
-#   PRESET         robust | paper (GDRO runs)                            [robust]
+#   PRESET         robust | paper | release (GDRO runs)                  [robust]
 #   TEMPLATE       answer | boxed (prompt template + its scorer)         [answer]
 #   SEED           data order, vLLM sampling, Rollout-GDRO sampler       [0]
 #   PROJECT, EXP_NAME, LOGGER (Hydra list, e.g. "[console,wandb]")

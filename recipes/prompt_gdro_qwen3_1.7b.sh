@@ -3,7 +3,7 @@
 # (hydra_configs/experiment/prompt_gdro_qwen3_1.7b.yaml). Runs verl's main_ppo on the package config.
 #
 #   DATA_DIR=/data/verl_gdro NNODES=1 GPUS_PER_NODE=8 bash recipes/prompt_gdro_qwen3_1.7b.sh [hydra overrides]
-#   PRESET=paper bash recipes/prompt_gdro_qwen3_1.7b.sh         # the literal reading of the paper
+#   PRESET=paper bash recipes/prompt_gdro_qwen3_1.7b.sh         # the literal reading of the paper (PRESET=release: the authors' launch settings)
 #   DRY_RUN=1 bash recipes/prompt_gdro_qwen3_1.7b.sh            # compose + validate on a CPU machine
 # All variables: recipes/_common.sh. Multi-node: scripts/slurm/ray_job.sbatch, docs/multinode.md.
 set -euo pipefail

@@ -261,5 +261,10 @@ def test_gdro_overrides_reach_every_method_and_bad_ones_name_the_key():
         _config_from_args(parser.parse_args(["--quick", "--gdro", "prompt.enable=false"]))
     with pytest.raises(ValueError, match="expected KEY=VALUE"):
         _config_from_args(parser.parse_args(["--quick", "--gdro", "prompt.eta"]))
+    # a key the demo has nothing to apply to is refused, never ignored; a variant too
+    with pytest.raises(ValueError, match=r"^--gdro uid_key: the demo and the study cannot honour it"):
+        _config_from_args(parser.parse_args(["--quick", "--gdro", "uid_key=row_index"]))
+    with pytest.raises(ValueError, match=r"^--gdro acc_key: the demo and the study cannot honour it"):
+        _config_from_args(parser.parse_args(["--quick", "--methods", "grpo", "x=prompt_gdro:acc_key=correct"]))
     with pytest.raises(ValueError, match=r"gdro\.prompt\.nonsense"):
         _config_from_args(parser.parse_args(["--quick", "--gdro", "prompt.nonsense=1"]))

@@ -88,7 +88,7 @@ def test_demo_jsonl_draws_every_figure(tmp_path):
     for m in series:
         for stem in HEATMAPS:
             assert f"{m}_{stem}.png" in names
-    assert {"lead_lag.png", "wse.png"} <= names
+    assert {"lead_lag.png", "wse.png", "zero_adv_share.png"} <= names
     for p in paths:
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 2000
 

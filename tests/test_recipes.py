@@ -251,3 +251,23 @@ def test_verl_gdro_dry_run_answers_a_bad_key_with_one_line_and_exit_2(tmp_path, 
     lines = [line for line in err.splitlines() if not line.lstrip().startswith(("warnings.warn", "/"))]
     assert len([line for line in lines if "DRY RUN FAILED" in line]) == 1 and "gdro.prompt.eta" in err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("recipe", "extra", "bins"),
+    [
+        # the release's launch cases (docs/reproduce.md, "The release preset")
+        ("prompt_gdro_qwen3_1.7b.sh", [], 3),
+        ("prompt_gdro_qwen3_1.7b.sh", ["gdro.classifier.bin_edges=[0.1,0.2,0.4,0.6,0.8,0.9]", "gdro.classifier.window=100"], 7),
+        ("rollout_gdro_qwen3_1.7b.sh", [], 3),
+        ("rollout_gdro_qwen3_1.7b.sh", ["gdro.classifier.bin_edges=[0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9]"], 10),
+    ],
+)
+def test_release_launch_cases_compose_and_validate(tmp_path, recipe, extra, bins):
+    from verl_gdro.step.config import validate_gdro_config
+
+    cfg = compose(recipe_argv(tmp_path, recipe, env={"PRESET": "release"})[2:] + extra)
+    s = validate_gdro_config(cfg)
+    assert s.preset == "release" and s.num_bins == bins
+    assert s.classifier.passk_estimator == "any_of_n" and s.prompt.loss_signal == "surrogate"
+    assert flat(cfg)["trainer.experiment_name"].endswith("_release_answer_seed0")

@@ -12,7 +12,8 @@ the paper's figures from their own GPU run. The two row layouts:
 Figures, per series: bin share, Prompt-GDRO weight, reward (mean correctness) per bin and
 rollouts per prompt per bin, each a bins x steps heatmap with bins absent from a step masked; and,
 over all series: the lead-lag mu_weight - mu_data (Eq. 32) and the WSE proxy against its
-compute-matched uniform baseline (Eq. 33).
+compute-matched uniform baseline (Eq. 33); and the share of zero-advantage groups (all correct or all
+wrong: what GRPO wastes), per step.
 
 Only numpy, json and matplotlib (imported inside the drawing functions, Agg backend): no torch.
 """
@@ -47,6 +48,7 @@ HEATMAPS: dict[str, tuple[str, str, str]] = {
     "prompt_weight": ("prompt_weight", "Prompt-GDRO advantage weight per bin", "multiplier w(b)"),
     "reward_per_bin": ("acc", "reward (mean correctness) per bin", "accuracy"),
     "rollouts_per_bin": ("rollout_n", "rollouts per prompt per bin", "n_b"),
+    "zero_adv_per_bin": ("zero_adv", "zero-advantage groups per bin (all correct or all wrong)", "share of groups"),
 }
 
 _BIN_RE = re.compile(r"^gdro/prompt_share/bin_(\d+)$")
@@ -201,6 +203,20 @@ def draw_all(series: Mapping[str, Sequence[Mapping[str, Any]]], out_dir: str | P
     ax.legend(fontsize=7)
     fig.tight_layout()
     path = out / "lead_lag.png"
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    written.append(path)
+
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    for name, rows in series.items():
+        ax.plot([r["step"] for r in rows], _scalar(rows, "gdro/zero_adv_share"), label=name)
+    ax.set_ylim(0.0, 1.0)
+    ax.set_xlabel("step")
+    ax.set_ylabel("share of the step's groups")
+    ax.set_title("zero-advantage groups (all correct or all wrong)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = out / "zero_adv_share.png"
     fig.savefig(path, dpi=90)
     plt.close(fig)
     written.append(path)

@@ -15,6 +15,7 @@ __all__ = [
     "DEFAULT_METHODS",
     "METHODS",
     "METHOD_KEYS",
+    "UNHONOURED_KEYS",
     "QUICK_METHODS",
     "DemoConfig",
     "gdro_override",
@@ -41,6 +42,14 @@ QUICK_METHODS = ("grpo", "prompt_gdro", "rollout_gdro")
 
 #: ``gdro`` keys that define a method; ``--gdro`` may not change them (pick another method instead).
 METHOD_KEYS = ("enable", "preset", "prompt.enable", "rollout.enable", "rollout.seed")
+#: ``gdro`` keys the demo and the study have nothing to apply to (refused rather than ignored): the
+#: demo's prompts carry their own stable ids and its reward its own correctness, and it never runs
+#: the standalone estimator.
+UNHONOURED_KEYS: dict[str, str] = {
+    "uid_key": "the demo's prompts carry their own stable ids",
+    "acc_key": "the demo's reward reports correctness itself",
+    "prompt.standalone_correct_threshold": "the demo runs the GDRO step, never the standalone estimator",
+}
 
 
 def gdro_override(item: str) -> tuple[str, Any] | None:
@@ -106,6 +115,8 @@ def method_gdro_group(
     for key, value in overrides:
         if key in METHOD_KEYS:
             raise ValueError(f"--gdro {key}: this key defines the method; choose --methods instead")
+        if key in UNHONOURED_KEYS:
+            raise ValueError(f"--gdro {key}: the demo and the study cannot honour it ({UNHONOURED_KEYS[key]})")
         *parents, leaf = key.split(".")
         node = group
         for part in parents:

@@ -64,6 +64,11 @@ class PromptSampler:
         self.uids = self.evidence.uids
         self.seed = int(seed)
         self._rng = np.random.Generator(np.random.PCG64(self.seed))
+        # resample: every row's committed bin, refreshed only where a visit happened since (a
+        # prompt's estimate, hence its bin, moves only when it is visited): O(batch) per step
+        # instead of classifying the whole training set
+        self._bins: NDArray[np.int64] | None = None
+        self._bins_visits: NDArray[np.int64] | None = None
 
     def __len__(self) -> int:
         return int(self.uids.size)
@@ -72,7 +77,7 @@ class PromptSampler:
         """Each row's draw probability for the next draw (sums to 1), exploration floor included."""
         settings = self.controller.settings.prompt
         if settings.mode == "resample":
-            bins = self.controller.bins_of(self.uids)
+            bins = self._current_bins()
             sizes = np.bincount(bins, minlength=self.controller.num_bins)
             q = self.controller.bin_probs() * (sizes > 0)
             priority = q[bins] / sizes[bins]
@@ -83,6 +88,17 @@ class PromptSampler:
                 n=self.controller.rollout_n, revisit=settings.revisit, width=settings.band_width,
             )
         return mix_uniform(priority, settings.explore)
+
+    def _current_bins(self) -> NDArray[np.int64]:
+        visits = self.evidence.visits
+        if self._bins is None or self._bins_visits is None:
+            self._bins = self.controller.bins_of(self.uids)
+        else:
+            moved = np.flatnonzero(visits != self._bins_visits)
+            if moved.size:
+                self._bins[moved] = self.controller.bins_of(self.uids[moved])
+        self._bins_visits = visits.copy()
+        return self._bins
 
     def draw(self, size: int) -> NDArray[np.int64]:
         """``size`` distinct rows (positions into ``uids``), in draw order."""
@@ -98,3 +114,5 @@ class PromptSampler:
         if not isinstance(state, dict) or state.get("version") != _STATE_VERSION:
             raise ValueError(f"not a PromptSampler state of version {_STATE_VERSION}")
         self._rng.bit_generator.state = deepcopy(state["rng"])
+        self._bins = None  # the controller was restored too: classify the set afresh
+        self._bins_visits = None
