@@ -193,33 +193,18 @@ def draw_all(series: Mapping[str, Sequence[Mapping[str, Any]]], out_dir: str | P
             plt.close(fig)
             written.append(path)
 
-    fig, ax = plt.subplots(figsize=(7, 3.6))
-    for name, rows in series.items():
-        ax.plot([r["step"] for r in rows], _scalar(rows, "gdro/lead_lag"), label=name)
-    ax.axhline(0.0, color="k", lw=0.5)
-    ax.set_xlabel("step")
-    ax.set_ylabel("mu_weight - mu_data")
-    ax.set_title("lead-lag of the weighted bin index (Eq. 32)")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    path = out / "lead_lag.png"
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    written.append(path)
-
-    fig, ax = plt.subplots(figsize=(7, 3.6))
-    for name, rows in series.items():
-        ax.plot([r["step"] for r in rows], _scalar(rows, "gdro/zero_adv_share"), label=name)
-    ax.set_ylim(0.0, 1.0)
-    ax.set_xlabel("step")
-    ax.set_ylabel("share of the step's groups")
-    ax.set_title("zero-advantage groups (all correct or all wrong)")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    path = out / "zero_adv_share.png"
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    written.append(path)
+    written.append(
+        _scalar_figure(
+            series, "gdro/lead_lag", "mu_weight - mu_data", "lead-lag of the weighted bin index (Eq. 32)",
+            out / "lead_lag.png", zero_line=True,
+        )
+    )
+    written.append(
+        _scalar_figure(
+            series, "gdro/zero_adv_share", "share of the step's groups",
+            "zero-advantage groups (all correct or all wrong)", out / "zero_adv_share.png", ylim=(0.0, 1.0),
+        )
+    )
 
     fig, ax = plt.subplots(figsize=(7, 3.6))
     for i, (name, rows) in enumerate(series.items()):
@@ -237,6 +222,35 @@ def draw_all(series: Mapping[str, Sequence[Mapping[str, Any]]], out_dir: str | P
     plt.close(fig)
     written.append(path)
     return written
+
+
+def _scalar_figure(
+    series: Mapping[str, Sequence[Mapping[str, Any]]],
+    key: str,
+    ylabel: str,
+    title: str,
+    path: Path,
+    zero_line: bool = False,
+    ylim: tuple[float, float] | None = None,
+) -> Path:
+    """One scalar metric over steps, a line per series, saved to ``path``."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    for name, rows in series.items():
+        ax.plot([r["step"] for r in rows], _scalar(rows, key), label=name)
+    if zero_line:
+        ax.axhline(0.0, color="k", lw=0.5)
+    if ylim is not None:
+        ax.set_ylim(*ylim)
+    ax.set_xlabel("step")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
