@@ -133,3 +133,18 @@ def test_trainer_checkpoint_resume_gives_identical_decisions(tmp_path: Path, fak
     resumed = [_record(run_step(b, fake_tq, step), fake_tq) for step in range(4, 9)]
     assert resumed == uninterrupted
     assert any(len(set(r["rollout_n"])) > 1 for r in resumed)
+
+
+def test_a_state_written_before_batched_draws_still_loads() -> None:
+    s = GDROSampler(np.arange(30), controller(mode="resample"), mode="resample", seed=3, batch_size=5)
+    it = iter(loader(s, batch_size=5))
+    next(it)
+    state = s.state_dict()
+    old = {k: v for k, v in state.items() if k not in ("draws", "block", "block_pos")}
+    old["version"] = 1  # what verl-gdro wrote into data.pt before the step API's sampler
+    resumed = GDROSampler(np.arange(30), controller(mode="resample"), mode="resample", seed=3, batch_size=5)
+    resumed.load_state_dict(old)
+    batch = [next(iter(loader(resumed, batch_size=5))) for _ in range(1)][0]
+    assert len(set(batch)) == 5  # a fresh batch of distinct prompts
+    with pytest.raises(ValueError, match="not a GDROSampler state"):
+        resumed.load_state_dict({**old, "version": 0})

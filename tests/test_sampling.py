@@ -302,3 +302,15 @@ def test_resample_bins_refreshed_per_visit_equal_classifying_the_whole_set() -> 
         fresh = c.bins_of(uids)  # what classifying every prompt gives (idempotent without a visit)
         assert np.array_equal(sampler._current_bins(), fresh)
         step(c, uids[rows], rng.integers(0, 5, size=20))
+
+
+def test_a_controller_state_saved_before_the_sampling_keys_loads() -> None:
+    c = ctrl("reweight")
+    step(c, np.arange(4), np.array([1, 2, 3, 4]))
+    state = c.state_dict()
+    for key in ("explore", "rate_decay", "revisit", "band_width"):
+        del state["settings"]["prompt"][key]
+    del state["evidence"]
+    fresh = ctrl("reweight")
+    fresh.load_state_dict(state)
+    assert fresh.num_steps == 1 and fresh.evidence is None

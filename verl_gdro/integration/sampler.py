@@ -34,6 +34,8 @@ __all__ = ["SAMPLER_MODES", "GDROSampler"]
 
 SAMPLER_MODES = ("sequential", "shuffle", "resample")
 _STATE_VERSION = 2
+#: versions load_state_dict reads: 1 was written before the step API's sampler drew whole batches
+_READABLE_VERSIONS = (1, 2)
 
 
 class _Draws(Iterator[int]):
@@ -176,8 +178,8 @@ class GDROSampler(Sampler[int]):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`; refuses state of another mode or another training set."""
-        if not isinstance(state, dict) or state.get("version") != _STATE_VERSION:
-            raise ValueError(f"not a GDROSampler state of version {_STATE_VERSION}")
+        if not isinstance(state, dict) or state.get("version") not in _READABLE_VERSIONS:
+            raise ValueError(f"not a GDROSampler state of a version in {list(_READABLE_VERSIONS)}")
         if state["mode"] != self.mode:
             raise ValueError(f"GDROSampler state was saved in mode {state['mode']!r}, this run samples {self.mode!r}")
         if state["num_rows"] != self.uids.size or state["uid_checksum"] != _checksum(self.uids):
@@ -199,10 +201,12 @@ class GDROSampler(Sampler[int]):
             self._rng.bit_generator.state = deepcopy(self._epoch_rng_state)
             self._perm = self._rng.permutation(self.uids.size)
         self._rng.bit_generator.state = deepcopy(state["rng"])
-        if self._draws is not None:
+        if self._draws is not None and state.get("draws") is not None:
             self._draws.load_state_dict(state["draws"])
-        self._block = np.asarray(state["block"], dtype=np.int64).copy()
-        self._block_pos = int(state["block_pos"])
+        # a version-1 state has no batch in progress (it drew one index at a time): the next
+        # index starts a new batch
+        self._block = np.asarray(state.get("block", ()), dtype=np.int64).copy()
+        self._block_pos = int(state.get("block_pos", 0))
         self._resume = self._epoch > 0
 
 
