@@ -237,7 +237,9 @@ class Bench:
 
         group: dict[str, Any] = {
             "preset": preset,
-            "prompt": {"enable": adversary == "prompt"},
+            # Prompt-GDRO's advantage stage is its reweighting; the sampling modes' cost is a
+            # draw before generation (benchmarks/sampler.py)
+            "prompt": {"enable": adversary == "prompt", "mode": "reweight"},
             "rollout": {"enable": adversary == "rollout"},
         }
         for key, value in (overrides or {}).items():  # dotted gdro keys, e.g. rollout.allocator

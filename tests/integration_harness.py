@@ -145,6 +145,10 @@ def make_trainer(tmp_path: Path, *overrides: str, num_rows: int = 24, index: Any
         "data.seed=3",
         "actor_rollout_ref.rollout.n=4",
         "actor_rollout_ref.actor.ppo_mini_batch_size=6",
+        # what these tests exercise unless an override says otherwise: Prompt-GDRO reweighting alone
+        # (the package default, joint mode with a sampling mode, is tested where named)
+        "gdro.prompt.mode=reweight",
+        "gdro.rollout.enable=false",
     ]
     with initialize_config_module(config_module="verl_gdro.config", version_base=None):
         cfg = compose(config_name="gdro_trainer", overrides=base + list(overrides))

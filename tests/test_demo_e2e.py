@@ -102,9 +102,13 @@ def test_quick_run_metrics_are_finite_and_the_budget_is_exact(quick_run):
 
     assert all(r.get(f"gdro/prompt_weight/bin_{b}") is None for r in rows for b in range(10) if r[f"gdro/count/bin_{b}"] == 0)
     assert all(w == 1.0 for w in logged(by["grpo"], "prompt_weight"))
-    assert any(abs(w - 1.0) > 1e-6 for w in logged(by["prompt_gdro"], "prompt_weight"))
     assert all(n == 4.0 for n in logged(by["grpo"], "rollout_n"))
     assert any(n != 4.0 for n in logged(by["rollout_gdro"], "rollout_n"))
+    # the default, joint: the data adversary chooses the prompts (advantages untouched, batches of
+    # the same size) and the compute adversary moves rollouts
+    assert all(w == 1.0 for w in logged(by["joint"], "prompt_weight"))
+    assert any(n != 4.0 for n in logged(by["joint"], "rollout_n"))
+    assert all(r["gdro/num_prompts"] == cfg.batch_prompts for r in by["joint"])
 
 
 def test_quick_run_training_moves_the_policy(quick_run):

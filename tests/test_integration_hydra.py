@@ -30,7 +30,11 @@ def test_package_config_extends_ppo_trainer_with_the_gdro_group() -> None:
         assert OmegaConf.select(cfg, key) is not None, key
     assert OmegaConf.to_container(cfg.algorithm.gdro, resolve=True) == OmegaConf.to_container(cfg.gdro)
     settings = validate_gdro_config(cfg)
-    assert settings.preset == "robust" and not settings.rollout.enable
+    # the package default: joint mode, the data adversary choosing prompts (GRESO's rule)
+    assert settings.preset == "robust" and settings.rollout.enable and settings.prompt.mode == "greso"
+    # the same group with the estimator in verl's own sync trainer: what that path can run
+    standalone = validate_gdro_config(composed("trainer.v1.trainer_mode=sync"))
+    assert not standalone.rollout.enable and standalone.prompt.mode == "reweight"
 
 
 def test_overrides_reach_the_estimator_group() -> None:

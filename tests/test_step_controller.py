@@ -18,9 +18,21 @@ from verl_gdro.step.controller import (
     mode_name,
 )
 
+#: What these tests exercise unless they say otherwise: Prompt-GDRO reweighting alone (the package
+#: default is joint mode with a sampling mode, tested where named).
+REWEIGHT_ALONE = {"prompt": {"mode": "reweight"}, "rollout": {"enable": False}}
+
+
+def with_reweight(group: dict) -> dict:
+    """``group`` over :data:`REWEIGHT_ALONE` (the group's own keys win)."""
+    out = {k: dict(v) for k, v in REWEIGHT_ALONE.items()}
+    for key, value in group.items():
+        out[key] = {**out.get(key, {}), **value} if isinstance(value, dict) else value
+    return out
+
 
 def ctrl(rollout_n: int = 4, **group: object) -> GDROController:
-    return GDROController.from_config(group, rollout_n=rollout_n)
+    return GDROController.from_config(with_reweight(group), rollout_n=rollout_n)
 
 
 def outcomes(uids: np.ndarray, n: np.ndarray, step: int) -> tuple[np.ndarray, np.ndarray]:
@@ -244,10 +256,10 @@ def test_a_refused_step_leaves_every_controller_as_it_was(monkeypatch: pytest.Mo
 @pytest.mark.parametrize(
     ("group", "mode"),
     [
-        ({}, "Prompt-GDRO"),  # the package default: Prompt-GDRO on, Rollout-GDRO off
-        ({"rollout": {"enable": True}}, "joint"),  # rollout.enable alone leaves Prompt-GDRO on
-        ({"prompt": {"enable": False}, "rollout": {"enable": True}}, "Rollout-GDRO"),
-        ({"prompt": {"enable": False}}, "GRPO"),
+        ({}, "joint"),  # the package default: both adversaries on
+        ({"rollout": {"enable": False}}, "Prompt-GDRO"),
+        ({"prompt": {"enable": False}}, "Rollout-GDRO"),
+        ({"prompt": {"enable": False}, "rollout": {"enable": False}}, "GRPO"),
         ({"enable": False}, "GRPO"),
     ],
 )
@@ -258,12 +270,15 @@ def test_mode_line_names_the_adversaries_and_key_settings(group: dict, mode: str
     assert "\n" not in line and line.startswith(f"verl-gdro mode: {mode}")
     if group.get("enable", True):
         assert "preset robust" in line and "classifier: 10 bins" in line
-    assert ("prompt: reweight, loss failure_rate, eta 0.65" in line) == (mode in ("Prompt-GDRO", "joint"))
+    assert ("prompt: greso sampling (revisit 0.5, explore 0.2)" in line) == (mode in ("Prompt-GDRO", "joint"))
+    if mode != "GRPO":
+        reweight = describe_mode(resolve_gdro({**group, "prompt": {**group.get("prompt", {}), "mode": "reweight"}}))
+        assert ("prompt: reweight, loss failure_rate, eta 0.65, max_weight 15" in reweight) == (mode != "Rollout-GDRO")
     assert ("rollout: per_prompt/failure_weighted (decay 0.5), n 2..12, mean n 4" in line) == (
         mode in ("Rollout-GDRO", "joint")
     )
     if mode == "joint":
-        assert "set it false for Rollout-GDRO alone" in line
+        assert "gdro.prompt.enable=false for Rollout-GDRO alone" in line
     paper = describe_mode(resolve_gdro({**group, "preset": "paper"}))
     assert ("preset paper" in paper) == group.get("enable", True)
 

@@ -32,7 +32,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         "classifier": dict(_TEN_BINS),
         # min_ess: the effective-sample-size floor (docs/algorithm.md, "Presets"); measured on the
         # development task, confirmed on the second task family
-        "prompt": {"loss_signal": "failure_rate", "min_ess": 0.8},
+        "prompt": {"mode": "greso", "loss_signal": "failure_rate", "min_ess": 0.8},
         # per_prompt / failure_weighted / rate_decay 0.5: chosen by the stated rule on the development
         # task `missing` and confirmed on `add` and `sort` (docs/algorithm.md, "Presets")
         "rollout": {
@@ -44,7 +44,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     },
     "paper": {
         "classifier": dict(_TEN_BINS),
-        "prompt": {"loss_signal": "surrogate_kl", "min_ess": 0.0},
+        "prompt": {"mode": "reweight", "loss_signal": "surrogate_kl", "min_ess": 0.0},
         "rollout": {"allocator": "bandit", "arm_utility": "loss", "selection": "map", "rate_decay": None},
     },
     # The authors' launch settings (kishanpb/verl-gdro, algorithm_comparison/run_groupdro.sh and
@@ -54,7 +54,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     # normalize_by_share), no ESS floor, and the per-bin bandit fed the bin loss.
     "release": {
         "classifier": {"num_bins": 3, "bin_edges": [0.4, 0.75], "window": 50, "passk_estimator": "any_of_n"},
-        "prompt": {"loss_signal": "surrogate", "min_ess": 0.0},
+        "prompt": {"mode": "reweight", "loss_signal": "surrogate", "min_ess": 0.0},
         "rollout": {"allocator": "bandit", "arm_utility": "loss", "selection": "map", "rate_decay": None},
     },
 }

@@ -28,6 +28,7 @@ import numpy as np
 from verl_gdro.errors import positive_int
 from verl_gdro.metrics import per_bin_series
 from verl_gdro.step.controller import GDROController
+from verl_gdro.step.sampler import PromptSampler
 
 METHODS = ("grpo", "prompt_gdro", "rollout_gdro", "prompt_gdro_paper", "rollout_gdro_paper")
 
@@ -88,12 +89,17 @@ def run_method(method: str, cfg: SimConfig, verbose: bool = False) -> dict[str, 
     levels, offsets, theta = make_task(cfg)
     rng = np.random.default_rng(cfg.seed + 1)
     ctrl = build_controller(method, cfg)
+    # a sampling mode draws the batches through the step API's sampler, as the trainer does
+    sampler = PromptSampler(ctrl, np.arange(cfg.num_prompts), seed=cfg.seed + 2) if ctrl.resamples else None
     loss_signal = ctrl.settings.prompt.loss_signal
     num_bins = ctrl.num_bins
     rows: list[dict[str, float]] = []
     total_rollouts = 0
     for step in range(cfg.steps):
-        uids = rng.choice(cfg.num_prompts, size=cfg.batch_size, replace=False).astype(np.int64)
+        if sampler is None:
+            uids = rng.choice(cfg.num_prompts, size=cfg.batch_size, replace=False).astype(np.int64)
+        else:
+            uids = sampler.draw(cfg.batch_size)  # rows are the prompt ids here
         plan = ctrl.before_generation(uids)
         bins, n = plan.bins, plan.rollout_n
         assert int(n.sum()) == cfg.n_mean * cfg.batch_size

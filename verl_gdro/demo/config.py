@@ -36,8 +36,10 @@ METHODS: dict[str, tuple[str, bool, bool]] = {
     "prompt_gdro_release": ("release", True, False),
     "rollout_gdro_release": ("release", False, True),
 }
-DEFAULT_METHODS = ("grpo", "prompt_gdro", "rollout_gdro")
-QUICK_METHODS = ("grpo", "prompt_gdro", "rollout_gdro")
+#: GRPO, each adversary alone and the default (joint: the data adversary chooses prompts, the
+#: compute adversary allocates rollouts per prompt)
+DEFAULT_METHODS = ("grpo", "prompt_gdro", "rollout_gdro", "joint")
+QUICK_METHODS = ("grpo", "rollout_gdro", "joint")
 
 
 #: ``gdro`` keys that define a method; ``--gdro`` may not change them (pick another method instead).

@@ -15,7 +15,8 @@ entry point), selected with ``algorithm.adv_estimator=gdro_grpo``. verl calls it
 3. Prompt-GDRO multipliers (Eq. 16):
    - inside a :func:`verl_gdro.step.context.gdro_step` (the GDRO trainer, the CPU demo): the
      per-uid multipliers of the step, computed from the classifier's bins and S_{t-1};
-   - otherwise **standalone** (any recipe that keeps its own trainer): each group is binned by its
+   - otherwise **standalone** (any recipe that keeps its own trainer; Prompt-GDRO ``reweight``
+     and Rollout-GDRO off unless set otherwise, which is then refused): each group is binned by its
      own correctness this step (outcome reward > ``gdro.prompt.standalone_correct_threshold``),
      Prompt-GDRO's state lives in this process across steps, and the loss signal is the failure
      rate (an estimator sees no log-probs). Logged once.
@@ -88,14 +89,14 @@ def reset_standalone() -> None:
     _STANDALONE = _Standalone()
 
 
-def _settings_from(config: Any) -> GDROSettings:
+def _settings_from(config: Any, standalone: bool = False) -> GDROSettings:
     group = None
     if config is not None:
         try:
             group = config.get("gdro", None)
         except AttributeError:
             group = getattr(config, "gdro", None)
-    return resolve_gdro(group)
+    return resolve_gdro(group, standalone=standalone)
 
 
 def _norm_by_std(config: Any) -> bool:
@@ -182,7 +183,9 @@ def compute_gdro_grpo_advantage(
     step = current_step()
     # Inside a GDRO trainer / demo step the caller hands over its resolved settings (validated at
     # init to equal algorithm.gdro): resolving the group again cost ~0.1 ms per step.
-    settings = step.settings if step is not None and step.settings is not None else _settings_from(config)
+    settings = (
+        step.settings if step is not None and step.settings is not None else _settings_from(config, standalone=step is None)
+    )
     rows = step.rows if step is not None else None
     planned = rows is not None and rows.matches(index)
     scale: torch.Tensor | None = None

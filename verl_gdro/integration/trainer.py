@@ -158,8 +158,8 @@ class GDROTrainerMixin:
                 config.algorithm.gdro = OmegaConf.create(to_plain(config.gdro))
         super().__init__(config)  # type: ignore[call-arg]
         self.gdro_settings: GDROSettings = settings
-        # one line at start naming the adversaries (gdro.prompt.enable defaults to true, so
-        # rollout.enable=true alone is joint mode: say so before the first step)
+        # one line at start naming the adversaries (both are on by default, so a user who sets one
+        # switch still runs the other: say so before the first step)
         self.gdro_mode_line = describe_mode(settings, int(config.actor_rollout_ref.rollout.n))
         print(self.gdro_mode_line, flush=True)
         self.gdro: GDROController | None = None

@@ -486,12 +486,18 @@ def _resolve_rollout(c: dict[str, Any], preset: str) -> RolloutSettings:
     )
 
 
-def resolve_gdro(group: Any = None) -> GDROSettings:
+def resolve_gdro(group: Any = None, standalone: bool = False) -> GDROSettings:
     """Resolve and validate the ``gdro`` group (a mapping, a DictConfig, settings, or None for defaults).
 
     Missing keys take the package YAML's defaults; ``null`` keys that a preset decides take the
     preset's value (explicit values win); every key is type- and range-checked, and an unknown key
     is an error. Raises ValueError naming the offending ``gdro.*`` key.
+
+    ``gdro.rollout.enable`` and ``gdro.prompt.mode`` left ``null`` take the default of the path that
+    runs them: under the GDRO trainer (and in the step API) both adversaries run, Prompt-GDRO in the
+    preset's mode; for the ``gdro_grpo`` estimator in a trainer of its own (``standalone``) only
+    Prompt-GDRO's reweighting can run, so they resolve to ``false`` and ``reweight``. An explicit
+    value is kept either way (and refused where the path cannot honour it).
     """
     if isinstance(group, GDROSettings):
         return group
@@ -502,6 +508,10 @@ def resolve_gdro(group: Any = None) -> GDROSettings:
     preset = c["preset"]
     if preset not in PRESETS:
         raise ValueError(f"gdro.preset={preset!r} is invalid: allowed values are {sorted(PRESETS)}")
+    if c["rollout"]["enable"] is None:
+        c["rollout"]["enable"] = not standalone
+    if standalone and c["prompt"]["mode"] is None:
+        c["prompt"]["mode"] = "reweight"
     # null keys that the preset decides take the preset's value (explicit values win)
     for section, keys in resolve_preset(preset).items():
         if section == "classifier" and (c["classifier"]["num_bins"] is not None or c["classifier"]["bin_edges"] is not None):
@@ -565,22 +575,23 @@ def validate_gdro_config(cfg: Any) -> GDROSettings:
     ``algorithm.gdro``, else defaults), then checked against the rest of the config. Raises a
     ValueError that names the offending key. Callable without Ray, torch or verl.
     """
+    trainer_mode = _select(cfg, "trainer.v1.trainer_mode")
+    adv = _select(cfg, "algorithm.adv_estimator")
+    gdro_trainer = trainer_mode in TRAINER_MODES
     top = _select(cfg, "gdro")
     algo_group = _select(cfg, "algorithm.gdro")
     if top is not None and algo_group is not None:
         if to_plain(top) != to_plain(algo_group):
             # Both are given and differ: the estimator reads algorithm.gdro, the trainer gdro.
-            a, b = resolve_gdro(top), resolve_gdro(algo_group)
+            a, b = resolve_gdro(top, not gdro_trainer), resolve_gdro(algo_group, not gdro_trainer)
             if a != b:
                 raise ValueError(
                     "algorithm.gdro disagrees with gdro: the estimator reads algorithm.gdro; set only gdro.* "
                     "(the package config mirrors it into algorithm.gdro) or make them equal"
                 )
-    settings = resolve_gdro(top if top is not None else algo_group)
+    # the estimator in a trainer of its own resolves the path defaults as it will at run time
+    settings = resolve_gdro(top if top is not None else algo_group, standalone=not gdro_trainer)
 
-    trainer_mode = _select(cfg, "trainer.v1.trainer_mode")
-    adv = _select(cfg, "algorithm.adv_estimator")
-    gdro_trainer = trainer_mode in TRAINER_MODES
     gdro_estimator = adv == ESTIMATOR_NAME
     n = _select(cfg, "actor_rollout_ref.rollout.n")
 

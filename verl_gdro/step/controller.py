@@ -568,9 +568,9 @@ def mode_name(settings: GDROSettings) -> str:
 def describe_mode(settings: GDROSettings, rollout_n: int | None = None) -> str:
     """One line naming the run's mode, preset and key settings, for the log at start.
 
-    ``gdro.prompt.enable`` defaults to true, so a user who sets only ``gdro.rollout.enable=true``
-    runs joint mode; the GDRO trainer (and the demo) print this line so the choice of adversaries
-    is visible before the first step, and it says how to get the other modes.
+    Both adversaries are on by default (joint mode, the measured best), so a user who sets only one
+    switch still runs the other; the GDRO trainer (and the demo) print this line so the choice of
+    adversaries is visible before the first step, and it says how to get the other modes.
     """
     mode = mode_name(settings)
     if not settings.enable:
@@ -578,14 +578,20 @@ def describe_mode(settings: GDROSettings, rollout_n: int | None = None) -> str:
     c, p, r = settings.classifier, settings.prompt, settings.rollout
     parts = [f"verl-gdro mode: {mode}"]
     if mode == "joint":
-        parts[0] += " (Prompt-GDRO + Rollout-GDRO; gdro.prompt.enable defaults to true: set it false for Rollout-GDRO alone)"
+        parts[0] += (
+            " (Prompt-GDRO + Rollout-GDRO, the default: gdro.prompt.enable=false for Rollout-GDRO alone, "
+            "gdro.rollout.enable=false for Prompt-GDRO alone)"
+        )
     elif mode == "GRPO":
         parts[0] += " (both adversaries off: classifier and gdro/ metrics only)"
     parts.append(f"preset {settings.preset}")
-    if p.enable:
-        parts.append(
-            f"prompt: {p.mode}, loss {p.loss_signal}, eta {p.eta:g}, max_weight {p.max_weight:g}"
-        )
+    if p.enable and p.mode in ("reweight", "resample"):
+        parts.append(f"prompt: {p.mode}, loss {p.loss_signal}, eta {p.eta:g}, max_weight {p.max_weight:g}")
+    elif p.enable:  # a per-prompt sampling mode: its own knobs
+        knob = f"revisit {p.revisit:g}" if p.mode == "greso" else f"decay {p.rate_decay:g}"
+        if p.mode == "band":
+            knob += f", width {p.band_width:g}"
+        parts.append(f"prompt: {p.mode} sampling ({knob}, explore {p.explore:g})")
     if r.enable:
         budget = "" if rollout_n is None else f", mean n {int(rollout_n)}"
         if r.allocator == "per_prompt":
