@@ -30,8 +30,8 @@ def test_package_config_extends_ppo_trainer_with_the_gdro_group() -> None:
         assert OmegaConf.select(cfg, key) is not None, key
     assert OmegaConf.to_container(cfg.algorithm.gdro, resolve=True) == OmegaConf.to_container(cfg.gdro)
     settings = validate_gdro_config(cfg)
-    # the package default: joint mode, the data adversary choosing prompts (GRESO's rule)
-    assert settings.preset == "robust" and settings.rollout.enable and settings.prompt.mode == "greso"
+    # the package default: joint mode, the data adversary choosing prompts (failure-weighted priority)
+    assert settings.preset == "robust" and settings.rollout.enable and settings.prompt.mode == "failure_weighted"
     # the same group with the estimator in verl's own sync trainer: what that path can run
     standalone = validate_gdro_config(composed("trainer.v1.trainer_mode=sync"))
     assert not standalone.rollout.enable and standalone.prompt.mode == "reweight"

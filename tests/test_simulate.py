@@ -26,7 +26,7 @@ def test_every_method_spends_the_same_rollouts_and_metrics_are_finite() -> None:
 
 def test_robust_adversaries_act_and_paper_rollout_stays_at_the_mean_budget() -> None:
     cfg = SimConfig(steps=60)
-    # robust Prompt-GDRO chooses prompts (GRESO's rule): advantages untouched, fewer wasted groups
+    # robust Prompt-GDRO chooses prompts (failure-weighted priority): advantages untouched
     prompt = run_method("prompt_gdro", cfg)
     weights = np.array([per_bin_series(row, "prompt_weight", 10) for row in prompt["rows"]])
     assert np.nanmax(weights) == 1.0 == np.nanmin(weights)

@@ -270,7 +270,7 @@ def test_mode_line_names_the_adversaries_and_key_settings(group: dict, mode: str
     assert "\n" not in line and line.startswith(f"verl-gdro mode: {mode}")
     if group.get("enable", True):
         assert "preset robust" in line and "classifier: 10 bins" in line
-    assert ("prompt: greso sampling (revisit 0.5, explore 0.2)" in line) == (mode in ("Prompt-GDRO", "joint"))
+    assert ("prompt: failure_weighted sampling (decay 0.5, explore 0.2)" in line) == (mode in ("Prompt-GDRO", "joint"))
     if mode != "GRPO":
         reweight = describe_mode(resolve_gdro({**group, "prompt": {**group.get("prompt", {}), "mode": "reweight"}}))
         assert ("prompt: reweight, loss failure_rate, eta 0.65, max_weight 15" in reweight) == (mode != "Rollout-GDRO")

@@ -32,7 +32,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         "classifier": dict(_TEN_BINS),
         # min_ess: the effective-sample-size floor (docs/algorithm.md, "Presets"); measured on the
         # development task, confirmed on the second task family
-        "prompt": {"mode": "greso", "loss_signal": "failure_rate", "min_ess": 0.8},
+        "prompt": {"mode": "failure_weighted", "loss_signal": "failure_rate", "min_ess": 0.8},
         # per_prompt / failure_weighted / rate_decay 0.5: chosen by the stated rule on the development
         # task `missing` and confirmed on `add` and `sort` (docs/algorithm.md, "Presets")
         "rollout": {
