@@ -382,7 +382,7 @@ def run_demo(cfg: DemoConfig, out: Path, resume: bool = False, plots: bool = Tru
         import multiprocessing as mp
 
         ctx = mp.get_context("spawn")  # fresh interpreters: no forked torch thread pools
-        with ctx.Pool(processes=cfg.jobs) as pool:
+        with ctx.Pool(processes=cfg.jobs, initializer=_quiet_worker) as pool:
             pending = [pool.apply_async(_run_one, (cfg, str(out), label, seed, resume)) for label, seed in jobs]
             shown = 0
             while pending:
@@ -415,6 +415,14 @@ def run_demo(cfg: DemoConfig, out: Path, resume: bool = False, plots: bool = Tru
         draw_all(series_from_rows([r for r in merged if r["seed"] == 0]), out / "plots")
         draw_learning_curves(summary, out / "plots")
     return summary
+
+
+def _quiet_worker() -> None:
+    """A study's worker process (ours, spawned for ``--jobs``): the same quiet as the command, so
+    verl's CPU-platform lines that a user cannot act on stay out of the log there too."""
+    from verl_gdro.cli import quiet_third_party_warnings
+
+    quiet_third_party_warnings()
 
 
 def _steps_done(out: Path, label: str, seed: int) -> int:
