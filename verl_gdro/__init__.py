@@ -42,10 +42,11 @@ _STEP_API = {
     "resolve_gdro": "verl_gdro.step.config",
     "validate_gdro_config": "verl_gdro.step.config",
     "gdro_step": "verl_gdro.step.context",
+    "PromptSampler": "verl_gdro.step.sampler",
 }
 
-__all__ = ["GDROController", "GDROSettings", "StepPlan", "__version__", "describe_mode", "gdro_step",
-           "resolve_gdro", "validate_gdro_config"]
+__all__ = ["GDROController", "GDROSettings", "PromptSampler", "StepPlan", "__version__", "describe_mode",
+           "gdro_step", "resolve_gdro", "validate_gdro_config"]
 
 
 def __getattr__(name: str) -> Any:
