@@ -64,7 +64,9 @@ MEANINGS: dict[str, str] = {
     "classifier.unseen_bin": "bin of a prompt never seen, in [0, B)",
     "prompt.enable": "Prompt-GDRO on/off. On by default: with `gdro.rollout.enable=true` set it explicitly "
     "(`false` = Rollout-GDRO alone, `true` = joint); the trainer prints the mode at start",
-    "prompt.mode": "`reweight` (scale advantages) or `resample` (the sampler draws bins with q_t; GDRO trainer only)",
+    "prompt.mode": "`reweight` (scale advantages, Eq. 16; the standalone estimator's only mode), or a sampling mode "
+    "that draws the prompts (GDRO trainer only): `failure_weighted`, `greso`, `band` (per-prompt priorities) or "
+    "`resample` (bins drawn with q_t); algorithm.md \"Prompt sampling modes\"",
     "prompt.loss_signal": "`failure_rate`, `surrogate_kl` (Eq. 6) or `surrogate`",
     "prompt.eta": "> 0, and `eta * score_clip <= 600`",
     "prompt.beta": "EMA rate in (0, 1]",
@@ -81,7 +83,8 @@ MEANINGS: dict[str, str] = {
     "prompt.clip_ratio_high": "upper clip of the surrogate signals",
     "prompt.standalone_correct_threshold": "standalone estimator: a response is correct when its outcome reward "
     "is above this",
-    "rollout.enable": "Rollout-GDRO on/off (GDRO trainer only); joint mode = both adversaries on",
+    "rollout.enable": "Rollout-GDRO on/off (GDRO trainer only); `null`: on under the GDRO trainer (joint mode, the "
+    "default), off for the standalone estimator",
     "rollout.n_min": "smallest n per prompt, >= 2; `actor_rollout_ref.rollout.n` (the mean budget) must lie in "
     "[n_min, n_max]",
     "rollout.n_max": "largest n per prompt, >= n_min",

@@ -22,7 +22,7 @@ import warnings
 from verl_gdro.errors import UsageError
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "demo": ("verl_gdro.demo.run", "CPU demo: GRPO vs Prompt-GDRO vs Rollout-GDRO on a tiny model"),
+    "demo": ("verl_gdro.demo.run", "CPU demo: GRPO vs Prompt-GDRO, Rollout-GDRO and joint (the default) on a tiny model"),
     "study": ("verl_gdro.demo.study", "paired multi-seed study: GDRO vs GRPO at equal rollouts, with intervals"),
     "decide": ("verl_gdro.demo.decide", "apply the stated rule that picks the robust default from study results"),
     "plot": ("verl_gdro.plots", "redraw the curriculum figures from metrics.jsonl or verl's file-logger JSONL"),
