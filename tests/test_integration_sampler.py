@@ -148,3 +148,27 @@ def test_a_state_written_before_batched_draws_still_loads() -> None:
     assert len(set(batch)) == 5  # a fresh batch of distinct prompts
     with pytest.raises(ValueError, match="not a GDROSampler state"):
         resumed.load_state_dict({**old, "version": 0})
+
+
+def test_restoring_a_version_1_state_into_a_used_sampler_reclassifies_the_set() -> None:
+    # two runs with the same visits per prompt and opposite outcomes: the visit counts cannot tell
+    # their classifiers apart, so only forgetting the cache on restore gives the restored bins
+    uids = np.arange(40)
+
+    def run(hard_below: bool) -> GDROSampler:
+        ctrl = controller(mode="resample", eta=3.0)
+        sampler = GDROSampler(uids, ctrl, mode="resample", seed=1, batch_size=8)
+        for _ in range(3):
+            sampler._draws.draw(8)  # fills the bin cache under this run's classifier
+            plan = ctrl.before_generation(uids)
+            g = np.repeat(plan.positions, 4)
+            ctrl.after_advantage(g, ((uids[g] < 20) != hard_below).astype(float))
+        sampler._draws.draw(8)
+        return sampler
+
+    a, b = run(False), run(True)
+    old = {k: v for k, v in b.state_dict().items() if k not in ("draws", "block", "block_pos")}
+    old["version"] = 1
+    a.load_state_dict(old)
+    assert not np.array_equal(a.controller.bins_of(uids), run(False).controller.bins_of(uids))
+    assert np.array_equal(a._draws._current_bins(), a.controller.bins_of(uids))

@@ -201,8 +201,11 @@ class GDROSampler(Sampler[int]):
             self._rng.bit_generator.state = deepcopy(self._epoch_rng_state)
             self._perm = self._rng.permutation(self.uids.size)
         self._rng.bit_generator.state = deepcopy(state["rng"])
-        if self._draws is not None and state.get("draws") is not None:
-            self._draws.load_state_dict(state["draws"])
+        if self._draws is not None:
+            if state.get("draws") is not None:
+                self._draws.load_state_dict(state["draws"])
+            else:  # a version-1 state: the generator starts afresh, the controller was restored
+                self._draws.controller_restored()
         # a version-1 state has no batch in progress (it drew one index at a time): the next
         # index starts a new batch
         self._block = np.asarray(state.get("block", ()), dtype=np.int64).copy()

@@ -146,11 +146,12 @@ class PromptSettings:
     clip_ratio_high: float
     standalone_correct_threshold: float
     #: sampling modes: the uniform exploration floor, the evidence's per-visit decay, GRESO's
-    #: revisit probability and the band's width (docs/algorithm.md, "Prompt sampling modes")
-    explore: float = 0.2
-    rate_decay: float = 0.5
-    revisit: float = 0.5
-    band_width: float = 0.2
+    #: revisit probability and the band's width (docs/algorithm.md, "Prompt sampling modes"); their
+    #: defaults are the package YAML's, like every other key's
+    explore: float
+    rate_decay: float
+    revisit: float
+    band_width: float
 
     def kwargs(self, num_bins: int) -> dict[str, Any]:
         """Constructor arguments of :class:`verl_gdro.prompt_gdro.PromptGDRO`."""

@@ -110,7 +110,7 @@ class GDROController:
         #: Per-prompt evidence of the training set for the sampling modes (:meth:`attach_prompts`).
         self.evidence: PromptEvidence | None = None
         self.num_steps = 0
-        #: Increments after every update: the sampler refreshes its bin membership when it changes.
+        #: Increments after every update (saved with the state: a resumed run counts on).
         self.version = 0
         self._reset_pending()
 

@@ -114,5 +114,11 @@ class PromptSampler:
         if not isinstance(state, dict) or state.get("version") != _STATE_VERSION:
             raise ValueError(f"not a PromptSampler state of version {_STATE_VERSION}")
         self._rng.bit_generator.state = deepcopy(state["rng"])
-        self._bins = None  # the controller was restored too: classify the set afresh
+        self.controller_restored()
+
+    def controller_restored(self) -> None:
+        """Forget the cached bins: the controller's state was replaced (a resume), so a prompt's bin
+        may differ even where its visit count does not. :meth:`load_state_dict` calls it; a caller
+        that restores the controller without the sampler's state calls it itself."""
+        self._bins = None
         self._bins_visits = None
