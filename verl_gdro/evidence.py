@@ -32,7 +32,6 @@ __all__ = [
     "failure_weighted_priority",
     "greso_keep_probability",
     "hit_utility",
-    "informative_probability",
     "mix_uniform",
     "per_prompt_utility",
     "sampling_priority",
@@ -163,21 +162,13 @@ def smoothed_rate(successes: np.ndarray, trials: np.ndarray) -> np.ndarray:
 # --------------------------------------------------------------------------------------------
 
 
-def informative_probability(p: np.ndarray, n: int) -> np.ndarray:
-    """1 - p^n - (1 - p)^n: the probability that a group of n rollouts holds both a success and a
-    failure, i.e. that GRPO's advantages are not all zero for it."""
-    q = np.asarray(p, dtype=np.float64)
-    return 1.0 - q**n - (1.0 - q) ** n
-
-
 def failure_weighted_priority(p: np.ndarray, n: int) -> np.ndarray:
     """Ours: (1 - p)(1 - p^n - (1 - p)^n), the per-prompt utility that won the allocation study
-    (:func:`arm_utility_values` ``failure_weighted`` at the mean budget n), read as a draw weight:
-    a prompt is worth drawing when its group is likely to carry a gradient, and more so the more it
-    fails (the 0/1 loss of Group DRO's worst group). 0 at p = 0 and p = 1; largest near p = 0.3
-    for n = 4."""
-    q = np.asarray(p, dtype=np.float64)
-    return (1.0 - q) * informative_probability(q, n)
+    (:func:`arm_utility_values` ``failure_weighted``, evaluated at the mean budget n), read as a
+    draw weight: a prompt is worth drawing when its group is likely to carry a gradient, and more so
+    the more it fails (the 0/1 loss of Group DRO's worst group). 0 at p = 0 and p = 1; largest near
+    p = 0.3 for n = 4."""
+    return arm_utility_values("failure_weighted", np.asarray(p, dtype=np.float64), np.array([n]))[:, 0]
 
 
 def greso_keep_probability(streak: np.ndarray, revisit: float) -> np.ndarray:
