@@ -601,8 +601,10 @@ def test_played_arm_utilities_need_one_arm_per_bin_and_losses():
         ctl.update([0, 1], [4, 4], [1, 1], None)
     with pytest.raises(ValueError, match="same for every prompt"):
         ctl.update([0, 0], [3, 5], [1, 1], [0.1, 0.2])
-    with pytest.raises(ValueError, match="exact budget"):
-        ctl.update([0, 1], [5, 5], [1, 1], [0.1, 0.2])  # sample: marginals need the budget
+    assert ctl.update_refusal([0, 0], [3, 5]) == "mixed_arms"
+    assert ctl.update_refusal([0, 1], [5, 5]) == "unknown_draw"
+    with pytest.raises(ValueError, match="no recorded draw"):
+        ctl.update([0, 1], [5, 5], [1, 1], [0.1, 0.2])  # sample: no draw, and not the budget either
     assert pickle.dumps(ctl.state_dict()) == before
 
 
@@ -817,3 +819,73 @@ def test_rates_and_counts_give_the_same_allocation_for_rate_utilities():
         a = RolloutGDRO(num_bins=10, allocator="per_prompt", arm_utility=utility).allocate(bins, counts=(s, t))
         b = RolloutGDRO(num_bins=10, allocator="per_prompt", arm_utility=utility).allocate(bins, rates=smoothed_rate(s, t))
         np.testing.assert_array_equal(a, b)
+
+
+def _drawn(ctl: RolloutGDRO, bins: np.ndarray) -> tuple[np.ndarray, dict[int, float]]:
+    """Allocate ``bins`` and return (n, the drawn arm's marginal per present bin), recomputed
+    independently from the scores the draw used."""
+    logp = exp_weights_arm_log_probs(ctl.state_dict()["scores"][np.unique(bins)], ctl.eta, ctl.gamma)
+    counts = np.bincount(bins, minlength=ctl.num_bins)[np.unique(bins)]
+    n = ctl.allocate(bins)
+    present = np.unique(bins)
+    played = np.array([n[bins == b][0] for b in present])
+    marg = exact_budget_marginals(logp, counts, ctl.arms, ctl.n_mean * bins.size)
+    return n, {int(b): float(marg[i, played[i] - ctl.n_min]) for i, b in enumerate(present)}
+
+
+def test_partial_consumption_weights_each_bin_by_its_draw():
+    """A step that trains only part of a generation call (an async trainer's subset, a failed or
+    filtered group) no longer stops training: every bin's gain is weighted by the marginal of the
+    draw that chose its arm, computed by hand here from the same scores."""
+    ctl = RolloutGDRO(3, arm_utility="loss", seed=3)
+    simulate(ctl, [0.2, 0.5, 0.8], 5, batch=12)
+    bins = np.array([0, 0, 0, 1, 1, 2, 2, 2, 2, 2])
+    n, marg = _drawn(ctl, bins)
+    keep = np.array([0, 1, 3, 5, 6])  # a subset: no longer the call's exact budget
+    before = ctl.state_dict()
+    losses = np.array([0.3, 0.5, 0.2, 0.9, 0.1])
+    info = ctl.update(bins[keep], n[keep], np.ones(keep.size, dtype=int), losses)
+    after = ctl.state_dict()["scores"]
+    for b, mean_loss in ((0, 0.4), (1, 0.2), (2, 0.5)):
+        a = int(n[bins == b][0]) - ctl.n_min
+        gain = (mean_loss - before["mu"] * (n[bins == b][0] - ctl.n_mean)) / marg[b]
+        assert after[b, a] == pytest.approx(0.6 * before["scores"][b, a] + 0.4 * gain)
+    assert info["unweighted_bins"] == 0
+
+
+def test_bins_of_two_draws_use_their_own_draw_and_ambiguous_bins_are_left_out():
+    """Two generation calls before one update (DAPO refills): a bin drawn in one call only is
+    weighted by that call's marginal; a bin given the same arm by both calls cannot be attributed
+    and is left out of the update (counted); the other bins still learn."""
+    ctl = RolloutGDRO(4, arm_utility="informative", seed=0)
+    b1, b2 = np.array([0, 0, 1, 1, 2]), np.array([2, 3, 3])
+    n1, m1 = _drawn(ctl, b1)
+    n2, m2 = _drawn(ctl, b2)
+    same = int(n1[b1 == 2][0]) == int(n2[b2 == 2][0])
+    bins, n = np.r_[b1, b2], np.r_[n1, n2]
+    if not same:  # bin 2 got two arms: a mixed step, refused as a whole
+        assert ctl.update_refusal(bins, n) == "mixed_arms"
+        return
+    before = ctl.state_dict()["scores"]
+    s = np.ones(bins.size, dtype=int)
+    info = ctl.update(bins, n, s)
+    after = ctl.state_dict()["scores"]
+    assert info["unweighted_bins"] == 1 and 2 not in info["played_marginal"]
+    assert info["played_marginal"] == pytest.approx({0: m1[0], 1: m1[1], 3: m2[3]})
+    np.testing.assert_array_equal(after[2], before[2])  # the ambiguous bin is untouched
+
+
+def test_draw_record_is_saved_so_a_resume_weighs_the_same():
+    ctl = RolloutGDRO(3, arm_utility="loss", seed=1)
+    simulate(ctl, [0.2, 0.5, 0.8], 4, batch=12)
+    bins = np.array([0, 1, 1, 2, 2, 2])
+    n = ctl.allocate(bins)
+    twin = RolloutGDRO(3, arm_utility="loss", seed=1)
+    twin.load_state_dict(pickle.loads(pickle.dumps(ctl.state_dict())))
+    args = (bins[:4], n[:4], np.ones(4, dtype=int), np.array([0.1, 0.2, 0.3, 0.4]))
+    ctl.update(*args)
+    twin.update(*args)
+    assert pickle.dumps(ctl.state_dict()) == pickle.dumps(twin.state_dict())
+    old = ctl.state_dict()
+    old.pop("draws")  # a state saved before draws were recorded still loads
+    RolloutGDRO(3, arm_utility="loss", seed=1).load_state_dict(old)

@@ -13,6 +13,7 @@ from verl_gdro.prompt_gdro import PromptGDRO
 from verl_gdro.step.config import resolve_gdro
 from verl_gdro.step.controller import (
     EXTRA_METRICS,
+    ROLLOUT_METRICS,
     GDROController,
     describe_mode,
     mode_name,
@@ -64,7 +65,7 @@ def test_metrics_are_the_spec_names_plus_integration_counters() -> None:
     c.advantage_multipliers(g)
     m = c.after_advantage(g, acc)
     counts = [m[f"{PREFIX}count/bin_{b}"] for b in range(10)]
-    assert set(m) == set(step_keys(counts)) | {PREFIX + k for k in EXTRA_METRICS}
+    assert set(m) == set(step_keys(counts)) | {PREFIX + k for k in EXTRA_METRICS + ROLLOUT_METRICS}
     assert set(step_keys(counts)) <= set(metric_keys(10))
     assert all(np.isfinite(v) for v in m.values())
     assert m[PREFIX + "num_rollouts"] == 32 and m[PREFIX + "num_trajectories"] == 32

@@ -85,6 +85,10 @@ SELECTIONS = ("auto", "map", "sample")
 #: terms and far below any difference a learner's scores can meaningfully express.
 TIE_RTOL = 1e-12
 
+#: Sampled draws kept for the importance weights between two updates: the step's call plus its
+#: refills; an older draw's groups are weighed as unknown (skipped and counted), never wrongly.
+MAX_RECORDED_DRAWS = 16
+
 _STATE_VERSION = 1
 _DEV_SENTINEL = np.iinfo(np.int64).max // 4
 
@@ -719,10 +723,13 @@ class RolloutGDRO:
         self._variance = np.full(self.num_bins, 0.25)  # v_b (neyman)
         self._rng = np.random.Generator(np.random.PCG64(self.seed))
         self._steps = 0
-        # The last sampled draw: (present bins, counts, arms, their conditional marginals). The
-        # marginals are a deterministic function of the scores, counts and budget, so update()
-        # recomputes them when this does not match (e.g. right after a resume): not state.
-        self._last_draw: tuple[bytes, bytes, bytes, np.ndarray] | None = None
+        # The sampled draws since the last update (selection='sample'), oldest first, at most
+        # MAX_RECORDED_DRAWS: per draw, the arm drawn for every bin (-1 where the bin was absent)
+        # and that arm's conditional marginal. The played-arm update weights a bin's gain by the
+        # marginal of the draw that chose its arm (docs/algorithm.md, "Rollout-GDRO"), so a step
+        # that trains a subset of a generation call, or several calls, still learns correctly.
+        # Saved with the state: a resume between a dispatch and its update weighs the same.
+        self._draws: list[tuple[np.ndarray, np.ndarray]] = []
 
     # ---- configuration ------------------------------------------------------------------
 
@@ -781,6 +788,66 @@ class RolloutGDRO:
 
     # ---- allocation ---------------------------------------------------------------------
 
+    def _record_draw(self, present: np.ndarray, per_bin: np.ndarray, marg: np.ndarray) -> None:
+        arm = np.full(self.num_bins, -1, dtype=np.int64)
+        prob = np.zeros(self.num_bins, dtype=np.float64)
+        arm[present], prob[present] = per_bin, marg
+        self._draws.append((arm, prob))
+        del self._draws[:-MAX_RECORDED_DRAWS]
+
+    def _drawn_marginals(self, present: np.ndarray, played: np.ndarray) -> np.ndarray:
+        """Per present bin, the marginal of its played arm in the one recorded draw that gave the
+        bin that arm (NaN where no recorded draw did, or several did: that draw is unknown)."""
+        out = np.full(present.size, np.nan)
+        hits = np.zeros(present.size, dtype=np.int64)
+        for arm, prob in self._draws:
+            match = arm[present] == played
+            hits += match
+            out = np.where(match, prob[present], out)
+        out[hits != 1] = np.nan
+        return out
+
+    def update_refusal(self, bins: Any, n: Any) -> str | None:
+        """Why :meth:`update` would refuse this step's (bins, n), or None.
+
+        ``"mixed_arms"``: a played-arm utility needs one arm per bin, and these prompts were
+        allocated in several calls that gave one bin different n. ``"unknown_draw"``: under
+        ``selection='sample'`` no bin's played arm comes from exactly one recorded draw, so no
+        importance weight is known (e.g. a step of prompts dispatched before a resume from a state
+        saved before draws were recorded, with a budget that no longer matches). Callers skip the
+        update and count it instead of stopping training (``GDROController.after_advantage``).
+        """
+        if self.allocator != "bandit" or self.arm_utility in FULL_INFORMATION_UTILITIES:
+            return None
+        b = self._validate_bins(bins)
+        n_a = _as_int_array(n, "n")
+        if b.size == 0 or n_a.shape != b.shape:
+            return None  # update() names the problem
+        lo = np.full(self.num_bins, np.iinfo(np.int64).max)
+        hi = np.full(self.num_bins, -1)
+        np.minimum.at(lo, b, n_a)
+        np.maximum.at(hi, b, n_a)
+        if np.any(lo[b] != hi[b]):
+            return "mixed_arms"
+        if self.effective_selection == "sample":
+            present = np.unique(b)
+            if not np.isfinite(self._played_marginals(b, n_a, present, hi[present])).any():
+                return "unknown_draw"
+        return None
+
+    def _played_marginals(self, b: np.ndarray, n_a: np.ndarray, present: np.ndarray, played: np.ndarray) -> np.ndarray:
+        """The importance-weight denominators of the present bins' played arms (NaN: unknown)."""
+        if self._draws:
+            return self._drawn_marginals(present, played)
+        # No draw recorded since the last update or restore (a state saved before draws were
+        # recorded): the step's own problem is the draw's when it spends the exact budget, as a
+        # whole generation call does; recompute its marginals from the unchanged scores.
+        _present, counts, _inverse, budget = self._step_problem(b)
+        if int((counts * played).sum()) != budget:
+            return np.full(present.size, np.nan)
+        logp = exp_weights_arm_log_probs(self._scores[present], self.eta, self.gamma)
+        return _partition(logp, counts, self._arms, budget).marginals(arm_idx=played - self.n_min)
+
     def allocate(self, bins: Any, rates: Any = None, counts: Any = None) -> np.ndarray:
         """Rollouts per prompt for the step's bins (ints in [n_min, n_max], sum == n_mean * len).
 
@@ -809,7 +876,7 @@ class RolloutGDRO:
                 rng = deepcopy(self._rng)
                 per_bin, marg = sample_exact_budget(logp, counts, self._arms, budget, rng)
                 self._rng = rng
-                self._last_draw = (present.tobytes(), counts.tobytes(), per_bin.tobytes(), marg)
+                self._record_draw(present, per_bin, marg)
         if self.allocator != "per_prompt":
             n = per_bin[inverse]
         # The spec's invariant, checked even under python -O: compute neutrality is the contract.
@@ -943,20 +1010,19 @@ class RolloutGDRO:
                 u_played = np.where(has, lsum / np.maximum(lcnt, 1), np.nan)
             g_played = gain_with_shadow_price(u_played, played, self._mu, self.n_mean)
             if self.effective_selection == "sample":
-                if int((counts * played).sum()) != budget:
+                # EXP3: weight each bin's gain by the marginal of the draw that chose its arm; a
+                # bin whose draw is unknown (or ambiguous) is left out of this update and counted
+                marg_played = self._played_marginals(b, n_a, present, played)
+                known = np.isfinite(marg_played)
+                if not known.any():
                     raise ValueError(
-                        f"n must spend the exact budget {budget} under selection='sample' (the "
-                        f"importance weight is the marginal conditioned on it), got {int(n_a.sum())}"
+                        "n matches no recorded draw under selection='sample' (the importance weight is the "
+                        "marginal of the draw that chose each bin's arm): see update_refusal"
                     )
-                key = (present.tobytes(), counts.tobytes(), played.tobytes())
-                if self._last_draw is not None and self._last_draw[:3] == key:
-                    marg_played = self._last_draw[3]
-                else:
-                    logp = exp_weights_arm_log_probs(self._scores[present], self.eta, self.gamma)
-                    part = _partition(logp, counts, self._arms, budget)
-                    marg_played = part.marginals(arm_idx=arm_idx)
-                g_played = g_played / marg_played
-                info["played_marginal"] = dict(zip(present.tolist(), marg_played.tolist(), strict=True))
+                info["unweighted_bins"] = int((has & ~known).sum())
+                has = has & known
+                g_played = np.where(known, g_played / np.where(known, marg_played, 1.0), np.nan)
+                info["played_marginal"] = dict(zip(present[known].tolist(), marg_played[known].tolist(), strict=True))
             rows, cols = present[has], arm_idx[has]
             utility[rows, cols] = u_played[has]
             gain[rows, cols] = g_played[has]
@@ -977,7 +1043,7 @@ class RolloutGDRO:
 
         self._scores, self._pass_rate, self._mu = scores, pass_rate, mu
         self._steps += 1
-        self._last_draw = None  # the scores changed: a cached marginal no longer applies
+        self._draws = []  # the scores changed: later draws are new rounds
         info.update(
             utility=utility,
             gain=gain,
@@ -1001,6 +1067,7 @@ class RolloutGDRO:
             "variance": self._variance.copy(),
             "rng": deepcopy(self._rng.bit_generator.state),
             "steps": self._steps,
+            "draws": [(arm.copy(), prob.copy()) for arm, prob in self._draws],
         }
 
     def snapshot(self) -> tuple[Any, ...]:
@@ -1010,14 +1077,14 @@ class RolloutGDRO:
         every step; the generator's ``state`` getter already returns a fresh dict.
         """
         return (self._scores.copy(), self._mu, self._pass_rate.copy(), self._variance.copy(),
-                self._rng.bit_generator.state, self._steps)
+                self._rng.bit_generator.state, self._steps, list(self._draws))
 
     def restore(self, snapshot: tuple[Any, ...]) -> None:
         """Return to a :meth:`snapshot` of this controller (as ``load_state_dict`` of its state would)."""
-        scores, self._mu, pass_rate, variance, rng_state, self._steps = snapshot
+        scores, self._mu, pass_rate, variance, rng_state, self._steps, draws = snapshot
         self._scores, self._pass_rate, self._variance = scores.copy(), pass_rate.copy(), variance.copy()
         self._rng.bit_generator.state = rng_state
-        self._last_draw = None
+        self._draws = list(draws)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` output; rejects state of a differently configured controller."""
@@ -1037,10 +1104,18 @@ class RolloutGDRO:
         variance = np.array(state["variance"], dtype=np.float64)
         if scores.shape != shape or pass_rate.shape != (self.num_bins,) or variance.shape != (self.num_bins,):
             raise ValueError("RolloutGDRO state arrays do not match num_bins / arm range")
+        # absent in states saved before draws were recorded: update() then falls back to the step's
+        # own problem when it spends the exact budget
+        draws = []
+        for arm, prob in state.get("draws", ()):
+            arm, prob = np.asarray(arm, dtype=np.int64).copy(), np.asarray(prob, dtype=np.float64).copy()
+            if arm.shape != (self.num_bins,) or prob.shape != (self.num_bins,):
+                raise ValueError("RolloutGDRO state draws do not match num_bins")
+            draws.append((arm, prob))
         rng = np.random.Generator(np.random.PCG64())
         rng.bit_generator.state = deepcopy(state["rng"])
         self._scores, self._pass_rate, self._variance = scores, pass_rate, variance
         self._mu = float(state["mu"])
         self._rng = rng
         self._steps = int(state["steps"])
-        self._last_draw = None
+        self._draws = draws[-MAX_RECORDED_DRAWS:]

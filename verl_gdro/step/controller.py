@@ -46,10 +46,10 @@ from verl_gdro.prompt_gdro import (
     surrogate_kl_loss,
     surrogate_loss,
 )
-from verl_gdro.rollout_gdro import FULL_INFORMATION_UTILITIES, RolloutGDRO
+from verl_gdro.rollout_gdro import RolloutGDRO
 from verl_gdro.step.config import SAMPLING_MODES, GDROSettings, resolve_gdro
 
-__all__ = ["EXTRA_METRICS", "GDROController", "StepPlan", "describe_mode", "mode_name"]
+__all__ = ["EXTRA_METRICS", "ROLLOUT_METRICS", "ROLLOUT_SKIP_REASONS", "GDROController", "StepPlan", "describe_mode", "mode_name"]
 
 logger = logging.getLogger(__name__)
 
@@ -60,9 +60,18 @@ _SAMPLING_KEYS = ("explore", "rate_decay", "revisit", "band_width")
 #: Integration counters logged next to :data:`verl_gdro.metrics.METRIC_NAMES` (all under ``gdro/``).
 EXTRA_METRICS: tuple[str, ...] = (
     "incomplete_groups",  # planned prompts whose trajectories did not all arrive (generation failures)
-    "rollout_update_skipped",  # 1 when Rollout-GDRO's update was skipped because of such prompts
+    "rollout_update_skipped",  # 1 when Rollout-GDRO skipped its update (any reason below)
     "num_trajectories",  # non-padding trajectories that entered the step's statistics
 )
+
+#: Why Rollout-GDRO skips a step's update, each logged as ``gdro/rollout_skip/<reason>`` (0 / 1)
+#: when Rollout-GDRO is on: ``incomplete`` (planned prompts without all their trajectories),
+#: ``mixed_arms`` (a played-arm utility saw one bin with several n), ``unknown_draw`` (under
+#: ``selection=sample`` no bin's arm comes from exactly one recorded draw).
+ROLLOUT_SKIP_REASONS: tuple[str, ...] = ("incomplete", "mixed_arms", "unknown_draw")
+#: Logged beside :data:`EXTRA_METRICS` when Rollout-GDRO is on; ``rollout_unweighted_bins``: bins
+#: left out of an update under ``selection=sample`` because their draw is unknown or ambiguous.
+ROLLOUT_METRICS: tuple[str, ...] = tuple(f"rollout_skip/{r}" for r in ROLLOUT_SKIP_REASONS) + ("rollout_unweighted_bins",)
 
 
 @dataclass(frozen=True)
@@ -301,20 +310,23 @@ class GDROController:
                     q_used, omega_used = self.prompt.bin_probs(), self.prompt.omega()
                 prompt_info = self.prompt.update(bins_p, loss_p)
 
-            skipped = 0
+            skip_reason: str | None = None
+            rollout_info: dict[str, Any] = {}
             if self.rollout is not None:
-                mixed = bins_p.size > 0 and _mixed_arms(self.rollout, bins_p, self._n[present])
-                if incomplete == 0 and bins_p.size and not mixed:
-                    self.rollout.update(bins_p, self._n[present], succ_p, loss_p)
-                elif mixed:
-                    skipped = 1
+                refusal = self.rollout.update_refusal(bins_p, self._n[present]) if bins_p.size else None
+                if incomplete == 0 and bins_p.size and refusal is None:
+                    rollout_info = self.rollout.update(bins_p, self._n[present], succ_p, loss_p)
+                elif refusal is not None:
+                    skip_reason = refusal
                     logger.warning(
-                        "verl-gdro: the step's prompts were planned in several calls that gave one bin different n; "
-                        "Rollout-GDRO's played-arm utility (%s) needs one arm per bin, so it skips this step's update",
-                        self.rollout.arm_utility,
+                        "verl-gdro: Rollout-GDRO skips this step's update (%s): %s", refusal,
+                        "the step's prompts were planned in several calls that gave one bin different n, and the "
+                        f"played-arm utility ({self.rollout.arm_utility}) needs one arm per bin"
+                        if refusal == "mixed_arms" else
+                        "no bin's arm comes from exactly one recorded draw, so no importance weight is known",
                     )
                 else:
-                    skipped = 1
+                    skip_reason = "incomplete"
                     logger.warning(
                         "verl-gdro: %d planned prompt(s) lack trajectories (generation failures); Rollout-GDRO "
                         "skips this step's update rather than learn from a partial budget",
@@ -370,7 +382,11 @@ class GDROController:
             dropped_nonfinite_total=0 if self.prompt is None else int(self.prompt.dropped_nonfinite),
         )
         metrics[PREFIX + "incomplete_groups"] = float(incomplete)
-        metrics[PREFIX + "rollout_update_skipped"] = float(skipped)
+        metrics[PREFIX + "rollout_update_skipped"] = float(skip_reason is not None)
+        if self.rollout is not None:
+            for reason, name in zip(ROLLOUT_SKIP_REASONS, ROLLOUT_METRICS, strict=False):
+                metrics[PREFIX + name] = float(skip_reason == reason)
+            metrics[PREFIX + ROLLOUT_METRICS[-1]] = float(rollout_info.get("unweighted_bins", 0))
         metrics[PREFIX + "num_trajectories"] = float(g.size)
         self._reset_pending()
         return metrics
@@ -664,23 +680,6 @@ def _fit_visit(successes: NDArray[np.int64], trials: NDArray[np.int64]) -> tuple
     s[over] = np.rint(s[over] * MAX_TRIALS_PER_VISIT / t[over]).astype(np.int64)
     t[over] = MAX_TRIALS_PER_VISIT
     return s, t
-
-
-def _mixed_arms(rollout: RolloutGDRO, bins: NDArray[np.int64], n: NDArray[np.int64]) -> bool:
-    """Whether a played-arm bandit would refuse these per-prompt n (one bin, several n).
-
-    Each before_generation call allocates its own exact budget, so a step planned in several calls
-    can give one bin two arms. RolloutGDRO.update raises on that for its played-arm utilities;
-    checking first keeps after_advantage from failing after the classifier and Prompt-GDRO
-    already took the step.
-    """
-    if rollout.allocator != "bandit" or rollout.arm_utility in FULL_INFORMATION_UTILITIES:
-        return False
-    lo = np.full(rollout.num_bins, np.iinfo(np.int64).max)
-    hi = np.full(rollout.num_bins, -1)
-    np.minimum.at(lo, bins, n)
-    np.maximum.at(hi, bins, n)
-    return bool(np.any(lo[bins] != hi[bins]))
 
 
 def _bin_mean(bins: NDArray[np.int64], values: NDArray[np.float64], num_bins: int) -> NDArray[np.float64]:
