@@ -23,6 +23,7 @@ from verl_gdro.evidence import (
     sampling_priority,
 )
 from verl_gdro.metrics import step_metrics
+from verl_gdro.prompt_gdro import cap_bin_masses, resample_bin_masses
 from verl_gdro.step.config import SAMPLING_MODES, resolve_gdro, validate_gdro_config
 from verl_gdro.step.controller import GDROController
 from verl_gdro.step.sampler import PromptSampler
@@ -182,7 +183,7 @@ def test_unseen_prompts_read_the_prior_and_come_first() -> None:
 
 
 def test_resample_spreads_q_over_each_bins_prompts() -> None:
-    c = ctrl("resample", eta=3.0, normalize_by_share=False)
+    c = ctrl("resample", eta=3.0, normalize_by_share=False, min_ess=0.0)
     uids = np.arange(40)
     sampler = PromptSampler(c, uids, seed=0)
     for _ in range(3):
@@ -314,3 +315,42 @@ def test_a_controller_state_saved_before_the_sampling_keys_loads() -> None:
     fresh = ctrl("reweight")
     fresh.load_state_dict(state)
     assert fresh.num_steps == 1 and fresh.evidence is None
+
+
+def test_cap_bin_masses_by_hand() -> None:
+    """Bin 0 holds 1 of 10 prompts: mass 0.7 would draw it 7x as often as uniform; the cap 3 holds
+    it at 0.3 and the 0.4 it gives up goes to bins 1 and 2 in proportion 2 : 1."""
+    m = cap_bin_masses(np.array([0.7, 0.2, 0.1]), np.array([1, 4, 5]), max_weight=3.0)
+    assert m == pytest.approx([0.3, 0.7 * 2 / 3, 0.7 / 3])
+    assert m.sum() == pytest.approx(1.0)
+
+
+def test_resample_ess_floor_by_hand() -> None:
+    """Two bins of 5 prompts, S = (1, 0), eta 2, gamma 0: at full eta q0 = e^2 / (e^2 + 1) = 0.881,
+    ESS share 1 / (2 (q0^2 + q1^2)) = 0.635. The floor 0.8 needs m0^2 + m1^2 = 0.625, so m0 = 0.75:
+    m0 = (1 - s) 0.5 + s q0 gives s = 0.25 / (q0 - 0.5)."""
+    scores, sizes = np.array([1.0, 0.0]), np.array([5, 5])
+    q0 = np.e**2 / (np.e**2 + 1)
+    full, s_full = resample_bin_masses(scores, sizes, 2.0, 10.0, 0.0, 15.0, 0.0)
+    assert s_full == 1.0 and full == pytest.approx([q0, 1 - q0])
+    m, scale = resample_bin_masses(scores, sizes, 2.0, 10.0, 0.0, 15.0, 0.8)
+    assert scale == pytest.approx(0.25 / (q0 - 0.5), abs=1e-9)
+    assert m == pytest.approx([0.75, 0.25], abs=1e-9)
+
+
+def test_resample_draws_honour_min_ess_and_max_weight() -> None:
+    """The starvation the issue measured (30 steps of resample: 79 % of the mass on 5 prompts, ESS
+    share 0.008 with min_ess 0.8 set) cannot happen: the draw distribution keeps the floor and no
+    prompt is drawn more than max_weight times as often as under the uniform draw (before the
+    exploration mix, which only moves it toward uniform)."""
+    c = ctrl("resample", eta=3.0, min_ess=0.8, max_weight=5.0, explore=0.01)
+    uids = np.arange(64)
+    sampler = PromptSampler(c, uids, seed=0)
+    rng = np.random.default_rng(0)
+    for _ in range(30):
+        rows = sampler.draw(32)
+        step(c, uids[rows], np.where(uids[rows] < 5, 0, rng.integers(2, 5, rows.size)))
+    p = sampler.probabilities()
+    assert 1.0 / (p.size * np.sum(p**2)) >= 0.8 - 1e-9
+    assert p.max() * p.size <= 5.0 + 1e-9
+    assert sampler.adversary_share < 1.0  # the floor bound: the adversary wanted more

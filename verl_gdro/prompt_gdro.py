@@ -34,6 +34,7 @@ __all__ = [
     "PromptGDRO",
     "advantage_multipliers",
     "bin_mean_losses",
+    "cap_bin_masses",
     "clipped_surrogate_response_loss",
     "ema_scores",
     "exp_weights",
@@ -43,6 +44,7 @@ __all__ = [
     "low_var_kl",
     "masked_token_mean",
     "mix_probs",
+    "resample_bin_masses",
     "share_normalize",
     "surrogate_kl_loss",
     "surrogate_loss",
@@ -565,6 +567,88 @@ def _ess_share_by_bin(
         return 1.0 if square == 0.0 else total * total / (n * square)
 
     return share
+
+
+def cap_bin_masses(mass: NDArray[np.float64], sizes: NDArray[np.int64], max_weight: float) -> NDArray[np.float64]:
+    """A distribution over bins with no prompt's draw ratio above ``max_weight``.
+
+    Spreading bin mass m(b) uniformly over the bin's |b| prompts gives each a draw probability
+    m(b) / |b|, i.e. ``N m(b) / |b|`` times the uniform draw's: the resampling counterpart of an
+    Eq. 16 multiplier. The cap is Eq. 16's ``max_weight`` on that ratio, m(b) <= max_weight |b| / N;
+    the excess is handed to the uncapped bins in proportion to their mass (water-filling, at most
+    B rounds), so the result still sums to 1. ``max_weight >= 1`` keeps it feasible (uniform fits).
+    """
+    m = np.asarray(mass, dtype=np.float64).copy()
+    limit = max_weight * sizes / float(sizes.sum())
+    capped = np.zeros(m.size, dtype=bool)
+    for _ in range(m.size):
+        over = ~capped & (m > limit)
+        if not over.any():
+            break
+        capped |= over
+        m[capped] = limit[capped]
+        free = ~capped & (m > 0)
+        rest = 1.0 - m[capped].sum()
+        if not free.any() or m[free].sum() <= 0.0:
+            break
+        m[free] *= rest / m[free].sum()
+    return m
+
+
+def resample_bin_masses(
+    scores: NDArray[np.float64],
+    sizes: NDArray[np.int64],
+    eta: float,
+    score_clip: float,
+    gamma: float,
+    max_weight: float,
+    min_ess: float,
+    iterations: int = 40,
+) -> tuple[NDArray[np.float64], float]:
+    """The ``resample`` mode's bin distribution: Eq. 15's q_t over the bins that hold prompts,
+    under the same effective-sample-size floor and weight cap as reweighting.
+
+    ``sizes[b]``: the training set's prompts in bin b. Each prompt of bin b is drawn with
+    probability m(b) / |b|; its ratio to the uniform draw, N m(b) / |b|, plays the part of an
+    Eq. 16 multiplier. The floor: the draw's Kish ESS share over the N prompts,
+    1 / (N sum_b m(b)^2 / |b|), stays >= ``min_ess``: m = (1 - s) |b| / N + s q_t, the largest
+    s in [0, 1] that keeps it, found by bisection (sum_b m^2 / |b| is convex in s with its minimum
+    at s = 0, the uniform draw, so the share falls monotonically in s). The cap: no prompt's ratio
+    above ``max_weight`` (:func:`cap_bin_masses`), applied last.
+
+    Why a mixture toward the uniform draw and not a lower eta as in
+    :func:`ess_floor_multipliers`: reweighting tilts a uniformly drawn batch, so eta -> 0 is the
+    uniform draw; q_t at eta -> 0 is uniform over *bins*, which still draws a bin of 5 prompts as
+    often as one of 500, so no eta keeps the floor there. s is the share of the step's draws the
+    adversary directs. Why at all: drawing from q at full eta put 79 % of the draws on 5 prompts
+    after 30 steps (ESS share 0.008 with ``min_ess`` 0.8 set), the starvation the floor prevents.
+
+    Returns (m over all B bins, 0 where a bin is empty; the share s used).
+    """
+    size = np.asarray(sizes, dtype=np.int64)
+    held = size > 0
+    n = float(size.sum())
+    q = mix_probs(exp_weights(scores, eta, score_clip), gamma) * held
+    q = q / q.sum()
+    uniform = size / n
+
+    def masses_at(s: float) -> NDArray[np.float64]:
+        return cap_bin_masses((1.0 - s) * uniform + s * q, size, max_weight)
+
+    def share(m: NDArray[np.float64]) -> float:
+        return 1.0 / (n * float(np.sum(m[held] ** 2 / size[held])))
+
+    full = masses_at(1.0)
+    if min_ess <= 0.0 or share(full) >= min_ess:
+        return full, 1.0
+    lo, hi = 0.0, 1.0
+    for _ in range(iterations):
+        mid = 0.5 * (lo + hi)
+        if share(masses_at(mid)) >= min_ess:
+            lo = mid
+        else:
+            hi = mid
+    return masses_at(lo), lo
 
 
 # --------------------------------------------------------------------------------------------

@@ -5,8 +5,10 @@ and anyone's own RL loop.
 of its :class:`~verl_gdro.step.controller.GDROController` (docs/algorithm.md, "Prompt sampling
 modes"):
 
-- ``resample``: Prompt-GDRO's bin distribution q_t (Eq. 15), spread uniformly over each bin's
-  prompts: prompt i of bin b has weight q_t(b) / |b|;
+- ``resample``: Prompt-GDRO's bin distribution q_t (Eq. 15) over the bins that hold prompts,
+  under the same ESS floor (``min_ess``) and weight cap (``max_weight``) as reweighting
+  (:func:`~verl_gdro.prompt_gdro.resample_bin_masses`), spread uniformly over each bin's prompts:
+  prompt i of bin b has weight m(b) / |b|;
 - ``failure_weighted``, ``greso``, ``band``: a priority per prompt from its decayed evidence
   (:func:`verl_gdro.evidence.sampling_priority`).
 
@@ -35,6 +37,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from verl_gdro.evidence import draw_without_replacement, mix_uniform, sampling_priority
+from verl_gdro.prompt_gdro import resample_bin_masses
 from verl_gdro.step.controller import GDROController
 
 __all__ = ["PromptSampler"]
@@ -69,6 +72,9 @@ class PromptSampler:
         # instead of classifying the whole training set
         self._bins: NDArray[np.int64] | None = None
         self._bins_visits: NDArray[np.int64] | None = None
+        #: resample: the share s of the last draw directed by q_t (1.0: all of it; lower
+        #: where the ESS floor bound, :func:`~verl_gdro.prompt_gdro.resample_bin_masses`)
+        self.adversary_share = 1.0
 
     def __len__(self) -> int:
         return int(self.uids.size)
@@ -79,8 +85,13 @@ class PromptSampler:
         if settings.mode == "resample":
             bins = self._current_bins()
             sizes = np.bincount(bins, minlength=self.controller.num_bins)
-            q = self.controller.bin_probs() * (sizes > 0)
-            priority = q[bins] / sizes[bins]
+            prompt = self.controller.prompt
+            assert prompt is not None  # resamples implies Prompt-GDRO on
+            # q_t over the bins that hold prompts, under the reweighting's ESS floor and weight cap
+            mass, self.adversary_share = resample_bin_masses(
+                prompt.scores, sizes, prompt.eta, prompt.score_clip, prompt.gamma, prompt.max_weight, prompt.min_ess
+            )
+            priority = mass[bins] / sizes[bins]
         else:
             ev = self.evidence
             priority = sampling_priority(
