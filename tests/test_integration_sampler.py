@@ -70,7 +70,7 @@ def test_loader_state_round_trip_mid_epoch(mode: str) -> None:
 
 
 def test_resample_draws_bins_with_q() -> None:
-    ctrl = controller(mode="resample", eta=3.0, normalize_by_share=False)
+    ctrl = controller(mode="resample", eta=3.0, normalize_by_share=False, min_ess=0.0)
     uids = np.arange(400)
     # history: uids < 100 always fail (pass@k 0 -> bin 0), the rest always succeed (bin 9)
     plan = ctrl.before_generation(uids)

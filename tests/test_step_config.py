@@ -117,6 +117,10 @@ CASES: list[tuple[str, list[str], str]] = [
     ("surrogate_kl without a reference policy", ["gdro.preset=paper"], "gdro.prompt.loss_signal"),
     ("row_index ids without the GDRO dataset", ["gdro.uid_key=row_index"], "gdro.uid_key"),
     ("algorithm.gdro disagrees with gdro", ["algorithm.gdro.prompt.eta=0.3"], "algorithm.gdro"),
+    ("loss signal clip disagrees with the actor", ["gdro.preset=paper", "actor_rollout_ref.actor.use_kl_loss=true",
+                                                   "actor_rollout_ref.actor.clip_ratio_high=0.2",
+                                                   "gdro.prompt.clip_ratio_high=0.28"],
+     "gdro.prompt.clip_ratio_high"),
 ]
 
 
@@ -221,3 +225,22 @@ def test_importable_without_verl_ray_or_torch() -> None:
         "assert not bad, bad\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_loss_signals_follow_the_actor() -> None:
+    """Unset, the signals' coefficients are the actor's (verl's clip_ratio fallback included); set,
+    they must equal it, except where the signal does not read them (failure_rate)."""
+    actor = ["actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.actor.kl_loss_coef=0.01",
+             "actor_rollout_ref.actor.clip_ratio=0.25", "actor_rollout_ref.actor.clip_ratio_c=2.5"]
+    p = validate_gdro_config(config(["gdro.preset=paper", *actor])).prompt
+    assert (p.kl_coef, p.clip_ratio_low, p.clip_ratio_high, p.clip_ratio_c) == (0.01, 0.25, 0.25, 2.5)
+    same = validate_gdro_config(config(["gdro.preset=paper", *actor, "gdro.prompt.clip_ratio_c=2.5"])).prompt
+    assert same.clip_ratio_c == 2.5
+    message = refusal(["gdro.preset=paper", *actor, "gdro.prompt.kl_coef=0.001"])
+    assert "actor_rollout_ref.actor.kl_loss_coef=0.01" in message
+    # the failure rate reads none of them: an explicit value is not a disagreement
+    robust = validate_gdro_config(config([*actor, "gdro.prompt.clip_ratio_high=0.4"])).prompt
+    assert robust.loss_signal == "failure_rate" and robust.clip_ratio_high == 0.4
+    # no actor in the config (the step API): the paper's values
+    bare = resolve_gdro({"preset": "paper"}).prompt
+    assert (bare.kl_coef, bare.clip_ratio_low, bare.clip_ratio_high, bare.clip_ratio_c) == (0.001, 0.2, 0.28, 3.0)

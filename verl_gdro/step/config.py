@@ -21,7 +21,7 @@ from __future__ import annotations
 import inspect
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from functools import lru_cache
 from importlib import resources
 from typing import Any
@@ -144,6 +144,7 @@ class PromptSettings:
     kl_coef: float
     clip_ratio_low: float
     clip_ratio_high: float
+    clip_ratio_c: float
     standalone_correct_threshold: float
     #: sampling modes: the uniform exploration floor, the evidence's per-visit decay, GRESO's
     #: revisit probability and the band's width (docs/algorithm.md, "Prompt sampling modes"); their
@@ -391,6 +392,19 @@ def _resolve_classifier(c: dict[str, Any]) -> ClassifierSettings:
     )
 
 
+#: The loss signals' coefficients when no actor config gives them (the step API, the CPU demo):
+#: the paper's (Appendix A). Under verl, ``null`` follows the actor (:data:`ACTOR_SIGNAL_KEYS`).
+SIGNAL_DEFAULTS: dict[str, float] = {"kl_coef": 0.001, "clip_ratio_low": 0.2, "clip_ratio_high": 0.28,
+                                     "clip_ratio_c": 3.0}
+#: gdro.prompt key -> the actor key it must equal: the signal measures what the actor optimises.
+ACTOR_SIGNAL_KEYS: dict[str, str] = {
+    "kl_coef": "actor_rollout_ref.actor.kl_loss_coef",
+    "clip_ratio_low": "actor_rollout_ref.actor.clip_ratio_low",
+    "clip_ratio_high": "actor_rollout_ref.actor.clip_ratio_high",
+    "clip_ratio_c": "actor_rollout_ref.actor.clip_ratio_c",
+}
+
+
 def _resolve_prompt(c: dict[str, Any], preset: str, num_bins: int) -> PromptSettings:
     p = "gdro.prompt"
     loss_signal = c["loss_signal"]
@@ -411,8 +425,9 @@ def _resolve_prompt(c: dict[str, Any], preset: str, num_bins: int) -> PromptSett
             f"{p}.min_ess={min_ess} is invalid with {p}.weight_normalization={weight_normalization!r}: the "
             "effective-sample-size floor acts on mean_one multipliers"
         )
-    low = _float(f"{p}.clip_ratio_low", c["clip_ratio_low"], 0.0, 1.0, high_open=True)
-    high = _float(f"{p}.clip_ratio_high", c["clip_ratio_high"], low=0.0)
+    signal = {k: SIGNAL_DEFAULTS[k] if c[k] is None else c[k] for k in SIGNAL_DEFAULTS}
+    low = _float(f"{p}.clip_ratio_low", signal["clip_ratio_low"], 0.0, 1.0, high_open=True)
+    high = _float(f"{p}.clip_ratio_high", signal["clip_ratio_high"], low=0.0)
     return PromptSettings(
         enable=_bool(f"{p}.enable", c["enable"]),
         mode=_choice(f"{p}.mode", c["mode"], PROMPT_MODES),
@@ -426,9 +441,10 @@ def _resolve_prompt(c: dict[str, Any], preset: str, num_bins: int) -> PromptSett
         share_floor=share_floor,
         weight_normalization=weight_normalization,
         min_ess=min_ess,
-        kl_coef=_float(f"{p}.kl_coef", c["kl_coef"], low=0.0),
+        kl_coef=_float(f"{p}.kl_coef", signal["kl_coef"], low=0.0),
         clip_ratio_low=low,
         clip_ratio_high=high,
+        clip_ratio_c=_float(f"{p}.clip_ratio_c", signal["clip_ratio_c"], low=1.0, low_open=True),
         standalone_correct_threshold=_float(f"{p}.standalone_correct_threshold", c["standalone_correct_threshold"]),
         explore=_float(f"{p}.explore", c["explore"], 0.0, 1.0, low_open=True),
         rate_decay=_float(f"{p}.rate_decay", c["rate_decay"], 0.0, 1.0, low_open=True),
@@ -670,6 +686,8 @@ def validate_gdro_config(cfg: Any) -> GDROSettings:
                 "gdro.prompt.loss_signal=failure_rate"
             )
 
+    settings = _signals_follow_actor(cfg, settings, top if top is not None else algo_group)
+
     if gdro_trainer and settings.enable and settings.uid_key == "row_index":
         custom = _select(cfg, "data.custom_cls.path")
         if not custom:
@@ -680,3 +698,47 @@ def validate_gdro_config(cfg: Any) -> GDROSettings:
             )
 
     return settings
+
+
+def _actor_value(cfg: Any, key: str) -> float | None:
+    """The actor's value for a signal key (verl's own fallbacks: clip_ratio_low/high null -> clip_ratio;
+    the KL coefficient of the KL the actor optimises: its KL loss, else the in-reward KL's)."""
+    actor = "actor_rollout_ref.actor"
+    if key in ("clip_ratio_low", "clip_ratio_high"):
+        value = _select(cfg, f"{actor}.{key}")
+        return _select(cfg, f"{actor}.clip_ratio") if value is None else value
+    if key == "kl_coef":
+        if bool(_select(cfg, f"{actor}.use_kl_loss", False)):
+            return _select(cfg, f"{actor}.kl_loss_coef")
+        if bool(_select(cfg, "algorithm.use_kl_in_reward", False)):
+            return _select(cfg, "algorithm.kl_ctrl.kl_coef")
+        return _select(cfg, f"{actor}.kl_loss_coef")
+    return _select(cfg, f"{actor}.{key}")
+
+
+def _signals_follow_actor(cfg: Any, settings: GDROSettings, group: Any) -> GDROSettings:
+    """The loss signals' kl_coef and clip ratios taken from the actor (docs/algorithm.md, section 2:
+    the signal must measure what the actor optimises). A ``null`` key follows the actor; an explicit
+    value that differs from the actor's is refused, naming both keys, when the signal reads it."""
+    given = to_plain(group) or {}
+    prompt_given = given.get("prompt", {}) if isinstance(given, Mapping) else {}
+    follow: dict[str, float] = {}
+    for key, actor_key in ACTOR_SIGNAL_KEYS.items():
+        actor = _actor_value(cfg, key)
+        if isinstance(actor, bool) or not isinstance(actor, (int, float)):
+            continue  # no actor config (a bare gdro group): the step API's defaults stand
+        explicit = prompt_given.get(key) if isinstance(prompt_given, Mapping) else None
+        reads = settings.prompt.loss_signal != "failure_rate" and (key != "kl_coef"
+                                                                   or settings.prompt.loss_signal == "surrogate_kl")
+        if explicit is not None and reads and float(explicit) != float(actor):
+            raise ValueError(
+                f"gdro.prompt.{key}={explicit!r} disagrees with {actor_key}={actor!r}: the loss signal "
+                f"({settings.prompt.loss_signal}) must measure what the actor optimises; leave gdro.prompt.{key} "
+                "unset (it follows the actor) or make them equal"
+            )
+        if explicit is None:
+            follow[key] = float(actor)
+    if not follow:
+        return settings
+    checked = {k: _float(f"{ACTOR_SIGNAL_KEYS[k]}", v, low=0.0) for k, v in follow.items()}
+    return replace(settings, prompt=replace(settings.prompt, **checked))

@@ -427,13 +427,23 @@ class GDROController:
                 "log-probs come from actor_rollout_ref.actor.use_kl_loss=true)"
             )
         current = old_log_probs if log_probs is None else log_probs
-        common = {"clip_ratio_low": p.clip_ratio_low, "clip_ratio_high": p.clip_ratio_high}
+        common = {"clip_ratio_low": p.clip_ratio_low, "clip_ratio_high": p.clip_ratio_high,
+                  "clip_ratio_c": p.clip_ratio_c}
         if signal == "surrogate":
-            return surrogate_loss(current, old_log_probs, advantages, response_mask, g, num_groups, **common)
-        return surrogate_kl_loss(
-            current, old_log_probs, ref_log_probs, advantages, response_mask, g, num_groups, kl_coef=p.kl_coef,
-            **common,
-        )
+            losses = surrogate_loss(current, old_log_probs, advantages, response_mask, g, num_groups, **common)
+        else:
+            losses = surrogate_kl_loss(
+                current, old_log_probs, ref_log_probs, advantages, response_mask, g, num_groups, kl_coef=p.kl_coef,
+                **common,
+            )
+        # A prompt none of whose responses has a measured token (a group removed before the
+        # log-prob stage, handed over zero-masked) carries no loss: NaN, dropped and counted like a
+        # prompt without trajectories (section 2), never a loss of exactly 0.
+        measured = np.asarray(response_mask).sum(axis=1) > 0
+        if not measured.all():
+            has = np.bincount(g, weights=measured, minlength=num_groups) > 0
+            losses = np.where(has, losses, np.nan)
+        return losses
 
     # ------------------------------------------------------------------------------------------
     # staged decisions (DAPO refills, async trainers): decide at dispatch, adopt at observation
