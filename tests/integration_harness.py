@@ -184,8 +184,12 @@ def agent_loop_rollout_n(batch: TensorDict, n_default: int) -> list[int]:
 
 
 def simulate_rollout(store: Any, batch: TensorDict, step: int, uid_field: str, n_default: int,
-                     pad: int = 0, drop: set[tuple[int, int]] | None = None) -> tuple[KVBatchMeta, dict]:
-    """Write the step's trajectories like AgentLoopWorkerTQ does; return the batch meta and truth."""
+                     pad: int = 0, drop: set[tuple[int, int]] | None = None,
+                     outputs: int = 1) -> tuple[KVBatchMeta, dict]:
+    """Write the step's trajectories like AgentLoopWorkerTQ does; return the batch meta and truth.
+
+    ``outputs``: rows per session (a multi-output agent loop writes ``{uid}_{session}_{i}`` for
+    each, every one with the session's reward); ``truth`` holds the sessions' first rows only."""
     uids = list(batch["uid"])
     stable = [int(s) for s in batch[uid_field]]
     ns = agent_loop_rollout_n(batch, n_default)
@@ -202,13 +206,15 @@ def simulate_rollout(store: Any, batch: TensorDict, step: int, uid_field: str, n
             scores[-1] = 1.0 if acc else -1.0
             old = torch.tensor(-rng.random(length), dtype=torch.float32)
             ref = old + torch.tensor(0.1 * rng.standard_normal(length), dtype=torch.float32)
-            keys.append(f"{uid}_{s}_0")
-            tags.append({"status": "success", "seq_len": 10 + length, "min_global_steps": step, "max_global_steps": step})
-            fields.append({
-                "uid": uid, uid_field: sid, "response_mask": torch.ones(length, dtype=torch.int64),
-                "rm_scores": scores, "old_log_probs": old, "ref_log_prob": ref,
-                "extra_fields": {"reward_extra_info": {"acc": float(acc), "score": float(scores[-1])}},
-            })
+            for i in range(outputs):
+                keys.append(f"{uid}_{s}_{i}")
+                tags.append({"status": "success", "seq_len": 10 + length, "min_global_steps": step,
+                             "max_global_steps": step})
+                fields.append({
+                    "uid": uid, uid_field: sid, "response_mask": torch.ones(length, dtype=torch.int64),
+                    "rm_scores": scores, "old_log_probs": old, "ref_log_prob": ref,
+                    "extra_fields": {"reward_extra_info": {"acc": float(acc), "score": float(scores[-1])}},
+                })
             for name, value in (("uid", uid), ("stable", sid), ("acc", acc), ("mask", length), ("old", old),
                                 ("ref", ref)):
                 truth[name].append(value)

@@ -344,3 +344,28 @@ def test_padded_numpy_pads_jagged_fields_and_selects_rows() -> None:
     dense = torch.arange(6, dtype=torch.float64).reshape(3, 2)
     assert np.shares_memory(_padded_numpy(dense, np.arange(3)), dense.numpy())
     assert _padded_numpy(dense, np.array([0, 2])).tolist() == [[0.0, 1.0], [4.0, 5.0]]
+
+
+def test_multi_output_agent_loop_counts_sessions_not_rows(tmp_path: Path, fake_tq: FakeTQ) -> None:
+    """A multi-output agent loop writes every session's outputs as rows {uid}_{session}_{i}: the
+    controller observes one trial per session (the rollouts Rollout-GDRO allocated), so no group
+    looks incomplete, Rollout-GDRO learns every step, and the classifier's counts are sessions; the
+    estimator still scales every row. Twin trainer with one output per session: the same state."""
+    (tmp_path / "multi").mkdir()
+    (tmp_path / "single").mkdir()
+    multi = make_trainer(tmp_path / "multi", "gdro.rollout.enable=true")
+    single = make_trainer(tmp_path / "single", "gdro.rollout.enable=true")
+    for step in range(1, 5):
+        metrics = {}
+        for trainer, outputs in ((multi, 3), (single, 1)):
+            batch = trainer._next_train_batch()
+            meta, _truth = simulate_rollout(fake_tq, batch, step, trainer._gdro_uid_field, 4, outputs=outputs)
+            assert len(meta) == 24 * outputs
+            metrics[outputs] = {}
+            trainer._compute_advantage(meta, metrics[outputs])
+        m = metrics[3]
+        assert m["gdro/incomplete_groups"] == 0 and m["gdro/rollout_update_skipped"] == 0
+        assert m["gdro/num_trajectories"] == 24
+        assert {k: v for k, v in m.items() if k != "gdro/controller_time_s"} == {
+            k: v for k, v in metrics[1].items() if k != "gdro/controller_time_s"}
+    assert _state_equal(multi.gdro.state_dict(), single.gdro.state_dict())

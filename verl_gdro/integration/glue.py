@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from itertools import repeat
-from operator import itemgetter
+from operator import itemgetter, methodcaller
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -34,7 +34,8 @@ from verl_gdro.step.context import PADDING_UID_PREFIX, RowPlan
 if TYPE_CHECKING:
     from verl_gdro.step.controller import GDROController
 
-__all__ = ["ConsumedBatch", "acc_from_extra_fields", "consume", "flow_metrics", "observe_update", "real_rows"]
+__all__ = ["ConsumedBatch", "acc_from_extra_fields", "consume", "flow_metrics", "later_outputs", "observe_update",
+           "real_rows"]
 
 
 def _is_padding_tag(tag: Mapping[str, Any] | None) -> bool:
@@ -167,18 +168,45 @@ class ConsumedBatch:
         return np.array(index, dtype=np.int64), np.array(acc, dtype=np.float64)
 
 
+def later_outputs(keys: Sequence[str]) -> NDArray[np.bool_] | None:
+    """Rows that are a later output of a multi-output agent-loop session, or None when none is.
+
+    verl's agent loop writes each session's outputs under ``{uid}_{session_id}_{index}``
+    (``v1/agent_loop_tq.py``); a multi-output loop (a custom agent loop returning a list) gives
+    one session several rows, every one carrying the session's final reward. The session is the
+    trial (one of the prompt's ``n`` rollouts), so the controller observes its first row only:
+    counting every row would make every group look incomplete and inflate the classifier's
+    counts. The usual batch (one output per session: every key ends in ``_0``) costs one C-level
+    pass. Keys of another shape (padding, other writers) are never later outputs.
+    """
+    if all(map(methodcaller("endswith", "_0"), keys)):
+        return None
+    out = np.zeros(len(keys), dtype=bool)
+    for i, key in enumerate(keys):
+        head, _, index = key.rpartition("_")
+        if index.isdigit() and int(index) > 0 and head.rpartition("_")[2].isdigit():
+            out[i] = True
+    return out
+
+
 def consume(
     ledger: DispatchLedger, controller: GDROController, uids: list[str],
-    tags: Sequence[Mapping[str, Any] | None] | None = None,
+    tags: Sequence[Mapping[str, Any] | None] | None = None, keys: Sequence[str] | None = None,
 ) -> ConsumedBatch:
     """Begin the ledger update of a fetched batch and adopt its groups into the controller's plan
     with their dispatch-time decisions.
 
     ``uids``: verl's uid of every fetched row (repeats per group); ``tags``: verl's per-row tags,
-    whose ``is_padding`` rows (and padding uids) are left out (:func:`real_rows`).
+    whose ``is_padding`` rows (and padding uids) are left out (:func:`real_rows`); ``keys``: the
+    rows' TransferQueue keys, whose later outputs of a multi-output session are left out of the
+    controller's statistics (:func:`later_outputs`; the estimator still scales them by their
+    group's multiplier).
     """
     distinct = dict.fromkeys(uids)  # the groups, in order of first row: shared by both checks below
     rows = real_rows(uids, tags, distinct)
+    later = None if keys is None else later_outputs(keys)
+    if later is not None:
+        rows = rows[~later[rows]]
     everything = rows.size == len(uids)
     trained = uids if everything else list(map(uids.__getitem__, rows.tolist()))
     update = ledger.begin_update(distinct if everything else trained)

@@ -61,6 +61,7 @@ from verl_gdro.integration.glue import (
     acc_from_extra_fields,
     consume,
     flow_metrics,
+    later_outputs,
     observe_update,
 )
 from verl_gdro.integration.ledger import DispatchLedger
@@ -190,6 +191,13 @@ class GDROTrainerMixin:
         unknown = len(keys) - len(known)
         if unknown:
             logger.warning("verl-gdro: %d removed group(s) were not dispatched by this run's GDRO trainer", unknown)
+        # one trial per session: a multi-output agent loop's later outputs are left out (later_outputs);
+        # the replay buffer's own key lists stay untouched (it clears every row)
+        keys = dict(keys)
+        for u in known:
+            later = later_outputs(keys[u])
+            if later is not None:
+                keys[u] = [k for k, extra in zip(keys[u], later.tolist(), strict=True) if not extra]
         flat = [k for u in known for k in keys[u]]
         acc: np.ndarray | None = None
         if flat:
@@ -308,7 +316,8 @@ class GDROTrainerMixin:
         fields = ["uid", self._gdro_uid_field, "extra_fields"]
         data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
         uids = uid_keys(_as_list(data["uid"]))
-        consumed = consume(self.gdro_ledger, self.gdro, uids, None if batch.tags is None else list(batch.tags))
+        consumed = consume(self.gdro_ledger, self.gdro, uids, None if batch.tags is None else list(batch.tags),
+                           keys=list(batch.keys))
         rows, group_index = consumed.rows, consumed.group_index
         if self._gdro_uid_field in data.keys():
             stable = _int_column(data[self._gdro_uid_field])[rows]
