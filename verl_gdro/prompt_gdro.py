@@ -489,16 +489,23 @@ def ess_floor_multipliers(
             return fast >= min_ess
         return effective_sample_size(weights_at(scale)[bins]) >= min_ess
 
-    if meets_floor(1.0):  # the exponential weights at eta already keep the floor
-        return weights_at(1.0), 1.0
+    scale = _largest_scale(meets_floor, iterations)
+    return weights_at(scale), scale
+
+
+def _largest_scale(holds: Callable[[float], bool], iterations: int) -> float:
+    """The largest s in [0, 1] where ``holds`` (monotone: true at 0, false above a threshold), by
+    bisection; 1.0 at once when it holds there. The ESS floors' search on their one scalar."""
+    if holds(1.0):
+        return 1.0
     lo, hi = 0.0, 1.0
     for _ in range(iterations):
         mid = 0.5 * (lo + hi)
-        if meets_floor(mid):
+        if holds(mid):
             lo = mid
         else:
             hi = mid
-    return weights_at(lo), lo
+    return lo
 
 
 #: Relative distance from the ESS floor beyond which the per-bin share decides a bisection step.
@@ -638,17 +645,10 @@ def resample_bin_masses(
     def share(m: NDArray[np.float64]) -> float:
         return 1.0 / (n * float(np.sum(m[held] ** 2 / size[held])))
 
-    full = masses_at(1.0)
-    if min_ess <= 0.0 or share(full) >= min_ess:
-        return full, 1.0
-    lo, hi = 0.0, 1.0
-    for _ in range(iterations):
-        mid = 0.5 * (lo + hi)
-        if share(masses_at(mid)) >= min_ess:
-            lo = mid
-        else:
-            hi = mid
-    return masses_at(lo), lo
+    if min_ess <= 0.0:
+        return masses_at(1.0), 1.0
+    scale = _largest_scale(lambda s: share(masses_at(s)) >= min_ess, iterations)
+    return masses_at(scale), scale
 
 
 # --------------------------------------------------------------------------------------------
