@@ -198,6 +198,8 @@ def test_the_benchmark_calls_what_the_trainer_calls(
         tmp_path, f"gdro.preset={preset}", f"gdro.prompt.enable={adversary == 'prompt'}",
         f"gdro.rollout.enable={adversary == 'rollout'}", *(f"gdro.{k}={v}" for k, v in overrides.items()),
         *(["actor_rollout_ref.actor.use_kl_loss=true"] if preset == "paper" else []),
+        # the loss signals follow the actor: give it the coefficients the step API defaults to
+        "actor_rollout_ref.actor.clip_ratio_high=0.28",
     )
     rng = np.random.default_rng(0)
     bench = overhead.Bench(adversary, preset, 8, rng, history=1, overrides=overrides)
