@@ -27,7 +27,7 @@ stays right; in ``resample`` mode it ends at the first block boundary after ``le
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from copy import deepcopy
 from typing import Any
 
@@ -109,7 +109,7 @@ class GDROSampler(Sampler[int]):
         #: the announced generation call (resample mode): its prompt count and the rows it excludes;
         #: transient (verl checkpoints between steps, when no call is in progress)
         self._call_size: int | None = None
-        self._call_exclude: np.ndarray | None = None
+        self._call_held: Callable[[], Any] | Any = ()
         #: Other state checkpointed with the controller (name -> object with state_dict /
         #: load_state_dict), e.g. the async trainers' dispatch ledger.
         self.companions: dict[str, Any] = {}
@@ -140,12 +140,15 @@ class GDROSampler(Sampler[int]):
             self._epoch_rng_state = deepcopy(self._rng.bit_generator.state)
             self._perm = self._rng.permutation(self.uids.size)
 
-    def begin_call(self, size: int, inflight_uids: Any = ()) -> None:
+    def begin_call(self, size: int, held: Callable[[], Any] | Any = ()) -> None:
         """Announce a generation call of ``size`` prompts (resample mode; a no-op otherwise).
 
-        The next ``size`` indices (at most the training set) are one block: drawn at once, distinct, none of
-        ``inflight_uids`` (stable ids of prompts dispatched and not yet observed: the step's
-        earlier calls, the async prefetch) unless the rest of the training set cannot fill it.
+        The next ``size`` indices (at most the training set) are one block: drawn at once,
+        distinct, none of ``held`` (stable ids of the prompts in flight or dispatched since the
+        last update: the step's earlier calls, the async prefetch) unless the rest of the training
+        set cannot fill it. ``held`` may be a callable, read when the block is drawn: on resume,
+        ``StatefulDataLoader`` restores the sampler's state (and the dispatch ledger with it) only
+        at the first fetch, after the call was announced.
         """
         if self.mode != "resample":
             return
@@ -156,12 +159,10 @@ class GDROSampler(Sampler[int]):
                 f"verl-gdro: a generation call began with {self._block.size - self._block_pos} prompt(s) of the "
                 "previous call not yet fetched (the data loader must fetch each call's prompts in full)"
             )
-        assert self._draws is not None
-        rows = self._draws.evidence.rows(np.asarray(inflight_uids, dtype=np.int64).reshape(-1))
         # a call larger than the training set (a warm-up window over a tiny set): the whole set,
         # then the loader's batches
         self._call_size = min(int(size), int(self.uids.size))
-        self._call_exclude = rows[rows >= 0]
+        self._call_held = held
 
     def _draw(self) -> int:
         if self._epoch == 0:
@@ -183,9 +184,11 @@ class GDROSampler(Sampler[int]):
             # a new block: the announced call (excluding the prompts in flight), else the loader's batch
             assert self._draws is not None
             size = self.batch_size if self._call_size is None else self._call_size
-            self._block = self._draws.draw(size, exclude=self._call_exclude)
+            held = self._call_held() if callable(self._call_held) else self._call_held
+            rows = self._draws.evidence.rows(np.asarray(held, dtype=np.int64).reshape(-1))
+            self._block = self._draws.draw(size, exclude=rows[rows >= 0])
             self._block_pos = 0
-            self._call_size, self._call_exclude = None, None
+            self._call_size, self._call_held = None, ()
         index = int(self._block[self._block_pos])
         self._block_pos += 1
         return index

@@ -251,9 +251,10 @@ class GDROTrainerMixin:
         if self.gdro_sampler is not None and self.gdro_sampler.mode == "resample":
             # one draw per generation call, whatever verl's loader batch size (gen_batch_size=1 in
             # the async modes, under DAPO and sync_refill_failed_groups): the call's prompts are one
-            # block of distinct prompts, none of them still in flight (docs/integration.md)
+            # block of distinct prompts, none of them in flight or dispatched since the last update
+            # (docs/integration.md)
             size = int(self.config.data.train_batch_size) if num_prompts is None else int(num_prompts)
-            self.gdro_sampler.begin_call(size, self.gdro_ledger.live_stable_uids())
+            self.gdro_sampler.begin_call(size, self.gdro_ledger.held_stable_uids)
         batch = super()._next_train_batch(num_prompts)  # type: ignore[misc]
         if self.gdro is None:
             return batch

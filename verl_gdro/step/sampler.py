@@ -92,7 +92,7 @@ class PromptSampler:
         # ((version, restores) of the controller), read-only; and their coverage / ESS share
         self._probs: NDArray[np.float64] | None = None
         self._probs_key: tuple[int, int] | None = None
-        self._probs_stats = (0.0, 0.0)
+        self._ess_share = 0.0
         #: O(N) probability passes and draws made so far (diagnostics, not state)
         self.passes = 0
         self.draws = 0
@@ -136,8 +136,7 @@ class PromptSampler:
             p = np.asarray(self.probabilities(), dtype=np.float64)
             p.setflags(write=False)
             self._probs, self._probs_key = p, key
-            visited = np.count_nonzero(self.evidence.visits) / p.size
-            self._probs_stats = (float(visited), float(1.0 / (p.size * float(np.dot(p, p)))))
+            self._ess_share = min(1.0, 1.0 / (p.size * float(np.dot(p, p))))  # 1 when uniform
             self.passes += 1
         return self._probs
 
@@ -174,12 +173,12 @@ class PromptSampler:
 
     def draw_metrics(self) -> dict[str, float]:
         """The ``gdro/draw/*`` metrics (:data:`DRAW_METRICS`) of the draws since the last call,
-        then reset. ``coverage`` and ``ess_share`` describe the latest probabilities."""
-        coverage, ess = self._probs_stats
+        then reset: ``coverage`` as the evidence stands now (call it after the update),
+        ``ess_share`` of the latest draw's probabilities."""
         prompts = self._stats["prompts"]
         out = {
-            "gdro/draw/coverage": coverage,
-            "gdro/draw/ess_share": ess,
+            "gdro/draw/coverage": self.evidence.num_visited / self.uids.size,
+            "gdro/draw/ess_share": self._ess_share,
             "gdro/draw/explore_share": self._explore_sum / prompts if prompts else 0.0,
             "gdro/draw/prompts": float(prompts),
             "gdro/draw/calls": float(self._stats["calls"]),
