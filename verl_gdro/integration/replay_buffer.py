@@ -57,8 +57,10 @@ class GDROReplayBufferMixin:
                 uid = key.split("_")[0]
                 if uid in keys:
                     keys[uid].append(key)
-            # Outside an eviction pass the only caller is the sync buffer discarding its surplus.
-            reasons = {u: (self._gdro_reasons or {}).get(u, "surplus") for u in uids}
+            # Outside an eviction pass the only caller is the sync buffer discarding its surplus
+            # (a failed group among it is named failed: it carried no signal either way).
+            failure = self.failure_keys[partition_id]  # type: ignore[attr-defined]
+            reasons = {u: (self._gdro_reasons or {}).get(u, "failed" if u in failure else "surplus") for u in uids}
             self.gdro_observer(partition_id, keys, reasons)
         super()._clear_groups(partition_id, uids)  # type: ignore[misc]
 
