@@ -69,8 +69,8 @@ class GDROSampler(Sampler[int]):
         mode: ``sequential``, ``shuffle`` (a fresh permutation per epoch) or ``resample`` (the
             controller's sampling mode draws each batch).
         seed: seed of the sampler's own generator (``data.seed``).
-        batch_size: the data loader's batch size: ``resample`` draws this many distinct prompts at
-            once (default 1: every index drawn on its own).
+        batch_size: the data loader's batch size: ``resample`` draws a block of this many distinct
+            prompts when no generation call was announced (:meth:`begin_call`; default 1).
     """
 
     def __init__(
