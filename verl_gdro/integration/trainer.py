@@ -19,8 +19,9 @@ The mixin overrides narrow hooks of verl's step pipeline and always calls ``supe
   state and the dispatch ledger ride in verl's ``data.pt`` checkpoint), ``dataloader_num_workers=0``.
 - ``_next_train_batch``: every generation call (the step's batch, DAPO refills, async warm-up and
   eviction refills) is announced to the sampler first (a sampling mode draws the call as one block
-  of distinct prompts, none in flight, whatever verl's ``gen_batch_size``), then classifies its prompts and allocates their rollouts with the controller state
-  of that moment (:meth:`GDROController.decide`), asserts the exact budget
+  of distinct prompts, none in flight, whatever verl's ``gen_batch_size``), then classifies its
+  prompts and allocates their rollouts with the controller state of that moment
+  (:meth:`GDROController.decide`), asserts the exact budget
   ``sum(__rollout_n__) == prompts * rollout.n`` for that call, and records the decisions in the
   :class:`DispatchLedger` under verl's per-dispatch uid.
 - ``_compute_advantage``: the consumed groups plus the groups removed since the last update are
