@@ -282,3 +282,28 @@ def test_ledger_table_stays_proportional_to_the_groups_in_flight() -> None:
     late = ledger.begin_update(["s3-91", "old", "s40-99"])
     assert late.uids == ["old", "s3-91", "s40-99"]  # dispatch order, whatever the consumed order
     assert late.stable_uids.tolist() == [10_000, 391, 4099]
+
+
+def test_lost_groups_are_counted_by_reason_and_held_until_the_update() -> None:
+    """A group removed with no trajectory leaves the ledger at once (nothing to observe), counts
+    under its reason and as lost, and its prompt stays held (excluded from the next draws) until
+    the update, so every prompt dispatched between two updates is distinct."""
+    ledger = DispatchLedger()
+    ledger.dispatch(["a", "b", "c"], np.array([10, 11, 12]), np.array([0, 1, 2]), np.array([4, 4, 4]), step=1)
+    assert ledger.drop("b", [], "failed") and ledger.drop("c", [], "surplus")
+    assert list(ledger.entries) == ["a"] and ledger.live_stable_uids().tolist() == [10]
+    assert sorted(ledger.held_stable_uids().tolist()) == [10, 11, 12]
+    state = ledger.state_dict()
+    other = DispatchLedger()
+    other.load_state_dict(state)
+    assert sorted(other.held_stable_uids().tolist()) == [10, 11, 12]
+    update = ledger.begin_update(["a"] * 4)
+    counters = ledger.finish_update(update)
+    m = flow_metrics(3, update, np.zeros(4, dtype=np.int64), counters, global_steps=1, inflight=0)
+    assert m[PREFIX + "flow/lost_groups"] == 2
+    assert m[PREFIX + "flow/dropped_groups/failed"] == 1 and m[PREFIX + "flow/dropped_groups/surplus"] == 1
+    assert m[PREFIX + "flow/discarded_rollouts"] == 0  # nothing was generated
+    assert ledger.held_stable_uids().size == 0 and len(ledger) == 0
+    old = {k: v for k, v in state.items() if k not in ("lost_by_reason", "lost_stable")}  # an older checkpoint
+    other.load_state_dict(old)
+    assert other.lost == 2 and other.held_stable_uids().tolist() == [10]

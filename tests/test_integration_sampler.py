@@ -172,3 +172,43 @@ def test_restoring_a_version_1_state_into_a_used_sampler_reclassifies_the_set() 
     a.load_state_dict(old)
     assert not np.array_equal(a.controller.bins_of(uids), run(False).controller.bins_of(uids))
     assert np.array_equal(a._draws._current_bins(), a.controller.bins_of(uids))
+
+
+def _fetch(dl_it: Any, count: int) -> list[int]:
+    return [i for _ in range(count) for i in next(dl_it)]
+
+
+def test_announced_calls_are_one_block_whatever_the_loader_batch_size() -> None:
+    """verl fetches one prompt at a time under async/DAPO (gen_batch_size=1): each announced
+    generation call is still one draw of distinct prompts, none of the held ones, and the draws
+    between two controller updates share one probability pass."""
+    uids = np.arange(500, 540)
+    s = GDROSampler(uids, controller(mode="failure_weighted"), mode="resample", seed=0)
+    it = iter(loader(s, batch_size=1))
+    s.begin_call(8, lambda: uids[[0, 1, 2]])  # three prompts in flight
+    batch = _fetch(it, 8)
+    assert len(set(batch)) == 8 and not {0, 1, 2} & set(batch)
+    s.begin_call(4, lambda: np.concatenate([uids[[0, 1, 2]], uids[batch]]))  # a refill round
+    refill = _fetch(it, 4)
+    assert len(set(refill)) == 4 and not {0, 1, 2, *batch} & set(refill)
+    assert (s._draws.passes, s._draws.draws) == (1, 2)
+    with pytest.raises(RuntimeError, match="not yet fetched"):
+        s.begin_call(2)
+        next(it)
+        s.begin_call(2)
+
+
+def test_a_resample_epoch_ends_at_a_call_boundary() -> None:
+    """An epoch of 10 prompts fetched in calls of 4: the third call crosses the 10th draw and
+    stays whole (distinct); the epoch ends before the next call, which starts a new one."""
+    s = GDROSampler(np.arange(10), controller(mode="failure_weighted"), mode="resample", seed=1)
+    dl = loader(s, batch_size=2)
+    it = iter(dl)
+    for _ in range(3):
+        s.begin_call(4)
+        assert len(set(_fetch(it, 2))) == 4
+    s.begin_call(4)
+    with pytest.raises(StopIteration):
+        next(it)
+    it = iter(dl)  # what verl's _fetch_one_gen_batch does on StopIteration
+    assert s.epoch == 2 and len(set(_fetch(it, 2))) == 4

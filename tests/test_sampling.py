@@ -354,3 +354,75 @@ def test_resample_draws_honour_min_ess_and_max_weight() -> None:
     assert 1.0 / (p.size * np.sum(p**2)) >= 0.8 - 1e-9
     assert p.max() * p.size <= 5.0 + 1e-9
     assert sampler.adversary_share < 1.0  # the floor bound: the adversary wanted more
+
+
+# ---------------------------------------------------------------------------------------------
+# one draw per generation call (issue 31): exclusion, one probability pass per update, metrics
+# ---------------------------------------------------------------------------------------------
+
+
+@given(size=st.integers(1, 12), held=st.sets(st.integers(0, 11), max_size=12), seed=st.integers(0, 2**16))
+@settings(max_examples=60, deadline=None)
+def test_a_draw_excludes_the_held_rows_until_the_rest_is_exhausted(size: int, held: set[int], seed: int) -> None:
+    c = ctrl("failure_weighted")
+    sampler = PromptSampler(c, np.arange(100, 112), seed=seed)
+    rows = sampler.draw(size, exclude=np.array(sorted(held), dtype=np.int64))
+    assert rows.size == size and np.unique(rows).size == size
+    free = 12 - len(held)
+    assert sum(int(r) not in held for r in rows) == min(size, free)  # held rows only once the rest ran out
+
+
+def test_a_draw_excluding_the_drawn_rows_continues_one_longer_draw() -> None:
+    """Successive sampling forgets the order: the second of two draws (the first's rows excluded)
+    is distributed like the second pick of one draw of two. p = (0.4, 0.3, 0.2, 0.1) by hand:
+    P(second = j) = sum_i p_i p_j / (1 - p_i) over i != j."""
+    p = np.array([0.4, 0.3, 0.2, 0.1])
+    expected = np.array([sum(p[i] * p[j] / (1 - p[i]) for i in range(4) if i != j) for j in range(4)])
+    rng = np.random.default_rng(0)
+    trials = 20_000
+    second = np.zeros(4)
+    for _ in range(trials):
+        first = draw_without_replacement(p, 1, rng)
+        q = p.copy()
+        q[first] = 0.0
+        second[draw_without_replacement(q, 1, rng)[0]] += 1
+    sd = np.sqrt(expected * (1 - expected) / trials)
+    assert np.all(np.abs(second / trials - expected) < 4 * sd), (second / trials, expected)
+
+
+def test_the_probabilities_are_computed_once_per_update() -> None:
+    c = ctrl("failure_weighted")
+    uids = np.arange(40)
+    sampler = PromptSampler(c, uids, seed=0)
+    rows = sampler.draw(8)
+    sampler.draw(2, exclude=rows)  # a refill: same controller state, no second pass
+    assert (sampler.passes, sampler.draws) == (1, 2)
+    step(c, uids[rows], np.array([0, 1, 2, 3, 4, 4, 0, 1]))
+    sampler.draw(8)
+    assert (sampler.passes, sampler.draws) == (2, 3)
+    c.load_state_dict(c.state_dict())  # a restore: the cache is not trusted across it
+    sampler.draw(8)
+    assert sampler.passes == 3
+    assert sampler.current_probabilities() == pytest.approx(sampler.probabilities())
+
+
+def test_draw_metrics_by_hand() -> None:
+    """All prompts unseen: pi uniform, so the ESS share is 1 and the floor drew a share e of the
+    batch ((e / N) / (1 / N) per prompt); after one update, coverage is the visited share and the
+    ESS share is 1 / (N sum pi^2) of the new probabilities."""
+    c = ctrl("failure_weighted", explore=0.3)
+    uids = np.arange(20)
+    sampler = PromptSampler(c, uids, seed=0)
+    rows = sampler.draw(5)
+    sampler.draw(3, exclude=rows)
+    m = sampler.draw_metrics()
+    assert m == pytest.approx({"gdro/draw/coverage": 0.0, "gdro/draw/ess_share": 1.0, "gdro/draw/explore_share": 0.3,
+                               "gdro/draw/prompts": 8.0, "gdro/draw/calls": 2.0, "gdro/draw/excluded": 5.0})
+    step(c, uids[rows], np.array([4, 4, 0, 0, 2]))
+    drawn = sampler.draw(4)
+    p = sampler.probabilities()
+    m = sampler.draw_metrics()
+    assert m["gdro/draw/coverage"] == 5 / 20
+    assert m["gdro/draw/ess_share"] == pytest.approx(1 / (20 * np.sum(p**2)))
+    assert m["gdro/draw/explore_share"] == pytest.approx(np.mean(0.3 / 20 / p[drawn]))
+    assert sampler.draw_metrics()["gdro/draw/calls"] == 0.0  # reset after reading

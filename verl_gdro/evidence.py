@@ -277,6 +277,8 @@ class PromptEvidence:
         self.trials = np.zeros(u.size, dtype=np.float64)
         self.streak = np.zeros(u.size, dtype=np.int64)
         self.visits = np.zeros(u.size, dtype=np.int64)
+        #: prompts visited at least once (kept with each visit: O(visited), not a pass over N)
+        self.num_visited = 0
 
     def __len__(self) -> int:
         return int(self.uids.size)
@@ -304,6 +306,7 @@ class PromptEvidence:
         self.trials[r] = self.decay * self.trials[r] + t
         zero_variance = (s == 0) | (s == t)
         self.streak[r] = np.where(zero_variance, self.streak[r] + 1, 0)
+        self.num_visited += int(np.count_nonzero(self.visits[r] == 0))
         self.visits[r] += 1
 
     def rates(self) -> np.ndarray:
@@ -334,3 +337,4 @@ class PromptEvidence:
             if arr.shape != self.uids.shape:
                 raise ValueError(f"PromptEvidence state field {name} has shape {arr.shape}, expected {self.uids.shape}")
             setattr(self, name, arr.astype(getattr(self, name).dtype))
+        self.num_visited = int(np.count_nonzero(self.visits))

@@ -369,6 +369,9 @@ def _check_flow_run(run: RunResult) -> dict[int, dict[str, Any]]:
         assert call["rollout_n"] is not None, "__rollout_n__ was not written (Rollout-GDRO off?)"
         assert sum(call["rollout_n"]) == ROLLOUT_N * len(call["uid"]), f"call off its exact budget: {call}"
         assert all(2 <= n <= 12 for n in call["rollout_n"]), call
+        # the sampling mode (robust: failure_weighted) draws each call as one block of distinct
+        # prompts, although verl fetches them one at a time here (gen_batch_size=1; issue 31)
+        assert len(set(call["index"])) == len(call["index"]), f"a prompt drawn twice in one call: {call}"
     return records
 
 

@@ -351,6 +351,8 @@ class MethodRun:
             ref_log_probs=ref_lp.numpy(),
             advantages=adv.numpy(),
         )
+        if self.sampler is not None:  # the draw itself (gdro/draw/*), as the verl trainer logs it
+            metrics.update(self.sampler.draw_metrics())
 
         # policy update: one epoch over `mini_batches` shuffled mini-batches (verl's actor loop)
         policy_loss_fn = get_policy_loss_fn("vanilla")

@@ -268,6 +268,8 @@ def flow_metrics(num_bins: int, update: ObservedUpdate, kept_group: NDArray[np.i
         else:
             discarded += len(acc)
     share = np.divide(filtered, generated, out=np.zeros(num_bins), where=generated > 0)
+    for reason, count in counters.get("lost_by_reason", {}).items():  # removed with no trajectory at all
+        by_reason[reason] += count
     calls = counters["calls"]
     staleness = global_steps - update.steps
     out = {

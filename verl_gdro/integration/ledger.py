@@ -148,9 +148,23 @@ class DispatchLedger:
         self.calls: list[tuple[int, int]] = []
         #: groups removed without any trajectory since the last update (failed generation)
         self.lost = 0
+        #: the same groups by drop reason (they count in ``gdro/flow/dropped_groups/<reason>`` too)
+        self.lost_by_reason: dict[str, int] = dict.fromkeys(DROP_REASONS, 0)
+        self._lost_stable: list[int] = []  # their prompts (held_stable_uids)
 
     def __len__(self) -> int:
         return len(self._row_of)
+
+    def live_stable_uids(self) -> NDArray[np.int64]:
+        """Stable prompt id of every outstanding group (dispatched, not yet observed). O(outstanding groups)."""
+        rows = np.fromiter(self._row_of.values(), dtype=np.int64, count=len(self._row_of))
+        return self._table[rows, 0]
+
+    def held_stable_uids(self) -> NDArray[np.int64]:
+        """What a sampler excludes from its next draw: the outstanding groups' prompts plus those
+        lost (removed with no trajectory) since the last update, so that every prompt dispatched
+        between two updates is distinct (the step's batch and its refills are one draw)."""
+        return np.concatenate([self.live_stable_uids(), np.asarray(self._lost_stable, dtype=np.int64)])
 
     @property
     def entries(self) -> Mapping[str, Decision]:
@@ -195,8 +209,11 @@ class DispatchLedger:
         if uid not in self._row_of or uid in self.dropped:
             return False
         if not acc:  # nothing was generated: no observation, the decision is forgotten
-            del self._row_of[uid]
+            self._lost_stable.append(int(self._table[self._row_of.pop(uid), 0]))
             self.lost += 1
+            self.lost_by_reason[reason] += 1
+            if not self._row_of:
+                self._table = self._table[:0]
             return True
         self.dropped[uid] = ([float(a) for a in acc], reason)
         return True
@@ -240,9 +257,10 @@ class DispatchLedger:
             for uid in update.uids:
                 dropped.pop(uid, None)
         self._compact()
-        calls, lost = self.calls, self.lost
-        self.calls, self.lost = [], 0
-        return {"calls": calls, "lost": lost}
+        calls, lost, lost_by_reason = self.calls, self.lost, self.lost_by_reason
+        self.calls, self.lost, self.lost_by_reason = [], 0, dict.fromkeys(DROP_REASONS, 0)
+        self._lost_stable = []
+        return {"calls": calls, "lost": lost, "lost_by_reason": lost_by_reason}
 
     def _compact(self) -> None:
         """Drop the rows of observed groups once they are the majority (amortised O(1) per row)."""
@@ -271,6 +289,8 @@ class DispatchLedger:
             "dropped": {u: (list(a), r) for u, (a, r) in self.dropped.items()},
             "calls": list(self.calls),
             "lost": self.lost,
+            "lost_by_reason": dict(self.lost_by_reason),
+            "lost_stable": list(self._lost_stable),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -287,3 +307,7 @@ class DispatchLedger:
         self._seq = int(state["next_seq"])
         self.calls = [(int(p), int(r)) for p, r in state["calls"]]
         self.lost = int(state["lost"])
+        # absent in states written before lost groups were counted by reason
+        saved = state.get("lost_by_reason") or {}
+        self.lost_by_reason = {r: int(saved.get(r, 0)) for r in DROP_REASONS}
+        self._lost_stable = [int(u) for u in state.get("lost_stable", ())]

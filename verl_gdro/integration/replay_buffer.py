@@ -7,7 +7,9 @@ buffer evicts stale (``max_off_policy_strategy=drop``) and failed groups. All of
 ``ReplayBuffer._clear_groups``, which deletes the trajectories from TransferQueue. These subclasses
 hand the cleared groups' trajectory keys to the GDRO trainer's observer first (it reads their
 correctness), so that the controllers observe every group the policy generated exactly once: the
-trained ones at the advantage stage, the removed ones here.
+trained ones at the advantage stage, the removed ones here. The one group that leaves the buffer
+by neither path, a failed group the sync buffer selects although none of its rollouts produced a
+trajectory (``sync_refill_failed_groups`` off), is reported at ``_materialize_batch`` as failed.
 
 Both classes add no state in ``__init__``; the trainer swaps the class of the buffer verl built
 (``GDROTrainerMixin._build_replay_buffer``), so verl's own constructor arguments stay verl's.
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
+from typing import Any
 
 from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer, ReplayBufferAsync
 
@@ -54,10 +57,24 @@ class GDROReplayBufferMixin:
                 uid = key.split("_")[0]
                 if uid in keys:
                     keys[uid].append(key)
-            # Outside an eviction pass the only caller is the sync buffer discarding its surplus.
-            reasons = {u: (self._gdro_reasons or {}).get(u, "surplus") for u in uids}
+            # Outside an eviction pass the only caller is the sync buffer discarding its surplus
+            # (a failed group among it is named failed: it carried no signal either way).
+            failure = self.failure_keys[partition_id]  # type: ignore[attr-defined]
+            reasons = {u: (self._gdro_reasons or {}).get(u, "failed" if u in failure else "surplus") for u in uids}
             self.gdro_observer(partition_id, keys, reasons)
         super()._clear_groups(partition_id, uids)  # type: ignore[misc]
+
+    def _materialize_batch(self, partition_id: str, selected_prompt_uids: list[str], partition_snapshot: dict) -> Any:
+        # verl's sync buffer keeps failed groups sampleable unless sync_refill_failed_groups is set
+        # (missing trajectories are padded downstream): a group whose every rollout failed is
+        # selected with no rows, so the advantage stage never sees it. Report it as failed (no
+        # trajectory: counted, its decision forgotten) instead of leaving it in flight for ever.
+        if partition_id == "train" and self.gdro_observer is not None and selected_prompt_uids:
+            present = {key.split("_")[0] for key in partition_snapshot}
+            empty = [u for u in selected_prompt_uids if u not in present]
+            if empty:
+                self.gdro_observer(partition_id, {u: [] for u in empty}, dict.fromkeys(empty, "failed"))
+        return super()._materialize_batch(partition_id, selected_prompt_uids, partition_snapshot)  # type: ignore[misc]
 
 
 class GDROReplayBuffer(GDROReplayBufferMixin, ReplayBuffer):

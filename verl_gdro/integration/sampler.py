@@ -9,18 +9,25 @@ resumed run continues bit-identically without any checkpoint code of ours.
 In ``resample`` mode (a Prompt-GDRO sampling mode: ``gdro.prompt.mode`` resample,
 failure_weighted, greso or band) the draws come from the step API's
 :class:`~verl_gdro.step.sampler.PromptSampler`, the code the CPU study runs: at the first index of a
-batch it draws the whole batch (``batch_size`` distinct prompts under the controller's current
-state) and hands the indices out one at a time, so a controller update takes effect at the next
-batch. That requires ``data.dataloader_num_workers=0`` (workers would pre-draw batches with stale
-state); the trainer enforces it. The other modes (``shuffle``, ``sequential``) reproduce verl's
-epoch semantics (every prompt once per epoch) with a seeded numpy generator.
+block it draws the whole block (distinct prompts under the controller's current state) and hands
+the indices out one at a time, so a controller update takes effect at the next block. A block is
+one generation call of the trainer, whatever batch size verl gives its data loader: verl 0.9.1
+fetches one prompt at a time (``data.gen_batch_size=1``) in its async modes, under DAPO and with
+``sync_refill_failed_groups``, and ``gen_batch_size`` prompts at a time when the user sets it, so
+the trainer announces each call (:meth:`GDROSampler.begin_call`: its prompt count and the prompts
+still in flight, which the block excludes). Without an announcement a block is ``batch_size``
+prompts (the loader's). That requires ``data.dataloader_num_workers=0`` (workers would pre-draw
+batches with stale state); the trainer enforces it. The other modes (``shuffle``, ``sequential``)
+reproduce verl's epoch semantics (every prompt once per epoch) with a seeded numpy generator.
 
-An epoch is ``len(dataset)`` draws in every mode, so verl's ``steps_per_epoch`` stays right.
+An epoch is ``len(dataset)`` draws in ``shuffle`` and ``sequential``, so verl's ``steps_per_epoch``
+stays right; in ``resample`` mode it ends at the first block boundary after ``len(dataset)`` draws
+(a block never straddles two epochs, so a call's prompts stay distinct).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from copy import deepcopy
 from typing import Any
 
@@ -30,7 +37,7 @@ from torch.utils.data import Sampler
 from verl_gdro.step.controller import GDROController
 from verl_gdro.step.sampler import PromptSampler
 
-__all__ = ["SAMPLER_MODES", "GDROSampler"]
+__all__ = ["SAMPLER_MODES", "GDROSampler", "step_draw_metrics"]
 
 SAMPLER_MODES = ("sequential", "shuffle", "resample")
 _STATE_VERSION = 2
@@ -62,8 +69,8 @@ class GDROSampler(Sampler[int]):
         mode: ``sequential``, ``shuffle`` (a fresh permutation per epoch) or ``resample`` (the
             controller's sampling mode draws each batch).
         seed: seed of the sampler's own generator (``data.seed``).
-        batch_size: the data loader's batch size: ``resample`` draws this many distinct prompts at
-            once (default 1: every index drawn on its own).
+        batch_size: the data loader's batch size: ``resample`` draws a block of this many distinct
+            prompts when no generation call was announced (:meth:`begin_call`; default 1).
     """
 
     def __init__(
@@ -99,6 +106,10 @@ class GDROSampler(Sampler[int]):
         self._block_pos = 0
         if mode == "resample":
             self._draws = PromptSampler(controller, u, seed=self.seed)
+        #: the announced generation call (resample mode): its prompt count and the rows it excludes;
+        #: transient (verl checkpoints between steps, when no call is in progress)
+        self._call_size: int | None = None
+        self._call_held: Callable[[], Any] | Any = ()
         #: Other state checkpointed with the controller (name -> object with state_dict /
         #: load_state_dict), e.g. the async trainers' dispatch ledger.
         self.companions: dict[str, Any] = {}
@@ -129,10 +140,34 @@ class GDROSampler(Sampler[int]):
             self._epoch_rng_state = deepcopy(self._rng.bit_generator.state)
             self._perm = self._rng.permutation(self.uids.size)
 
+    def begin_call(self, size: int, held: Callable[[], Any] | Any = ()) -> None:
+        """Announce a generation call of ``size`` prompts (resample mode; a no-op otherwise).
+
+        The next ``size`` indices (at most the training set) are one block: drawn at once,
+        distinct, none of ``held`` (stable ids of the prompts in flight or dispatched since the
+        last update: the step's earlier calls, the async prefetch) unless the rest of the training
+        set cannot fill it. ``held`` may be a callable, read when the block is drawn: on resume,
+        ``StatefulDataLoader`` restores the sampler's state (and the dispatch ledger with it) only
+        at the first fetch, after the call was announced.
+        """
+        if self.mode != "resample":
+            return
+        if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1:
+            raise ValueError(f"a generation call of {size!r} prompts is invalid: must be an integer >= 1")
+        if self._block_pos < self._block.size:
+            raise RuntimeError(
+                f"verl-gdro: a generation call began with {self._block.size - self._block_pos} prompt(s) of the "
+                "previous call not yet fetched (the data loader must fetch each call's prompts in full)"
+            )
+        # a call larger than the training set (a warm-up window over a tiny set): the whole set,
+        # then the loader's batches
+        self._call_size = min(int(size), int(self.uids.size))
+        self._call_held = held
+
     def _draw(self) -> int:
         if self._epoch == 0:
             self._start_epoch()
-        if self._cursor >= self.uids.size:
+        if self._cursor >= self.uids.size and (self.mode != "resample" or self._block_pos >= self._block.size):
             raise StopIteration
         if self.mode == "sequential":
             index = self._cursor
@@ -146,11 +181,14 @@ class GDROSampler(Sampler[int]):
 
     def _draw_resample(self) -> int:
         if self._block_pos >= self._block.size:
-            # a new batch: at most the epoch's remaining draws, so an epoch stays len(dataset) draws
+            # a new block: the announced call (excluding the prompts in flight), else the loader's batch
             assert self._draws is not None
-            size = min(self.batch_size, self.uids.size - self._cursor)
-            self._block = self._draws.draw(size)
+            size = self.batch_size if self._call_size is None else self._call_size
+            held = self._call_held() if callable(self._call_held) else self._call_held
+            rows = self._draws.evidence.rows(np.asarray(held, dtype=np.int64).reshape(-1))
+            self._block = self._draws.draw(size, exclude=rows[rows >= 0])
             self._block_pos = 0
+            self._call_size, self._call_held = None, ()
         index = int(self._block[self._block_pos])
         self._block_pos += 1
         return index
@@ -211,6 +249,20 @@ class GDROSampler(Sampler[int]):
         self._block = np.asarray(state.get("block", ()), dtype=np.int64).copy()
         self._block_pos = int(state.get("block_pos", 0))
         self._resume = self._epoch > 0
+
+
+def step_draw_metrics(sampler: GDROSampler | None, batch_price: float | None) -> dict[str, float]:
+    """The metrics of the step that ran besides the controller's own: the draws of a sampling mode
+    since the last update (``gdro/draw/*``, :meth:`PromptSampler.draw_metrics`) and, under the
+    ``per_prompt`` allocator, ``gdro/shadow_price`` as the price of the step's own batch allocation
+    (the controller reports its latest allocation's, often a refill of a prompt or two).
+    """
+    out: dict[str, float] = {}
+    if sampler is not None and sampler._draws is not None:
+        out.update(sampler._draws.draw_metrics())
+    if batch_price is not None:
+        out["gdro/shadow_price"] = batch_price
+    return out
 
 
 def _checksum(uids: np.ndarray) -> int:

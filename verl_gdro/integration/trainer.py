@@ -18,8 +18,10 @@ The mixin overrides narrow hooks of verl's step pipeline and always calls ``supe
 - ``_init_dataloader``: validate the stable prompt ids, install :class:`GDROSampler` (controller
   state and the dispatch ledger ride in verl's ``data.pt`` checkpoint), ``dataloader_num_workers=0``.
 - ``_next_train_batch``: every generation call (the step's batch, DAPO refills, async warm-up and
-  eviction refills) classifies its prompts and allocates their rollouts with the controller state
-  of that moment (:meth:`GDROController.decide`), asserts the exact budget
+  eviction refills) is announced to the sampler first (a sampling mode draws the call as one block
+  of distinct prompts, none in flight, whatever verl's ``gen_batch_size``), then classifies its
+  prompts and allocates their rollouts with the controller state of that moment
+  (:meth:`GDROController.decide`), asserts the exact budget
   ``sum(__rollout_n__) == prompts * rollout.n`` for that call, and records the decisions in the
   :class:`DispatchLedger` under verl's per-dispatch uid.
 - ``_compute_advantage``: the consumed groups plus the groups removed since the last update are
@@ -67,7 +69,7 @@ from verl_gdro.integration.glue import (
 from verl_gdro.integration.ledger import DispatchLedger
 from verl_gdro.integration.registry import check_registered
 from verl_gdro.integration.replay_buffer import with_observer
-from verl_gdro.integration.sampler import GDROSampler
+from verl_gdro.integration.sampler import GDROSampler, step_draw_metrics
 from verl_gdro.step.config import (
     TRAINER_MODES,
     TRAINER_NAME,
@@ -173,6 +175,7 @@ class GDROTrainerMixin:
         self._gdro_norm_by_std = bool(config.algorithm.get("norm_adv_by_std_in_grpo", True))
         self._gdro_time = 0.0
         self._gdro_warned_missing_acc = False
+        self._gdro_batch_price: float | None = None  # per_prompt: the price of the step's batch allocation
         if self.gdro is not None:
             self.replay_buffer.gdro_observer = self._gdro_observe_removed
 
@@ -255,6 +258,13 @@ class GDROTrainerMixin:
     # ------------------------------------------------------------------------------------------
 
     def _next_train_batch(self, num_prompts: int | None = None) -> Any:
+        if self.gdro_sampler is not None and self.gdro_sampler.mode == "resample":
+            # one draw per generation call, whatever verl's loader batch size (gen_batch_size=1 in
+            # the async modes, under DAPO and sync_refill_failed_groups): the call's prompts are one
+            # block of distinct prompts, none of them in flight or dispatched since the last update
+            # (docs/integration.md)
+            size = int(self.config.data.train_batch_size) if num_prompts is None else int(num_prompts)
+            self.gdro_sampler.begin_call(size, self.gdro_ledger.held_stable_uids)
         batch = super()._next_train_batch(num_prompts)  # type: ignore[misc]
         if self.gdro is None:
             return batch
@@ -276,6 +286,9 @@ class GDROTrainerMixin:
                 f"budget {budget} = prompts * actor_rollout_ref.rollout.n"
             )
         self.gdro_ledger.dispatch(verl_uids, plan.uids, plan.bins, n, step=int(self.global_steps))
+        if num_prompts is None and self.gdro.rollout is not None and self.gdro.rollout.allocator == "per_prompt":
+            # the step's own batch (verl's prepare_step), not a refill: gdro/shadow_price reports it
+            self._gdro_batch_price = float(self.gdro.rollout.mu)
         if self.gdro.rollout is not None:
             tu.assign_non_tensor_stack(batch, ROLLOUT_N_KEY, n.tolist())  # Python ints
         return batch
@@ -372,6 +385,7 @@ class GDROTrainerMixin:
         step_metrics = observe_update(self.gdro_ledger, self.gdro, consumed, acc, int(self.global_steps),
                                       extra_time_s=self._gdro_time, **extra)
         self._gdro_time = 0.0
+        step_metrics.update(step_draw_metrics(self.gdro_sampler, self._gdro_batch_price))
         return step_metrics
 
 

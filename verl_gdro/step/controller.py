@@ -121,6 +121,9 @@ class GDROController:
         self.num_steps = 0
         #: Increments after every update (saved with the state: a resumed run counts on).
         self.version = 0
+        #: Increments at every :meth:`load_state_dict` (not saved): with :attr:`version` it tells a
+        #: reader caching a function of the state (the sampler's draw probabilities) when to recompute.
+        self.restores = 0
         self._reset_pending()
 
     @classmethod
@@ -574,6 +577,7 @@ class GDROController:
             self.evidence.load_state_dict(dict(evidence))
         self.num_steps = int(state["num_steps"])
         self.version = int(state["controller_version"])
+        self.restores += 1
         self._reset_pending()
 
 

@@ -15,10 +15,19 @@ modes"):
 Every mode mixes in the uniform exploration floor ``gdro.prompt.explore`` (no prompt's probability
 falls below explore / N) and draws the batch without replacement (:func:`draw_without_replacement`),
 so a step has exactly ``size`` distinct prompts and the rollouts stay GRPO's: ``size * rollout.n``.
-One draw is O(N) vectorised (N = training set size): priorities, one exponential race, one partial
-sort. The per-prompt evidence lives in the controller (it is updated in
+The draw probabilities are a function of the controller's state, so they are computed once per
+controller update (one O(N) vectorised pass: priorities and the floor, :attr:`PromptSampler.passes`
+counts them) and every draw until the next update reuses them; each draw is one exponential race
+and one partial sort, O(N) (:attr:`PromptSampler.draws`). A draw may exclude rows
+(``draw(size, exclude=rows)``: prompts still in flight, or already drawn for the step): they are
+drawn only when the other rows cannot fill the batch. Drawing k rows excluding the m already drawn
+under the same probabilities is distributed exactly like drawing the k after those m in one longer
+draw (successive sampling forgets the order), so a trainer that dispatches a step's batch and then
+refills (DAPO, failed groups, async top-ups) draws all of them as one batch of distinct prompts.
+The per-prompt evidence lives in the controller (it is updated in
 :meth:`~verl_gdro.step.controller.GDROController.after_advantage` and saved with its state); the
-sampler's own state is its generator.
+sampler's own state is its generator. :meth:`PromptSampler.draw_metrics` describes the draws made
+since the last update (:data:`DRAW_METRICS`).
 
 Usage::
 
@@ -40,9 +49,19 @@ from verl_gdro.evidence import draw_without_replacement, mix_uniform, sampling_p
 from verl_gdro.prompt_gdro import resample_bin_masses
 from verl_gdro.step.controller import GDROController
 
-__all__ = ["PromptSampler"]
+__all__ = ["DRAW_METRICS", "PromptSampler"]
 
 _STATE_VERSION = 1
+
+#: The draw's own metrics (all under ``gdro/draw/``), :meth:`PromptSampler.draw_metrics`.
+DRAW_METRICS: tuple[str, ...] = (
+    "coverage",  # share of the training set visited at least once (observed by an update) so far
+    "ess_share",  # Kish effective sample size of the draw probabilities over N: 1 / (N sum_i pi_i^2)
+    "explore_share",  # expected share of the drawn prompts that the exploration floor drew
+    "prompts",  # prompts drawn since the last update (the step's batch plus its refills)
+    "calls",  # draws since the last update (1 + refill rounds)
+    "excluded",  # rows excluded from those draws (in flight or already drawn), summed over the draws
+)
 
 
 class PromptSampler:
@@ -75,6 +94,15 @@ class PromptSampler:
         #: resample: the share s of the last draw directed by q_t (1.0: all of it; lower
         #: where the ESS floor bound, :func:`~verl_gdro.prompt_gdro.resample_bin_masses`)
         self.adversary_share = 1.0
+        # the draw probabilities of the controller state they were computed from
+        # ((version, restores) of the controller), read-only; and their coverage / ESS share
+        self._probs: NDArray[np.float64] | None = None
+        self._probs_key: tuple[int, int] | None = None
+        self._ess_share = 0.0
+        #: O(N) probability passes and draws made so far (diagnostics, not state)
+        self.passes = 0
+        self.draws = 0
+        self._reset_draw_stats()
 
     def __len__(self) -> int:
         return int(self.uids.size)
@@ -111,11 +139,68 @@ class PromptSampler:
         self._bins_visits = visits.copy()
         return self._bins
 
-    def draw(self, size: int) -> NDArray[np.int64]:
-        """``size`` distinct rows (positions into ``uids``), in draw order."""
+    def current_probabilities(self) -> NDArray[np.float64]:
+        """:meth:`probabilities`, computed once per controller state (read-only array): the draws
+        between two updates share one O(N) pass."""
+        key = (self.controller.version, self.controller.restores)
+        if self._probs is None or self._probs_key != key:
+            p = np.asarray(self.probabilities(), dtype=np.float64)
+            p.setflags(write=False)
+            self._probs, self._probs_key = p, key
+            self._ess_share = min(1.0, 1.0 / (p.size * float(np.dot(p, p))))  # 1 when uniform
+            self.passes += 1
+        return self._probs
+
+    def draw(self, size: int, exclude: ArrayLike | None = None) -> NDArray[np.int64]:
+        """``size`` distinct rows (positions into ``uids``), in draw order.
+
+        ``exclude``: rows not to draw (e.g. prompts in flight, or drawn earlier for the same step);
+        they come last, drawn only when the other rows cannot fill the batch. Repeats and rows
+        outside the set are ignored.
+        """
         if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or not 0 <= size <= self.uids.size:
             raise ValueError(f"batch size {size!r} is invalid: must be an integer in [0, {self.uids.size}] (the training set)")
-        return draw_without_replacement(self.probabilities(), int(size), self._rng)
+        p = self.current_probabilities()
+        excluded = 0
+        if exclude is not None:
+            rows = np.asarray(exclude, dtype=np.int64).reshape(-1)
+            rows = np.unique(rows[(rows >= 0) & (rows < p.size)])
+            if rows.size:
+                p = p.copy()
+                p[rows] = 0.0
+                excluded = int(rows.size)
+        drawn = draw_without_replacement(p, int(size), self._rng)
+        self.draws += 1
+        self._stats["calls"] += 1
+        self._stats["prompts"] += drawn.size
+        self._stats["excluded"] += excluded
+        if drawn.size:
+            # the chance that the floor, not the priority, drew each prompt: (e / N) / pi_i
+            floor = self.controller.settings.prompt.explore / self.uids.size
+            base = self._probs
+            assert base is not None
+            self._explore_sum += float(np.sum(np.minimum(1.0, floor / base[drawn])))
+        return drawn
+
+    def draw_metrics(self) -> dict[str, float]:
+        """The ``gdro/draw/*`` metrics (:data:`DRAW_METRICS`) of the draws since the last call,
+        then reset: ``coverage`` as the evidence stands now (call it after the update),
+        ``ess_share`` of the latest draw's probabilities."""
+        prompts = self._stats["prompts"]
+        out = {
+            "gdro/draw/coverage": self.evidence.num_visited / self.uids.size,
+            "gdro/draw/ess_share": self._ess_share,
+            "gdro/draw/explore_share": self._explore_sum / prompts if prompts else 0.0,
+            "gdro/draw/prompts": float(prompts),
+            "gdro/draw/calls": float(self._stats["calls"]),
+            "gdro/draw/excluded": float(self._stats["excluded"]),
+        }
+        self._reset_draw_stats()
+        return out
+
+    def _reset_draw_stats(self) -> None:
+        self._stats = {"calls": 0, "prompts": 0, "excluded": 0}
+        self._explore_sum = 0.0
 
     def state_dict(self) -> dict[str, Any]:
         """The generator (the evidence is saved with the controller)."""
@@ -133,3 +218,5 @@ class PromptSampler:
         that restores the controller without the sampler's state calls it itself."""
         self._bins = None
         self._bins_visits = None
+        self._probs = None
+        self._probs_key = None
