@@ -33,10 +33,16 @@ def uses_gdro_trainer(config: Any) -> bool:
 
 
 def uses_gdro(config: Any) -> bool:
-    """True for the GDRO trainer or the ``gdro_grpo`` estimator alone (whose group checks, e.g.
-    ``rollout.n >= 2`` or Rollout-GDRO without the trainer, also belong before Ray)."""
+    """True for the GDRO trainer, the ``gdro_grpo`` estimator alone (whose group checks, e.g.
+    ``rollout.n >= 2`` or Rollout-GDRO without the trainer, also belong before Ray), or a config
+    with a top-level ``gdro`` group (refused outside the GDRO trainer: nothing would read it)."""
     if uses_gdro_trainer(config):
         return True
+    try:
+        if config.get("gdro", None) is not None:
+            return True
+    except Exception:
+        pass
     try:
         return config.algorithm.adv_estimator == ESTIMATOR_NAME
     except Exception:

@@ -17,7 +17,7 @@ entry point), selected with ``algorithm.adv_estimator=gdro_grpo``. verl calls it
      per-uid multipliers of the step, computed from the classifier's bins and S_{t-1};
    - otherwise **standalone** (any recipe that keeps its own trainer; Prompt-GDRO ``reweight``
      and Rollout-GDRO off unless set otherwise, which is then refused): each group is binned by its
-     own correctness this step (outcome reward > ``gdro.prompt.standalone_correct_threshold``),
+     own correctness this step (outcome reward > ``algorithm.gdro.correct_threshold``),
      Prompt-GDRO's state lives in this process across steps, and the loss signal is the failure
      rate (an estimator sees no log-probs). Logged once.
 
@@ -27,8 +27,10 @@ entry point), selected with ``algorithm.adv_estimator=gdro_grpo``. verl calls it
 With Prompt-GDRO disabled (or multipliers all exactly 1) and no advantage clip, the result
 equals verl's ``grpo`` bit for bit on every group of two or more responses.
 
-Settings come from ``config["gdro"]`` (i.e. ``algorithm.gdro``; the GDRO trainer copies the
-top-level ``gdro`` group there). Missing keys take the package defaults.
+Settings: standalone, ``config["gdro"]`` (i.e. ``algorithm.gdro``, the only namespace this path
+reads), resolved by :func:`verl_gdro.step.config.estimator_settings`, the function the dry run and
+the driver check use too; inside a GDRO trainer step, the trainer's settings (its top-level
+``gdro`` group, also copied to ``algorithm.gdro``). Missing keys take the package defaults.
 """
 
 from __future__ import annotations
@@ -42,8 +44,9 @@ import torch
 from verl.trainer.ppo import core_algos
 
 from verl_gdro.classifier import raw_bin
+from verl_gdro.integration.glue import correctness
 from verl_gdro.prompt_gdro import PromptGDRO
-from verl_gdro.step.config import ESTIMATOR_NAME, GDROSettings, resolve_gdro
+from verl_gdro.step.config import ESTIMATOR_NAME, GDROSettings, estimator_settings, resolve_gdro
 from verl_gdro.step.context import PADDING_UID_PREFIX, current_step, uid_keys
 
 __all__ = ["ESTIMATOR_NAME", "compute_gdro_grpo_advantage", "reset_standalone", "standalone_state"]
@@ -90,13 +93,15 @@ def reset_standalone() -> None:
 
 
 def _settings_from(config: Any, standalone: bool = False) -> GDROSettings:
+    if standalone:
+        return estimator_settings(config)
     group = None
     if config is not None:
         try:
             group = config.get("gdro", None)
         except AttributeError:
             group = getattr(config, "gdro", None)
-    return resolve_gdro(group, standalone=standalone)
+    return resolve_gdro(group)
 
 
 def _norm_by_std(config: Any) -> bool:
@@ -130,27 +135,28 @@ def _standalone_multipliers(
     then update S with the failure rate (reward-only loss signal)."""
     if settings.prompt.mode != "reweight":
         raise ValueError(
-            f"gdro.prompt.mode={settings.prompt.mode} is invalid for the standalone gdro_grpo estimator: only the GDRO "
-            "trainer's sampler can draw the prompts; use trainer.v1.trainer_mode=gdro_sync or gdro.prompt.mode=reweight"
+            f"algorithm.gdro.prompt.mode={settings.prompt.mode} is invalid for the standalone gdro_grpo estimator: only "
+            "the GDRO trainer's sampler can draw the prompts; use trainer.v1.trainer_mode=gdro_sync or "
+            "algorithm.gdro.prompt.mode=reweight"
         )
     if settings.rollout.enable:
         raise ValueError(
-            "gdro.rollout.enable=True is invalid for the standalone gdro_grpo estimator: Rollout-GDRO chooses "
+            "algorithm.gdro.rollout.enable=True is invalid for the standalone gdro_grpo estimator: Rollout-GDRO chooses "
             "rollouts before generation; use trainer.v1.trainer_mode=gdro_sync"
         )
     if not _STANDALONE.logged:
         logger.warning(
             "gdro_grpo runs STANDALONE (no GDRO trainer step open): each prompt is binned by its own group's "
-            "correctness this step (outcome reward > gdro.prompt.standalone_correct_threshold=%s), Prompt-GDRO "
+            "correctness this step (outcome reward > algorithm.gdro.correct_threshold=%s), Prompt-GDRO "
             "state is kept in this process, loss signal = failure rate. Use trainer.v1.trainer_mode=gdro_sync "
             "for the online classifier and Rollout-GDRO.",
-            settings.prompt.standalone_correct_threshold,
+            settings.correct_threshold,
         )
         _STANDALONE.logged = True
     prompt = _STANDALONE.controller(settings)
     num_groups = padding.size
     valid_row = ~padding[inverse]
-    correct = (scores > settings.prompt.standalone_correct_threshold).astype(np.float64)
+    correct = correctness(scores, settings.correct_threshold, "gdro_grpo outcome reward")
     sums = np.bincount(inverse[valid_row], weights=correct[valid_row], minlength=num_groups)
     counts = np.bincount(inverse[valid_row], minlength=num_groups)
     real = counts > 0

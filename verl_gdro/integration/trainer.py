@@ -60,6 +60,7 @@ from verl_gdro.integration.glue import (
     ConsumedBatch,
     acc_from_extra_fields,
     consume,
+    correctness,
     flow_metrics,
     observe_update,
 )
@@ -278,13 +279,14 @@ class GDROTrainerMixin:
 
     def _read_acc(self, data: Any, rows: np.ndarray, keys: list[str], partition_id: str) -> np.ndarray:
         """Per-trajectory correctness from the reward's extra info (streaming reward: inside
-        ``extra_fields.reward_extra_info``; colocated reward model: a top-level field)."""
+        ``extra_fields.reward_extra_info``; colocated reward model: a top-level field), thresholded
+        at ``gdro.correct_threshold``."""
         key = self.gdro_settings.acc_key
         available: set[str] = set()
         if "extra_fields" in data.keys():
             found, available = acc_from_extra_fields(_as_list(data["extra_fields"]), rows, key)
             if found is not None:
-                return found
+                return correctness(found, self.gdro_settings.correct_threshold, f"gdro.acc_key={key!r}")
         values: list[Any] | None = None
         try:
             top = tq.kv_batch_get(keys=keys, partition_id=partition_id, select_fields=[key])
@@ -299,7 +301,9 @@ class GDROTrainerMixin:
                 f"{sorted(available)}): the reward function must return a dict with the binary correctness under "
                 f"'{key}' (e.g. verl's math_dapo returns 'acc'), or set gdro.acc_key to the key it uses"
             )
-        return np.asarray(values, dtype=np.float64)  # bools, ints, floats, numpy scalars: one C-level pass
+        # bools, ints, floats, numpy scalars: one C-level pass
+        return correctness(np.asarray(values, dtype=np.float64), self.gdro_settings.correct_threshold,
+                           f"gdro.acc_key={key!r}")
 
     def _compute_advantage(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
         if self.gdro is None:
