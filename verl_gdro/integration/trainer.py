@@ -72,7 +72,6 @@ from verl_gdro.step.config import (
     TRAINER_MODES,
     TRAINER_NAME,
     GDROSettings,
-    to_plain,
     validate_gdro_config,
 )
 from verl_gdro.step.context import gdro_step, uid_keys
@@ -154,10 +153,16 @@ class GDROTrainerMixin:
             # verl switches on its async machinery for trainer_mode != "sync" and reads the mode's
             # settings from trainer.v1.<mode>: give it its own mode name.
             config.trainer.v1.trainer_mode = TRAINER_MODES[self.GDRO_MODE]
-            # The estimator only sees the `algorithm` group: give it the same gdro settings.
-            if config.get("gdro") is not None:
-                config.algorithm.gdro = OmegaConf.create(to_plain(config.gdro))
+            # The resolved settings replace the group (preset values instead of nulls: the config
+            # verl logs, e.g. to wandb, says what ran; resolve_gdro gives the same settings back),
+            # and the estimator, which only sees the `algorithm` group, gets the same group.
+            config.gdro = OmegaConf.create(settings.to_dict())
+            config.algorithm.gdro = OmegaConf.create(settings.to_dict())
         super().__init__(config)  # type: ignore[call-arg]
+        with open_dict(config):
+            # verl read its mode above (self.trainer_mode); the config it logs at fit() names the
+            # GDRO mode that runs
+            config.trainer.v1.trainer_mode = self.GDRO_MODE
         self.gdro_settings: GDROSettings = settings
         # one line at start naming the adversaries (both are on by default, so a user who sets one
         # switch still runs the other: say so before the first step)
@@ -367,6 +372,10 @@ class GDROTrainerMixin:
         step_metrics = observe_update(self.gdro_ledger, self.gdro, consumed, acc, int(self.global_steps),
                                       extra_time_s=self._gdro_time, **extra)
         self._gdro_time = 0.0
+        # verl's own timing section (timing_s/gdro): fit() hands self.timing_raw to the step
+        timing = getattr(self, "timing_raw", None)
+        if isinstance(timing, dict):
+            timing["gdro"] = timing.get("gdro", 0.0) + float(step_metrics.get("gdro/controller_time_s", 0.0))
         return step_metrics
 
 
