@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+
 class DryRunError(Exception):
     """A configuration the launch would refuse (or should refuse); the message says why."""
 
