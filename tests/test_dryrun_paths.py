@@ -204,3 +204,37 @@ def test_no_training_file_no_invented_size(tmp_path: Path, capsys) -> None:
     out = capsys.readouterr().out
     assert "steps per epoch: unknown (no training file here)" in out
     assert "epochs over the training set: unknown" in out
+
+
+SEPARATE = ["trainer.v1.trainer_mode=gdro_separate_async", "trainer.v1.separate_async.parameter_sync_step=1"]
+SEPARATE_OK = ["data.train_batch_size=128", "actor_rollout_ref.rollout.nnodes=1",
+               "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("drop", "needle"),
+    [
+        ("data.train_batch_size=128", "train_batch_size must equal parameter_sync_step * ppo_mini_batch_size"),
+        ("actor_rollout_ref.rollout.nnodes=1", "nnodes must be > 0"),
+        ("actor_rollout_ref.rollout.checkpoint_engine.backend=nccl", "backend for separate async training"),
+    ],
+)
+def test_separate_async_fails_in_the_dry_run_as_verl_would_after_ray(tmp_path: Path, capsys, drop: str,
+                                                                      needle: str) -> None:
+    """issue 32: the paper recipe in gdro_separate_async (256 prompts, mini-batch 128) passed the dry
+    run and failed in verl's PPOTrainerSeparateAsync.__init__ after Ray started. The dry run runs
+    verl's own checks; verl's real __init__ refuses the same config with the same assertion."""
+    from verl.trainer.ppo.v1.trainer_separate_async import PPOTrainerSeparateAsync
+
+    from test_recipes import recipe_argv
+
+    ok = recipe_argv(tmp_path, "prompt_gdro_qwen3_4b.sh", env={"DRY_RUN": "1"}, args=(*SEPARATE, *SEPARATE_OK))
+    assert dry_run(ok[2:], print_config=False) == 0, capsys.readouterr().err
+    assert "PPOTrainerSeparateAsync start-up checks" in capsys.readouterr().out
+    argv = [a for a in ok[2:] if a != drop]
+    assert dry_run(argv, print_config=False) == 2
+    err = capsys.readouterr().err
+    assert "trainer.v1.trainer_mode=gdro_separate_async" in err and needle in err, err
+    with pytest.raises(AssertionError, match=needle.replace("*", r"\*")):
+        PPOTrainerSeparateAsync(_composed(argv))  # fails at its first lines, before any worker

@@ -10,7 +10,8 @@ the recipe would give ``python -m verl.trainer.main_ppo`` (``--config-path``, ``
    dataclass conversion of the rollout and checkpoint-engine configs, and loading the custom reward
    function the config names;
 3. ours: ``verl_gdro.step.config.validate_gdro_config`` (must be importable: a dry run that
-   skips it would pass configs the trainer refuses);
+   skips it would pass configs the trainer refuses), and for ``gdro_separate_async`` verl's own
+   start-up checks of that trainer (:func:`separate_async_checks`);
 4. the data, where the parquet files exist here: every row's ``extra_info.template`` must be the
    config's template, and the stable prompt ids are checked exactly as the GDRO trainer checks
    them (only where it reads them; :func:`data_checks`);
@@ -188,6 +189,46 @@ def batch_checks(cfg) -> list[str]:
     return ["batch: mini-batches and GPUs divide the rollouts per step"]
 
 
+def separate_async_checks(cfg) -> list[str]:
+    """verl's own start-up checks of ``PPOTrainerSeparateAsync`` for ``gdro_separate_async``.
+
+    verl asserts them at the top of its ``__init__`` (batch = ``parameter_sync_step`` x mini-batch,
+    ``rollout.nnodes > 0``, ``rollout.n_gpus_per_node > 0``, a checkpoint engine other than
+    ``naive``, a standalone reward model's resource pool), i.e. inside verl's TaskRunner after Ray
+    has started. The dry run runs that very ``__init__`` with its base class's ``__init__`` (the
+    worker and buffer set-up) replaced by a stub that only stores the config, so verl's checks run
+    as verl wrote them, and nothing starts.
+    """
+    from omegaconf import OmegaConf
+
+    from verl_gdro.step.config import TRAINER_MODES
+
+    mode = OmegaConf.select(cfg, "trainer.v1.trainer_mode")
+    if TRAINER_MODES.get(mode, mode) != "separate_async":
+        return []
+    import types
+    from unittest import mock
+
+    from verl.trainer.ppo.v1 import trainer_separate_async as sep
+
+    def base_init(self, config):  # PPOTrainer.__init__: workers, buffers (not needed for the checks)
+        self.config = config
+        self.replay_buffer = types.SimpleNamespace(wait_for_sampleable=None, get_sampleable_count=None)
+
+    trainer = object.__new__(sep.PPOTrainerSeparateAsync)
+    try:
+        with mock.patch.object(sep.PPOTrainer, "__init__", base_init):
+            sep.PPOTrainerSeparateAsync.__init__(trainer, OmegaConf.create(OmegaConf.to_container(cfg, resolve=True)))
+    except (AssertionError, ValueError, TypeError) as e:
+        raise DryRunError(
+            f"trainer.v1.trainer_mode={mode}: verl's PPOTrainerSeparateAsync refuses this config at start: {e} "
+            "(set trainer.v1.separate_async.parameter_sync_step=1, data.train_batch_size equal to "
+            "actor_rollout_ref.actor.ppo_mini_batch_size, actor_rollout_ref.rollout.nnodes >= 1 and "
+            "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl)"
+        ) from e
+    return ["verl PPOTrainerSeparateAsync start-up checks (batch = sync step x mini-batch, rollout nodes, engine)"]
+
+
 def gdro_checks(cfg):
     """Our validation of the ``gdro`` group against the rest of the config. Fails loudly if missing."""
     try:
@@ -352,6 +393,7 @@ def dry_run(argv: list[str], require_data: bool = False, print_config: bool = Tr
         checks += batch_checks(cfg)
         settings = gdro_checks(cfg)
         checks.append("verl_gdro.step.config.validate_gdro_config")
+        checks += separate_async_checks(cfg)
         notes, train_rows = data_checks(cfg, settings, require=require_data)
         derived = derived_quantities(cfg, settings, train_rows)
     except DryRunError as e:
