@@ -225,9 +225,8 @@ def test_separate_async_fails_in_the_dry_run_as_verl_would_after_ray(tmp_path: P
     """issue 32: the paper recipe in gdro_separate_async (256 prompts, mini-batch 128) passed the dry
     run and failed in verl's PPOTrainerSeparateAsync.__init__ after Ray started. The dry run runs
     verl's own checks; verl's real __init__ refuses the same config with the same assertion."""
-    from verl.trainer.ppo.v1.trainer_separate_async import PPOTrainerSeparateAsync
-
     from test_recipes import recipe_argv
+    from verl.trainer.ppo.v1.trainer_separate_async import PPOTrainerSeparateAsync
 
     ok = recipe_argv(tmp_path, "prompt_gdro_qwen3_4b.sh", env={"DRY_RUN": "1"}, args=(*SEPARATE, *SEPARATE_OK))
     assert dry_run(ok[2:], print_config=False) == 0, capsys.readouterr().err
