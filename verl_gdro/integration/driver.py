@@ -13,11 +13,14 @@ run uses the GDRO trainer or the ``gdro_grpo`` estimator, then verl's own checks
 from __future__ import annotations
 
 import functools
+import logging
 from typing import Any
 
 from verl_gdro.step.config import ESTIMATOR_NAME, TRAINER_MODES, validate_gdro_config
 
-__all__ = ["install_driver_validation", "uses_gdro", "uses_gdro_trainer"]
+__all__ = ["install_driver_validation", "select_standalone_checkpoint", "uses_gdro", "uses_gdro_trainer"]
+
+logger = logging.getLogger(__name__)
 
 _MARK = "_verl_gdro_driver_validation"
 
@@ -49,6 +52,34 @@ def uses_gdro(config: Any) -> bool:
         return False
 
 
+def select_standalone_checkpoint(config: Any) -> str:
+    """The estimator alone keeps Prompt-GDRO's state in the trainer process: have verl save it with
+    its checkpoints through its one hook, ``trainer.checkpoint_callback_class``
+    (:class:`verl_gdro.integration.checkpoint.StandaloneEstimatorCheckpoint`), when the run names no
+    callback of its own. Returns what was done: ``selected``, ``kept`` (ours already), or
+    ``warned`` (another callback, or the legacy trainer, which has no such hook)."""
+    from omegaconf import open_dict
+
+    from verl_gdro.integration.checkpoint import CALLBACK_CLASS
+
+    trainer = config.trainer
+    current = trainer.get("checkpoint_callback_class", None)
+    if current == CALLBACK_CLASS:
+        return "kept"
+    if trainer.get("use_v1", True) is True and not current:
+        with open_dict(config):
+            trainer.checkpoint_callback_class = CALLBACK_CLASS
+        logger.info("verl-gdro: trainer.checkpoint_callback_class=%s saves the gdro_grpo estimator's state", CALLBACK_CLASS)
+        return "selected"
+    logger.warning(
+        "verl-gdro: the gdro_grpo estimator's Prompt-GDRO state is not saved with this run's checkpoints (%s): a "
+        "resumed run restarts it. Use trainer.checkpoint_callback_class=%s (or a subclass of it) on the V1 trainer",
+        f"trainer.checkpoint_callback_class={current}" if current else "trainer.use_v1=false has no checkpoint hook",
+        CALLBACK_CLASS,
+    )
+    return "warned"
+
+
 def install_driver_validation() -> bool:
     """Wrap ``verl.utils.config.validate_config`` once; returns True when the wrapper is in place."""
     import verl.utils.config as verl_config
@@ -61,7 +92,9 @@ def install_driver_validation() -> bool:
     def validate_config(*args: Any, **kwargs: Any) -> Any:
         config = kwargs.get("config", args[0] if args else None)
         if config is not None and uses_gdro(config):
-            validate_gdro_config(config)
+            settings = validate_gdro_config(config)
+            if not uses_gdro_trainer(config) and settings.enable and settings.prompt.enable:
+                select_standalone_checkpoint(config)
         return original(*args, **kwargs)
 
     setattr(validate_config, _MARK, True)

@@ -36,6 +36,7 @@ the driver check use too; inside a GDRO trainer step, the trainer's settings (it
 from __future__ import annotations
 
 import logging
+import time
 from itertools import repeat
 from typing import Any
 
@@ -45,11 +46,23 @@ from verl.trainer.ppo import core_algos
 
 from verl_gdro.classifier import raw_bin
 from verl_gdro.integration.glue import correctness
+from verl_gdro.metrics import step_metrics
 from verl_gdro.prompt_gdro import PromptGDRO
 from verl_gdro.step.config import ESTIMATOR_NAME, GDROSettings, estimator_settings, resolve_gdro
 from verl_gdro.step.context import PADDING_UID_PREFIX, current_step, uid_keys
 
-__all__ = ["ESTIMATOR_NAME", "compute_gdro_grpo_advantage", "reset_standalone", "standalone_state"]
+__all__ = [
+    "ESTIMATOR_NAME",
+    "compute_gdro_grpo_advantage",
+    "export_standalone",
+    "import_standalone",
+    "pop_standalone_metrics",
+    "reset_standalone",
+    "standalone_state",
+]
+
+#: version of :func:`export_standalone`'s layout
+STANDALONE_STATE_VERSION = 1
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +76,10 @@ class _Standalone:
         self.steps = 0
         self.logged = False
         self.last: dict[str, Any] = {}
+        #: the last step's gdro/ metrics, until the trainer's logger takes them (pop_standalone_metrics)
+        self.metrics: dict[str, float] = {}
+        #: state restored from a checkpoint (import_standalone), applied when the controller is built
+        self.pending: dict[str, Any] | None = None
 
     def controller(self, settings: GDROSettings) -> PromptGDRO:
         if self.prompt is None or self.settings != settings:
@@ -71,7 +88,25 @@ class _Standalone:
             self.settings = settings
             self.prompt = PromptGDRO(**settings.prompt.kwargs(settings.num_bins))
             self.steps = 0
+            if self.pending is not None:
+                self._restore(settings)
         return self.prompt
+
+    def _restore(self, settings: GDROSettings) -> None:
+        state, self.pending = self.pending, None
+        assert state is not None and self.prompt is not None
+        if state.get("settings") != settings.to_dict():
+            logger.warning(
+                "gdro_grpo (standalone): the checkpoint's Prompt-GDRO state was saved under other algorithm.gdro "
+                "settings; it restarts from scratch"
+            )
+            return
+        prompt = dict(state["prompt"])
+        prompt["scores"] = np.asarray(prompt["scores"], dtype=np.float64)
+        prompt["observed"] = np.asarray(prompt["observed"], dtype=bool)
+        self.prompt.load_state_dict(prompt)
+        self.steps = int(state["steps"])
+        logger.info("gdro_grpo (standalone): Prompt-GDRO state restored at its step %d", self.steps)
 
 
 _STANDALONE = _Standalone()
@@ -84,6 +119,40 @@ def standalone_state() -> dict[str, Any]:
         "prompt": None if _STANDALONE.prompt is None else _STANDALONE.prompt.state_dict(),
         "last": dict(_STANDALONE.last),
     }
+
+
+def export_standalone() -> dict[str, Any] | None:
+    """The standalone state as plain JSON values (settings, Prompt-GDRO state, steps), or None
+    before the first step. Saved beside verl's checkpoint by
+    :class:`verl_gdro.integration.checkpoint.StandaloneEstimatorCheckpoint`."""
+    if _STANDALONE.prompt is None or _STANDALONE.settings is None:
+        return None
+    prompt = _STANDALONE.prompt.state_dict()
+    prompt["scores"] = prompt["scores"].tolist()
+    prompt["observed"] = prompt["observed"].tolist()
+    return {
+        "version": STANDALONE_STATE_VERSION,
+        "settings": _STANDALONE.settings.to_dict(),
+        "prompt": prompt,
+        "steps": _STANDALONE.steps,
+    }
+
+
+def import_standalone(state: dict[str, Any]) -> None:
+    """Restore :func:`export_standalone` output: applied when the estimator builds its controller at
+    its first step (the settings are known then); state saved under other settings is refused
+    with a warning and the state restarts."""
+    if state.get("version") != STANDALONE_STATE_VERSION:
+        raise ValueError(f"gdro_grpo standalone state version {state.get('version')!r} is not {STANDALONE_STATE_VERSION}")
+    _STANDALONE.prompt = None
+    _STANDALONE.settings = None
+    _STANDALONE.pending = dict(state)
+
+
+def pop_standalone_metrics() -> dict[str, float]:
+    """The ``gdro/`` metrics of the standalone estimator's last step, once (then empty)."""
+    out, _STANDALONE.metrics = _STANDALONE.metrics, {}
+    return out
 
 
 def reset_standalone() -> None:
@@ -153,6 +222,7 @@ def _standalone_multipliers(
             settings.correct_threshold,
         )
         _STANDALONE.logged = True
+    t0 = time.perf_counter()
     prompt = _STANDALONE.controller(settings)
     num_groups = padding.size
     valid_row = ~padding[inverse]
@@ -166,9 +236,20 @@ def _standalone_multipliers(
     mult = np.ones(scores.shape[0])
     row_bins = group_bins[inverse[valid_row]]
     mult[valid_row] = prompt.multipliers(row_bins)
-    prompt.update(group_bins[real], 1.0 - rate[real])
+    # the per-bin weights this step used (what the metrics log as prompt_weight)
+    weights = prompt.bin_multipliers(row_bins) if row_bins.size else np.ones(settings.num_bins)
+    update = prompt.update(group_bins[real], 1.0 - rate[real])
     _STANDALONE.steps += 1
     _STANDALONE.last = {"group_bins": group_bins[real].copy(), "group_success_rate": rate[real].copy()}
+    if not real.any():
+        return mult
+    _STANDALONE.metrics = step_metrics(
+        settings.num_bins, group_bins[real], sums[real], counts[real].astype(np.float64),
+        prompt_weights=weights, q=prompt.bin_probs(), scores=prompt.scores, omega=prompt.omega(),
+        bin_losses=update.get("mean_losses"), controller_time_s=time.perf_counter() - t0,
+        dropped_nonfinite_total=int(prompt.dropped_nonfinite),
+    )
+    _STANDALONE.metrics["gdro/standalone_steps"] = float(_STANDALONE.steps)
     return mult
 
 
