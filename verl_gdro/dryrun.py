@@ -389,9 +389,11 @@ def dry_run(argv: list[str], require_data: bool = False, print_config: bool = Tr
             resolved = OmegaConf.to_container(cfg, resolve=True)
         except Exception as e:
             raise DryRunError(f"config does not resolve: {e}") from e
+        # ours first: a gdro key error names the key itself, not verl's validate_config (which the
+        # plugin wraps with the same check in main_ppo's driver)
+        settings = gdro_checks(cfg)
         checks = verl_checks(cfg)
         checks += batch_checks(cfg)
-        settings = gdro_checks(cfg)
         checks.append("verl_gdro.step.config.validate_gdro_config")
         checks += separate_async_checks(cfg)
         notes, train_rows = data_checks(cfg, settings, require=require_data)
