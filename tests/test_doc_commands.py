@@ -174,7 +174,9 @@ def _run(cmd: DocCommand, tmp: Path, capsys) -> None:
     elif "verl-gdro" in words:
         from verl_gdro import cli
 
-        args = [w for w in words[words.index("verl-gdro") + 1:] if w not in REST]  # `...`: nothing to add
+        args = words[words.index("verl-gdro") + 1:]
+        if args[0] != "dry-run":
+            args = [w for w in args if w not in REST]  # `...` adds nothing to other subcommands
         if args[0] == "dry-run":
             assert cli.main(args) == 0, f"{cmd}\n{capsys.readouterr().err}"
         else:
