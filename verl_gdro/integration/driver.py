@@ -52,6 +52,16 @@ def uses_gdro(config: Any) -> bool:
         return False
 
 
+def _log_resolved_estimator_group(config: Any, settings: Any) -> None:
+    """The estimator alone: ``algorithm.gdro`` becomes its resolved settings (the preset's values
+    instead of nulls), so the config verl logs (e.g. wandb's run config) says what ran; the
+    estimator resolves it to the same settings."""
+    from omegaconf import OmegaConf, open_dict
+
+    with open_dict(config):
+        config.algorithm.gdro = OmegaConf.create(settings.to_dict())
+
+
 def select_standalone_checkpoint(config: Any) -> str:
     """The estimator alone keeps Prompt-GDRO's state in the trainer process: have verl save it with
     its checkpoints through its one hook, ``trainer.checkpoint_callback_class``
@@ -93,8 +103,10 @@ def install_driver_validation() -> bool:
         config = kwargs.get("config", args[0] if args else None)
         if config is not None and uses_gdro(config):
             settings = validate_gdro_config(config)
-            if not uses_gdro_trainer(config) and settings.enable and settings.prompt.enable:
-                select_standalone_checkpoint(config)
+            if not uses_gdro_trainer(config) and config.algorithm.get("adv_estimator") == ESTIMATOR_NAME:
+                _log_resolved_estimator_group(config, settings)
+                if settings.enable and settings.prompt.enable:
+                    select_standalone_checkpoint(config)
         return original(*args, **kwargs)
 
     setattr(validate_config, _MARK, True)
