@@ -292,7 +292,7 @@ class Bench:
         from verl.trainer.ppo.ray_trainer import compute_advantage
         from verl.trainer.ppo.v1.utils import compute_advantage_for_multi_trajectories
 
-        from verl_gdro.integration.glue import acc_from_extra_fields, consume, observe_update
+        from verl_gdro.integration.glue import acc_from_extra_fields, consume, correctness, observe_update
         from verl_gdro.integration.trainer import _as_list, _int_column
         from verl_gdro.integration.trainer import _padded_numpy as read_tokens
         from verl_gdro.step.context import gdro_step, uid_keys
@@ -372,7 +372,7 @@ class Bench:
                 raise AssertionError("stable ids")
             values, _ = acc_from_extra_fields(_as_list(fetched["extra_fields"]), rows, "acc")
             assert values is not None
-            acc_rows = np.asarray(values, dtype=np.float64)
+            acc_rows = correctness(values, 0.0, "gdro.acc_key='acc'")  # the trainer's threshold
             t_glue = time.perf_counter()
             mult = ctrl.advantage_multipliers(consumed.group_index)
             table, row_plan = consumed.estimator_inputs(mult)
@@ -427,8 +427,8 @@ PROFILED = (
                                                            "after_advantage")),
     ("verl_gdro.step.controller", None, ("step_metrics_prepared",)),
     ("verl_gdro.integration.ledger", "DispatchLedger", ("dispatch", "begin_update", "finish_update")),
-    ("verl_gdro.integration.glue", None, ("real_rows", "acc_from_extra_fields", "consume", "observe_update",
-                                          "flow_metrics")),
+    ("verl_gdro.integration.glue", None, ("real_rows", "acc_from_extra_fields", "correctness", "consume",
+                                          "observe_update", "flow_metrics")),
 )
 
 

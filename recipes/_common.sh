@@ -11,7 +11,9 @@
 #   PRESET         robust | paper | release (GDRO runs)                  [robust]
 #   TEMPLATE       answer | boxed (prompt template + its scorer)         [answer]
 #   SEED           data order, vLLM sampling, Rollout-GDRO sampler       [0]
-#   PROJECT, EXP_NAME, LOGGER (Hydra list, e.g. "[console,wandb]")
+#   PROJECT, EXP_NAME, LOGGER (Hydra list)                             [[console,file]]
+#                  e.g. "[console,file,wandb]"; `file` is what `verl-gdro plot` reads
+#   METRICS_DIR    verl's file-logger JSONL, one file per start of the run [$OUTPUT_DIR/$PROJECT/$EXP_NAME/metrics]
 #   PYTHON         interpreter                                           [python3]
 #   DRY_RUN=1      compose + validate + print, no Ray/GPU (verl_gdro.dryrun)
 # Extra Hydra overrides: "$@" (e.g. trainer.total_training_steps=10).
@@ -29,7 +31,7 @@ PRESET=${PRESET:-robust}
 TEMPLATE=${TEMPLATE:-answer}
 SEED=${SEED:-0}
 PROJECT=${PROJECT:-verl_gdro}
-LOGGER=${LOGGER:-[console]}
+LOGGER=${LOGGER:-[console,file]}
 if [[ $EXPERIMENT == grpo_* ]]; then
     # The preset only configures the adversaries, which the baseline turns off.
     EXP_NAME=${EXP_NAME:-${EXPERIMENT}_${TEMPLATE}_seed${SEED}}
@@ -54,6 +56,14 @@ ARGS=(
     trainer.experiment_name="$EXP_NAME"
     trainer.logger="$LOGGER"
 )
+
+# verl's file logger (VERL_FILE_LOGGER_PATH) truncates the file it opens: a resumed run writes a
+# new file in the same folder, and `verl-gdro plot $METRICS_DIR` reads them all, in order.
+METRICS_DIR=${METRICS_DIR:-$OUTPUT_DIR/$PROJECT/$EXP_NAME/metrics}
+if [[ ${DRY_RUN:-0} != 1 && -z ${VERL_FILE_LOGGER_PATH:-} ]]; then
+    mkdir -p "$METRICS_DIR"
+    export VERL_FILE_LOGGER_PATH="$METRICS_DIR/$(date -u +%Y%m%dT%H%M%SZ)-$$.jsonl"
+fi
 
 if [[ ${DRY_RUN:-0} == 1 ]]; then
     exec "$PYTHON" -m verl_gdro.dryrun "${ARGS[@]}" "$@"

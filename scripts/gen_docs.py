@@ -52,7 +52,9 @@ MEANINGS: dict[str, str] = {
     "(clipped if `advantage_clip` is set)",
     "preset": "named set of choices (table below; docs/algorithm.md, \"Presets\")",
     "uid_key": "stable prompt id: `index` (`extra_info.index`, validated unique) or `row_index` (with `GDRODataset`)",
-    "acc_key": "binary correctness key in the reward's extra info (never the shaped score)",
+    "acc_key": "correctness key in the reward's extra info (verl's reward managers put a plain float score there)",
+    "correct_threshold": "a response is correct when its `acc_key` value (the standalone estimator: its outcome "
+    "reward) is above this; 0.0 reads `acc` in {0, 1}, a +-1 reward and a shaped score alike",
     "advantage_clip": "> 0: `gdro_grpo` clips its advantages to [-c, c] after the Prompt-GDRO multipliers (the "
     "paper's 5.0, set by the reproduction recipes; verl 0.9.1 has no such key); `null`: no clip",
     "classifier.num_bins": "B; with `bin_edges` it must equal `len(bin_edges) + 1` or be `null`",
@@ -81,8 +83,6 @@ MEANINGS: dict[str, str] = {
     "prompt.kl_coef": "beta_KL of the `surrogate_kl` signal, >= 0",
     "prompt.clip_ratio_low": "lower clip of the surrogate signals",
     "prompt.clip_ratio_high": "upper clip of the surrogate signals",
-    "prompt.standalone_correct_threshold": "standalone estimator: a response is correct when its outcome reward "
-    "is above this",
     "rollout.enable": "Rollout-GDRO on/off (GDRO trainer only); `null`: on under the GDRO trainer (joint mode, the "
     "default), off for the standalone estimator",
     "rollout.n_min": "smallest n per prompt, >= 2; `actor_rollout_ref.rollout.n` (the mean budget) must lie in "

@@ -5,24 +5,55 @@
     python scripts/submit_sweep.py --partition gpu --seeds 0 1 2              # submit them
 
 Each job is scripts/slurm/ray_job.sbatch running recipes/<method>_qwen3_<model>.sh with SEED,
-PRESET and TEMPLATE exported. The GRPO baseline ignores the preset, so it is submitted once per
+PRESET and TEMPLATE exported (through sbatch's environment, so values may contain commas), on the
+recipe's node count, logging to logs/%x-%j.out (the folder is created before submitting). The GRPO baseline ignores the preset, so it is submitted once per
 (model, seed, template), not once per preset. Standard library only: runs on a login node.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import re
 import shlex
 import subprocess
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 METHODS = ("grpo", "prompt_gdro", "rollout_gdro", "joint")
 MODELS = ("1.7b", "4b", "8b")
-PRESETS = ("robust", "paper")
-# Nodes of 8 x 80 GB GPUs per model (the recipes' defaults; docs/reproduce.md has the timings).
-DEFAULT_NODES = {"1.7b": 1, "4b": 1, "8b": 2}
+PRESETS = ("robust", "paper", "release")
+SBATCH = REPO / "scripts" / "slurm" / "ray_job.sbatch"
+_NNODES = re.compile(r"^export NNODES=\$\{NNODES:-(\d+)\}$", re.MULTILINE)
+
+
+def recipe_nodes(recipe: str) -> int:
+    """The node count a recipe assumes: its ``NNODES`` default (recipes/<recipe>.sh), the one source."""
+    path = REPO / "recipes" / f"{recipe}.sh"
+    match = _NNODES.search(path.read_text(encoding="utf-8")) if path.is_file() else None
+    if match is None:
+        raise ValueError(f"recipes/{recipe}.sh has no 'export NNODES=${{NNODES:-N}}' line to take the node count from")
+    return int(match.group(1))
+
+
+@dataclass
+class Job:
+    """One ``sbatch`` call: its arguments, and the variables it exports to the job.
+
+    The variables travel in sbatch's own environment with ``--export=ALL`` rather than as
+    ``--export=K=V,...``: sbatch splits that list on commas, so ``LOGGER=[console,wandb]`` or a
+    ``bin_edges=[0.4,0.75]`` override would not reach the job intact.
+    """
+
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    log_dir: Path | None = None
+
+    def shell(self) -> str:
+        """The job as one copy-pasteable shell line: ``KEY=VALUE ... sbatch ...``."""
+        return " ".join([*(shlex.quote(f"{k}={v}") for k, v in self.env.items()), shlex.join(self.argv)])
 
 
 def build_jobs(
@@ -38,8 +69,14 @@ def build_jobs(
     time: str = "72:00:00",
     extra_args: str = "",
     env: dict[str, str] | None = None,
-) -> list[list[str]]:
-    """The sbatch command lines of the sweep, one per job, in a stable order."""
+    log_dir: Path | None = None,
+) -> list[Job]:
+    """The sbatch calls of the sweep, one per job, in a stable order.
+
+    Nodes per job: ``nodes[model]`` when given, else the recipe's own ``NNODES`` default. Each job
+    writes its log to ``log_dir/%x-%j.out`` (``<repo>/logs``), a folder :func:`main` creates before
+    it submits (sbatch opens the output file before the job's script runs).
+    """
     for name, given, allowed in (
         ("--methods", methods, METHODS),
         ("--models", models, MODELS),
@@ -50,13 +87,14 @@ def build_jobs(
             raise ValueError(f"{name}={given} is invalid; allowed (non-empty): {list(allowed)}")
     if not seeds:
         raise ValueError("--seeds must name at least one seed")
-    node_map = {**DEFAULT_NODES, **(nodes or {})}
-    jobs: list[list[str]] = []
+    log_dir = (REPO / "logs") if log_dir is None else Path(log_dir)
+    jobs: list[Job] = []
     for model in models:
         for method in methods:
             for preset in presets[:1] if method == "grpo" else presets:
                 for seed in seeds:
                     recipe = f"{method}_qwen3_{model}"
+                    count = (nodes or {}).get(model) or recipe_nodes(recipe)
                     exports = {
                         "RECIPE": recipe,
                         "SEED": str(seed),
@@ -71,21 +109,17 @@ def build_jobs(
                     cmd = [
                         "sbatch",
                         f"--job-name=gdro_{tag}_s{seed}",
-                        f"--nodes={node_map[model]}",
+                        f"--nodes={count}",
                         f"--gpus-per-node={gpus_per_node}",
                         f"--time={time}",
+                        f"--output={log_dir}/%x-%j.out",
                     ]
                     if partition:
                         cmd.append(f"--partition={partition}")
                     if account:
                         cmd.append(f"--account={account}")
-                    # sbatch's --export is comma-separated: values must not contain commas.
-                    for k, v in exports.items():
-                        if "," in v:
-                            raise ValueError(f"{k}={v!r}: sbatch --export values cannot contain ','")
-                    cmd.append("--export=ALL," + ",".join(f"{k}={v}" for k, v in exports.items()))
-                    cmd.append(str(REPO / "scripts" / "slurm" / "ray_job.sbatch"))
-                    jobs.append(cmd)
+                    cmd += ["--export=ALL", str(SBATCH)]
+                    jobs.append(Job(cmd, exports, log_dir))
     return jobs
 
 
@@ -100,9 +134,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--partition", default=None)
     p.add_argument("--account", default=None)
     p.add_argument("--gpus-per-node", type=int, default=8)
-    p.add_argument("--nodes", nargs="*", default=[], metavar="MODEL=N", help="e.g. 8b=4")
+    p.add_argument("--nodes", nargs="*", default=[], metavar="MODEL=N",
+                   help="e.g. 8b=4 (default: the recipe's NNODES, 1 / 1 / 2 for 1.7b / 4b / 8b)")
     p.add_argument("--time", default="72:00:00")
-    p.add_argument("--extra-args", default="", help="Hydra overrides passed to every recipe (no commas)")
+    p.add_argument("--extra-args", default="", help="Hydra overrides passed to every recipe (space-separated)")
+    p.add_argument("--log-dir", default=str(REPO / "logs"), help="folder of the jobs' logs (created)")
     p.add_argument(
         "--env",
         nargs="*",
@@ -140,11 +176,14 @@ def main(argv: list[str] | None = None) -> int:
         time=a.time,
         extra_args=a.extra_args,
         env=_pairs(a.env, "--env"),
+        log_dir=Path(a.log_dir).resolve(),
     )
-    for cmd in jobs:
-        print(shlex.join(cmd))
+    for job in jobs:
+        print(job.shell())
         if not a.dry_run:
-            subprocess.run(cmd, check=True)
+            assert job.log_dir is not None
+            job.log_dir.mkdir(parents=True, exist_ok=True)
+            subprocess.run(job.argv, check=True, env={**os.environ, **job.env})
     print(f"# {len(jobs)} job(s) {'listed (dry run)' if a.dry_run else 'submitted'}", file=sys.stderr)
     return 0
 

@@ -36,6 +36,10 @@ SCRIPT = textwrap.dedent(
     """
 )
 
+#: Remove the package config's gdro group (and its algorithm.gdro mirror): the estimator alone
+#: reads algorithm.gdro only.
+ESTIMATOR_ONLY = ["~algorithm.gdro", "~gdro"]
+
 BASE = [
     "data.train_batch_size=8",
     "actor_rollout_ref.rollout.n=4",
@@ -51,9 +55,12 @@ def test_driver_validation_refuses_bad_gdro_config_and_leaves_other_trainers_alo
     cases = [
         ["gdro.rollout.enable=true", "gdro.rollout.n_max=3"],  # rollout.n=4 outside [2, 3]
         ["gdro.rollout.enable=true"],  # a good config
-        ["trainer.v1.trainer_mode=sync", "gdro.rollout.n_max=3"],  # estimator alone, Rollout-GDRO off: fine
-        ["trainer.v1.trainer_mode=sync", "gdro.rollout.enable=true"],  # estimator alone cannot allocate rollouts
-        ["trainer.v1.trainer_mode=sync", "algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=1"],  # not ours
+        # the estimator alone reads algorithm.gdro (the package config's gdro group removed)
+        ["trainer.v1.trainer_mode=sync", *ESTIMATOR_ONLY, "+algorithm.gdro.rollout.n_max=3"],  # Rollout-GDRO off: fine
+        ["trainer.v1.trainer_mode=sync", *ESTIMATOR_ONLY, "+algorithm.gdro.rollout.enable=true"],  # cannot allocate
+        ["trainer.v1.trainer_mode=sync", *ESTIMATOR_ONLY, "algorithm.adv_estimator=grpo",
+         "actor_rollout_ref.rollout.n=1"],  # not ours
+        ["trainer.v1.trainer_mode=sync", "gdro.prompt.eta=0.3"],  # a gdro group nothing would read: refused
     ]
     proc = subprocess.run(
         [sys.executable, "-c", SCRIPT, json.dumps([BASE + c for c in cases])],
@@ -64,10 +71,12 @@ def test_driver_validation_refuses_bad_gdro_config_and_leaves_other_trainers_alo
     )
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULTS=")]
     assert proc.returncode == 0 and lines, proc.stdout + proc.stderr
-    bad, good, alone, alone_bad, other = json.loads(lines[0][len("RESULTS=") :])
+    bad, good, alone, alone_bad, other, unread = json.loads(lines[0][len("RESULTS=") :])
     assert bad.startswith("REFUSED"), bad
     assert "actor_rollout_ref.rollout.n=4" in bad and "gdro.rollout.n_max=3" in bad, bad
     assert good == "ACCEPTED", good
     assert alone == "ACCEPTED", alone
-    assert alone_bad.startswith("REFUSED: gdro.rollout.enable=True is invalid"), alone_bad
+    assert alone_bad.startswith("REFUSED: algorithm.gdro.rollout.enable=True is invalid"), alone_bad
     assert other == "ACCEPTED", other
+    assert unread.startswith("REFUSED: gdro is invalid with trainer.v1.trainer_mode='sync'"), unread
+    assert "algorithm.gdro" in unread, unread

@@ -176,7 +176,7 @@ def test_standalone_reweights_like_prompt_gdro_over_steps(grpo_batch, caplog) ->
 
 def test_standalone_threshold_is_configurable(grpo_batch) -> None:
     data = grpo_batch([4, 4, 4], seed=20, rewards="continuous")
-    advantages(data, "gdro_grpo", prompt={"standalone_correct_threshold": 10.0})
+    advantages(data, "gdro_grpo", correct_threshold=10.0)
     last = est.standalone_state()["last"]
     assert np.all(last["group_success_rate"] == 0.0)  # nothing beats 10: every group in bin 0
     assert np.all(last["group_bins"] == 0)
@@ -184,15 +184,15 @@ def test_standalone_threshold_is_configurable(grpo_batch) -> None:
 
 def test_standalone_refuses_trainer_only_features(grpo_batch) -> None:
     data = grpo_batch([3, 3], seed=21)
-    with pytest.raises(ValueError, match=r"^gdro.rollout.enable=True is invalid for the standalone"):
+    with pytest.raises(ValueError, match=r"^algorithm\.gdro\.rollout\.enable=True is invalid for the standalone"):
         advantages(data, "gdro_grpo", rollout={"enable": True})
-    with pytest.raises(ValueError, match=r"^gdro.prompt.mode=resample is invalid for the standalone"):
+    with pytest.raises(ValueError, match=r"^algorithm\.gdro\.prompt\.mode=resample is invalid for the standalone"):
         advantages(data, "gdro_grpo", prompt={"mode": "resample"})
 
 
 def test_bad_gdro_key_in_algorithm_group_is_refused(grpo_batch) -> None:
     data = grpo_batch([3, 3], seed=22)
-    with pytest.raises(ValueError, match=r"^gdro.prompt.etaa is not a known key"):
+    with pytest.raises(ValueError, match=r"^algorithm\.gdro\.prompt\.etaa is not a known key"):
         advantages(data, "gdro_grpo", prompt={"etaa": 1.0})
 
 

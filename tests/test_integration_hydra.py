@@ -33,8 +33,11 @@ def test_package_config_extends_ppo_trainer_with_the_gdro_group() -> None:
     # the package default: joint mode, the data adversary choosing prompts (failure-weighted priority)
     assert settings.preset == "robust" and settings.rollout.enable and settings.prompt.mode == "failure_weighted"
     # the same group with the estimator in verl's own sync trainer: what that path can run
-    standalone = validate_gdro_config(composed("trainer.v1.trainer_mode=sync"))
+    standalone = validate_gdro_config(composed("trainer.v1.trainer_mode=sync", "~algorithm.gdro", "~gdro"))
     assert not standalone.rollout.enable and standalone.prompt.mode == "reweight"
+    # a gdro group without the GDRO trainer would be read by nothing: refused, naming algorithm.gdro
+    with pytest.raises(ValueError, match=r"^gdro is invalid with trainer.v1.trainer_mode='sync'.*algorithm\.gdro"):
+        validate_gdro_config(composed("trainer.v1.trainer_mode=sync"))
 
 
 def test_overrides_reach_the_estimator_group() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -14,8 +15,11 @@ pytestmark = pytest.mark.slow  # each case starts a Python that imports verl (10
 def run(code: str, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-        env={**os.environ, "PYTHONWARNINGS": "ignore", **env}, cwd="/",
+        env={**os.environ, "PYTHONWARNINGS": "ignore", "PYTHONPATH": str(REPO), **env}, cwd="/",
     )
+
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 def test_import_verl_registers_estimator_and_trainer() -> None:
@@ -60,6 +64,7 @@ def test_a_failing_registration_is_recorded_and_made_loud() -> None:
         "import sys\n"
         "sys.modules['verl_gdro.integration.estimator'] = None  # make its import fail\n"
         "import verl\n"
+        "import verl.trainer.ppo.core_algos  # the estimator registers right after this import\n"
         "from verl_gdro.integration.registry import REGISTRATION_ERRORS, check_registered\n"
         "assert 'gdro_grpo' in REGISTRATION_ERRORS, REGISTRATION_ERRORS\n"
         "try:\n"
@@ -70,3 +75,24 @@ def test_a_failing_registration_is_recorded_and_made_loud() -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "LOUD: verl-gdro is not registered with verl: advantage estimator 'gdro_grpo'" in proc.stdout
     assert "registering the gdro_grpo estimator failed" in proc.stderr
+
+
+def test_import_verl_alone_imports_no_trainer() -> None:
+    """issue 32: the plugin runs on every ``import verl`` in the environment; it imports neither
+    verl's V1 trainer stack nor the estimator until verl itself imports their registries, and then
+    registers at once."""
+    proc = run(
+        "import sys, verl\n"
+        "heavy = [m for m in ('verl.trainer.ppo.v1', 'verl.trainer.ppo.core_algos', 'verl_gdro.integration.trainer',\n"
+        "                     'verl_gdro.integration.estimator') if m in sys.modules]\n"
+        "assert 'verl_gdro.integration.plugin' in sys.modules\n"
+        "print('HEAVY', heavy)\n"
+        "from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY\n"
+        "assert 'gdro_grpo' in ADV_ESTIMATOR_REGISTRY and 'verl_gdro.integration.trainer' not in sys.modules\n"
+        "from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync  # a submodule first: the package runs first\n"
+        "from verl.trainer.ppo.v1 import get_trainer_cls\n"
+        "assert get_trainer_cls('gdro_separate_async').__name__ == 'GDROTrainerSeparateAsync'\n"
+        "print('LAZY OK')\n"
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "HEAVY []" in proc.stdout and "LAZY OK" in proc.stdout

@@ -47,13 +47,34 @@ FLOW_KEYS = {
 
 def test_init_switches_to_sync_and_mirrors_the_gdro_group(tmp_path: Path) -> None:
     trainer = make_trainer(tmp_path, "gdro.prompt.eta=0.5")
-    assert trainer.trainer_mode == "sync" and trainer.config.trainer.v1.trainer_mode == "sync"
+    # verl runs its own sync mode; the config it logs (Tracking, built in fit) names the GDRO mode
+    assert trainer.trainer_mode == "sync" and trainer.config.trainer.v1.trainer_mode == "gdro_sync"
     assert trainer.config.algorithm.gdro.prompt.eta == 0.5
     assert trainer.gdro is not None and trainer.gdro.settings.prompt.eta == 0.5
     # verl's sync buffer (not the async one), as its GDRO subclass that reports removed groups
     assert type(trainer.replay_buffer).__name__ == "GDROReplayBuffer"
     assert type(trainer.replay_buffer).__mro__[2].__name__ == "ReplayBuffer"
     assert trainer.replay_buffer.gdro_observer is not None
+
+
+def test_logged_config_carries_every_resolved_gdro_key(tmp_path: Path) -> None:
+    """issue 32: what verl hands its Tracking (wandb's run config) is the resolved group: the
+    preset's values instead of nulls, and the group resolves to the very settings that run."""
+    from omegaconf import OmegaConf
+
+    from verl_gdro.step.config import resolve_gdro
+
+    trainer = make_trainer(tmp_path, "gdro.preset=paper", "actor_rollout_ref.actor.use_kl_loss=true",
+                           "gdro.rollout.enable=true")
+    logged = OmegaConf.to_container(trainer.config, resolve=True)  # what fit() gives Tracking
+    group = logged["gdro"]
+    assert group == logged["algorithm"]["gdro"]
+    assert (group["prompt"]["mode"], group["prompt"]["loss_signal"]) == ("reweight", "surrogate_kl")
+    assert (group["rollout"]["allocator"], group["rollout"]["arm_utility"]) == ("bandit", "loss")
+    assert (group["rollout"]["selection"], group["rollout"]["enable"]) == ("map", True)
+    assert group["classifier"]["window"] == 100 and group["classifier"]["passk_estimator"] == "pooled"
+    assert resolve_gdro(group) == trainer.gdro_settings
+    assert logged["trainer"]["v1"]["trainer_mode"] == "gdro_sync"
 
 
 def test_init_validates_the_config(tmp_path: Path) -> None:
@@ -369,3 +390,26 @@ def test_multi_output_agent_loop_counts_sessions_not_rows(tmp_path: Path, fake_t
         assert {k: v for k, v in m.items() if k != "gdro/controller_time_s"} == {
             k: v for k, v in metrics[1].items() if k != "gdro/controller_time_s"}
     assert _state_equal(multi.gdro.state_dict(), single.gdro.state_dict())
+
+
+def test_a_plus_minus_one_reward_is_correctness_above_the_threshold(tmp_path: Path, fake_tq: FakeTQ) -> None:
+    """issue 32: verl's reward managers put a plain float score under ``acc``; a +-1 reward read
+    through ``gdro.acc_key`` is correctness above ``gdro.correct_threshold`` (0.0), the same key and
+    rule as the standalone estimator, so it runs the very step a {0, 1} ``acc`` runs."""
+    for name in "abc":
+        (tmp_path / name).mkdir()
+    binary = run_step(make_trainer(tmp_path / "a"), fake_tq, 1)["metrics"]
+    signed = run_step(make_trainer(tmp_path / "b", "gdro.acc_key=score"), fake_tq, 1)["metrics"]
+    acc_keys = [k for k in binary if k.startswith("gdro/acc/")]
+    assert acc_keys and all(binary[k] == signed[k] for k in acc_keys)
+    strict = run_step(make_trainer(tmp_path / "c", "gdro.acc_key=score", "gdro.correct_threshold=1.0"), fake_tq, 1)
+    assert all(strict["metrics"][k] == 0.0 for k in acc_keys)  # nothing is above 1.0
+
+
+def test_gdro_time_is_in_verl_timing_section(tmp_path: Path, fake_tq: FakeTQ) -> None:
+    """issue 32: GDRO's time of the step goes into verl's ``timing_raw`` (logged as ``timing_s/gdro``)."""
+    trainer = make_trainer(tmp_path)
+    trainer.timing_raw = {}  # what verl's fit() sets before each step
+    out = run_step(trainer, fake_tq, 1)
+    assert trainer.timing_raw["gdro"] > 0
+    assert trainer.timing_raw["gdro"] == pytest.approx(out["metrics"]["gdro/controller_time_s"])

@@ -137,3 +137,47 @@ def test_bad_inputs_are_value_errors(tmp_path):
     p.write_text("not json\n")
     with pytest.raises(ValueError, match="not a JSON line"):
         load_series(p)
+
+
+@pytest.mark.slow  # imports verl (its FileLogger writes the files under test)
+def test_a_resumed_recipe_run_keeps_its_history(tmp_path, monkeypatch):
+    """issue 32: verl's FileLogger truncates the file it opens, so the recipes give each start of a
+    run its own file in one metrics/ folder (recipes/_common.sh); plot reads the folder as one
+    series, steps 1-4 from the first start and 3-6 (re-logged 3 and 4 win) from the resumed one."""
+    from verl.utils.tracking import FileLogger
+
+    folder = tmp_path / "metrics"
+    folder.mkdir()
+    rows = _rows(steps=6, seed=3)
+    for name, steps in (("20260101T000000Z-1.jsonl", range(1, 5)), ("20260101T010000Z-2.jsonl", range(3, 7))):
+        monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(folder / name))
+        logger = FileLogger(project_name="p", experiment_name="e")
+        for t in steps:
+            logger.log({**rows[t - 1], "gdro/resumed": float(name.endswith("2.jsonl"))}, step=t)
+        logger.finish()
+    (series,) = load_series(folder).values()
+    assert [r["step"] for r in series] == [1, 2, 3, 4, 5, 6]
+    assert [r["gdro/resumed"] for r in series] == [0.0, 0.0, 1.0, 1.0, 1.0, 1.0]
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="neither metrics.jsonl nor any"):
+        load_series(tmp_path / "empty")
+
+
+def test_recipes_log_what_plot_reads_one_file_per_start(tmp_path):
+    """The recipes' default logger includes verl's `file` and points it at a fresh file of the run's
+    metrics folder (the one `verl-gdro plot` reads) each time they start."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    stub = tmp_path / "py"
+    stub.write_text('#!/bin/sh\nprintf "%s\\n" "$VERL_FILE_LOGGER_PATH" "$@" > "$OUT"\n')
+    stub.chmod(0o755)
+    env = {**os.environ, "PYTHON": str(stub), "OUT": str(tmp_path / "argv"), "OUTPUT_DIR": str(tmp_path / "ckpt")}
+    env.pop("VERL_FILE_LOGGER_PATH", None)
+    subprocess.run(["bash", str(repo / "recipes" / "joint_qwen3_4b.sh")], check=True, env=env)
+    path, *argv = (tmp_path / "argv").read_text().splitlines()
+    assert "trainer.logger=[console,file]" in argv
+    folder = tmp_path / "ckpt" / "verl_gdro" / "joint_qwen3_4b_robust_answer_seed0" / "metrics"
+    assert Path(path).parent == folder and folder.is_dir() and path.endswith(".jsonl")

@@ -178,7 +178,8 @@ def test_data_prepared_with_another_template_is_refused(tmp_path, capsys):
     argv = recipe_argv(tmp_path, "grpo_qwen3_1.7b.sh", env={"DRY_RUN": "1"})[2:]
     assert dry_run(argv, print_config=False) == 0
     out = capsys.readouterr().out
-    assert "data.train_files" in out and "3 rows, template answer, unique indices" in out
+    assert "data.train_files" in out and "3 rows, template answer" in out
+    assert "gdro.uid_key=index: 3 training rows, unique extra_info.index" in out
     assert "steps per epoch: 0" in out  # 3 fixture rows < one batch of 256
     # Boxed-prepared rows placed where the answer template's data is expected (defect 5).
     prepare_all(tmp_path / "boxed_data", template="boxed", loader=loader)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ def _load_sweep():
     spec = importlib.util.spec_from_file_location("submit_sweep", REPO / "scripts" / "submit_sweep.py")
     mod = importlib.util.module_from_spec(spec)
     assert spec.loader is not None
+    sys.modules[spec.name] = mod  # dataclasses look their module up there
     spec.loader.exec_module(mod)
     return mod
 
@@ -33,16 +35,26 @@ def test_sweep_is_methods_x_models_x_seeds_with_grpo_once_per_preset_set():
     )
     # per model and seed: GRPO once + 2 GDRO methods x 2 presets
     assert len(jobs) == 3 * 2 * (1 + 2 * 2)
-    names = [next(a for a in j if a.startswith("--job-name=")) for j in jobs]
+    names = [next(a for a in j.argv if a.startswith("--job-name=")) for j in jobs]
     assert len(set(names)) == len(names)
-    j8 = next(j for j in jobs if "--job-name=gdro_rollout_gdro_qwen3_8b_paper_s1" in j)
-    assert "--nodes=2" in j8 and "--partition=gpu" in j8 and j8[0] == "sbatch"
-    export = next(a for a in j8 if a.startswith("--export="))
-    assert "RECIPE=rollout_gdro_qwen3_8b" in export and "SEED=1" in export and "PRESET=paper" in export
-    assert j8[-1].endswith("scripts/slurm/ray_job.sbatch")
+    j8 = next(j for j in jobs if "--job-name=gdro_rollout_gdro_qwen3_8b_paper_s1" in j.argv)
+    assert "--nodes=2" in j8.argv and "--partition=gpu" in j8.argv and j8.argv[0] == "sbatch"
+    assert "--export=ALL" in j8.argv
+    assert (j8.env["RECIPE"], j8.env["SEED"], j8.env["PRESET"]) == ("rollout_gdro_qwen3_8b", "1", "paper")
+    assert j8.argv[-1].endswith("scripts/slurm/ray_job.sbatch")
+    assert f"--output={REPO / 'logs'}/%x-%j.out" in j8.argv
     assert (REPO / "recipes" / "rollout_gdro_qwen3_8b.sh").is_file()
-    j17 = next(j for j in jobs if "--job-name=gdro_grpo_qwen3_1.7b_s0" in j)
-    assert "--nodes=1" in j17
+    j17 = next(j for j in jobs if "--job-name=gdro_grpo_qwen3_1.7b_s0" in j.argv)
+    assert "--nodes=1" in j17.argv
+
+
+def test_sweep_nodes_come_from_each_recipe():
+    """The node count is the recipe's own NNODES default (one source), unless --nodes overrides it."""
+    for method in sweep.METHODS:
+        for model, want in (("1.7b", 1), ("4b", 1), ("8b", 2)):
+            assert sweep.recipe_nodes(f"{method}_qwen3_{model}") == want
+    (job,) = sweep.build_jobs(["joint"], ["8b"], [0], ["robust"], nodes={"8b": 4})
+    assert "--nodes=4" in job.argv
 
 
 def test_sweep_validates_inputs():
@@ -52,38 +64,78 @@ def test_sweep_validates_inputs():
         sweep.build_jobs(["grpo"], ["4b"], [0], ["fast"])
     with pytest.raises(ValueError, match="--seeds"):
         sweep.build_jobs(["grpo"], ["4b"], [], ["robust"])
-    with pytest.raises(ValueError, match="cannot contain ','"):
-        sweep.build_jobs(["grpo"], ["4b"], [0], ["robust"], extra_args="a=1,b=2")
 
 
-def test_sweep_dry_run_prints_and_submits_nothing(capsys, monkeypatch):
+def test_sweep_dry_run_prints_and_submits_nothing(capsys, monkeypatch, tmp_path):
     def refuse(*a, **k):
         raise AssertionError("dry run must not call sbatch")
 
     monkeypatch.setattr(sweep.subprocess, "run", refuse)
+    logs = tmp_path / "logs"
     assert (
         sweep.main(
-            [
-                "--dry-run",
-                "--models",
-                "4b",
-                "--seeds",
-                "0",
-                "1",
-                "2",
-                "--nodes",
-                "4b=2",
-                "--env",
-                "DATA_DIR=/data",
-            ]
+            ["--dry-run", "--models", "4b", "--seeds", "0", "1", "2", "--nodes", "4b=2", "--env", "DATA_DIR=/data",
+             "--log-dir", str(logs)]
         )
         == 0
     )
     out = capsys.readouterr()
     lines = out.out.strip().splitlines()
-    assert len(lines) == 3 * 3 and all(line.startswith("sbatch ") for line in lines)
+    assert len(lines) == 3 * 3 and all(" sbatch " in line for line in lines)
     assert all("--nodes=2" in line and "DATA_DIR=/data" in line for line in lines)
     assert "9 job(s) listed (dry run)" in out.err
+    assert not logs.exists()  # a dry run creates nothing
+
+
+def test_sweep_submits_through_a_fake_sbatch_with_commas_and_the_log_folder(tmp_path):
+    """issue 32: a fake ``sbatch`` on PATH records its arguments and environment and checks that
+    the ``--output`` folder exists when it is called; values with commas reach the job intact."""
+    bin_dir, record = tmp_path / "bin", tmp_path / "calls"
+    bin_dir.mkdir()
+    record.mkdir()
+    _stub(
+        bin_dir / "sbatch",
+        f"""
+out=""
+for a in "$@"; do case $a in --output=*) out=${{a#--output=}};; esac; done
+[[ -n $out && -d $(dirname "$out") ]] || {{ echo "sbatch: output folder of '$out' missing" >&2; exit 1; }}
+n=$(ls {record} | wc -l)
+printf '%s\n' "$@" > {record}/$n.argv
+printf 'RECIPE=%s\nLOGGER=%s\nEXTRA_ARGS=%s\nDATA_DIR=%s\n' "$RECIPE" "$LOGGER" "$EXTRA_ARGS" "$DATA_DIR" > {record}/$n.env
+echo "Submitted batch job 4$n"
+""",
+    )
+    logs = tmp_path / "fresh" / "logs"  # does not exist yet: a fresh checkout
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    res = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "submit_sweep.py"), "--methods", "grpo", "joint", "--models", "8b",
+         "--presets", "release", "--log-dir", str(logs), "--env", "LOGGER=[console,wandb]", "DATA_DIR=/data",
+         "--extra-args", "gdro.classifier.bin_edges=[0.4,0.75] trainer.total_training_steps=5"],
+        env=env, capture_output=True, text=True, timeout=60, check=False,
+    )
+    assert res.returncode == 0, res.stderr
+    assert logs.is_dir()
+    envs = sorted(record.glob("*.env"))
+    assert len(envs) == 2
+    for path in envs:
+        got = dict(line.split("=", 1) for line in path.read_text().splitlines())
+        assert got["LOGGER"] == "[console,wandb]" and got["DATA_DIR"] == "/data"
+        assert got["EXTRA_ARGS"] == "gdro.classifier.bin_edges=[0.4,0.75] trainer.total_training_steps=5"
+        argv = path.with_suffix(".argv").read_text().splitlines()
+        assert "--nodes=2" in argv and "--export=ALL" in argv and f"--output={logs}/%x-%j.out" in argv
+        assert argv[-1] == str(REPO / "scripts" / "slurm" / "ray_job.sbatch")
+    assert {dict(line.split("=", 1) for line in p.read_text().splitlines())["RECIPE"] for p in envs} == {
+        "grpo_qwen3_8b", "joint_qwen3_8b"}
+
+
+def test_sbatch_template_logs_to_an_existing_folder_and_nodes_default_to_one():
+    """sbatch opens --output before the script runs: the template's default is the submit folder
+    itself, and it asks for no node count of its own (1, what the 1.7B and 4B recipes assume)."""
+    head = [line for line in (REPO / "scripts" / "slurm" / "ray_job.sbatch").read_text().splitlines()
+            if line.startswith("#SBATCH")]
+    output = next(line for line in head if "--output=" in line).split("=", 1)[1]
+    assert "/" not in output
+    assert not any("--nodes" in line for line in head)
 
 
 def _stub(path: Path, body: str) -> None:
@@ -127,7 +179,7 @@ esac
         "PYTHON": str(tmp_path / "py_capture"),
         "RAY_HEAD_WAIT": "0",
         "RAY_POLL_S": "0",
-        "EXTRA_ARGS": "trainer.total_training_steps=5",
+        "EXTRA_ARGS": "gdro.classifier.bin_edges=[0.4,0.75] trainer.total_training_steps=5",
         "DATA_DIR": "/data",
     }
     res = subprocess.run(
@@ -147,4 +199,11 @@ esac
     assert argv[:2] == ["-m", "verl.trainer.main_ppo"]
     assert "+experiment=prompt_gdro_qwen3_8b" in argv and "trainer.nnodes=3" in argv
     assert "trainer.n_gpus_per_node=8" in argv and argv[-1] == "trainer.total_training_steps=5"
+    assert argv[-2] == "gdro.classifier.bin_edges=[0.4,0.75]"  # one word, unglobbed
     assert "24 of 24 GPUs" in res.stdout
+    # fewer nodes than the recipe's model needs: refused before Ray starts
+    small = subprocess.run(
+        ["bash", str(REPO / "scripts" / "slurm" / "ray_job.sbatch")],
+        env={**env, "SLURM_JOB_NUM_NODES": "1"}, cwd=tmp_path, capture_output=True, text=True, timeout=60,
+    )
+    assert small.returncode == 2 and "sbatch --nodes=2" in small.stderr, small.stderr

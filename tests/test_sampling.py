@@ -249,11 +249,11 @@ def test_sampling_keys_are_checked(key: str, value: Any, message: str) -> None:
 def test_a_sampling_mode_needs_the_gdro_trainer() -> None:
     cfg = {
         "trainer": {"v1": {"trainer_mode": "sync"}},
-        "algorithm": {"adv_estimator": "gdro_grpo"},
+        "algorithm": {"adv_estimator": "gdro_grpo", "gdro": {"prompt": {"mode": "greso"}}},
         "actor_rollout_ref": {"rollout": {"n": 4}},
-        "gdro": {"prompt": {"mode": "greso"}},
     }
-    with pytest.raises(ValueError, match=r"^gdro.prompt.mode=greso is invalid with trainer.v1.trainer_mode='sync'"):
+    with pytest.raises(ValueError,
+                       match=r"^algorithm.gdro.prompt.mode=greso is invalid with trainer.v1.trainer_mode='sync'"):
         validate_gdro_config(cfg)
 
 

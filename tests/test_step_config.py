@@ -76,8 +76,7 @@ CASES: list[tuple[str, list[str], str]] = [
     ("negative kl_coef", ["gdro.prompt.kl_coef=-0.1"], "gdro.prompt.kl_coef"),
     ("clip_ratio_low out of [0, 1)", ["gdro.prompt.clip_ratio_low=1.0"], "gdro.prompt.clip_ratio_low"),
     ("negative clip_ratio_high", ["gdro.prompt.clip_ratio_high=-0.2"], "gdro.prompt.clip_ratio_high"),
-    ("threshold not a number", ["gdro.prompt.standalone_correct_threshold=high"],
-     "gdro.prompt.standalone_correct_threshold"),
+    ("threshold not a number", ["gdro.correct_threshold=high"], "gdro.correct_threshold"),
     ("rollout enable not a bool", ["gdro.rollout.enable=on_demand"], "gdro.rollout.enable"),
     ("n_min < 2", ["gdro.rollout.n_min=1"], "gdro.rollout.n_min"),
     ("n_max < n_min", ["gdro.rollout.n_min=6", "gdro.rollout.n_max=4"], "gdro.rollout.n_max"),
@@ -97,13 +96,14 @@ CASES: list[tuple[str, list[str], str]] = [
     ("several local updates per step", ["trainer.v1.sync.parameter_sync_step=2"],
      "trainer.v1.sync.parameter_sync_step"),
     ("rollout.n < 2", ["actor_rollout_ref.rollout.n=1"], "actor_rollout_ref.rollout.n"),
-    ("rollout.n < 2 for the standalone estimator", ["trainer.v1.trainer_mode=sync", "actor_rollout_ref.rollout.n=1"],
+    ("rollout.n < 2 for the standalone estimator",
+     ["trainer.v1.trainer_mode=sync", "~gdro", "actor_rollout_ref.rollout.n=1"],
      "actor_rollout_ref.rollout.n"),
     ("budget below n_min", ["gdro.rollout.enable=true", "gdro.rollout.n_min=6"], "actor_rollout_ref.rollout.n"),
     ("budget above n_max", ["gdro.rollout.enable=true", "gdro.rollout.n_max=3", "gdro.rollout.n_min=2"],
      "actor_rollout_ref.rollout.n"),
-    ("Rollout-GDRO without the GDRO trainer", ["trainer.v1.trainer_mode=sync", "gdro.rollout.enable=true"],
-     "gdro.rollout.enable"),
+    ("Rollout-GDRO without the GDRO trainer",
+     ["trainer.v1.trainer_mode=sync", "~gdro", "algorithm.gdro.rollout.enable=true"], "algorithm.gdro.rollout.enable"),
     ("several local updates per step, async", ["trainer.v1.trainer_mode=gdro_colocate_async",
                                                 "trainer.v1.colocate_async.parameter_sync_step=2"],
      "trainer.v1.colocate_async.parameter_sync_step"),
@@ -112,8 +112,13 @@ CASES: list[tuple[str, list[str], str]] = [
      "trainer.v1.sampler.custom_sampler.path"),
     ("estimator/trainer mismatch, async", ["trainer.v1.trainer_mode=gdro_separate_async", "algorithm.adv_estimator=grpo"],
      "algorithm.adv_estimator"),
-    ("a sampling mode without the GDRO trainer", ["trainer.v1.trainer_mode=sync", "gdro.prompt.mode=resample"],
-     "gdro.prompt.mode"),
+    ("a sampling mode without the GDRO trainer",
+     ["trainer.v1.trainer_mode=sync", "~gdro", "algorithm.gdro.prompt.mode=resample"], "algorithm.gdro.prompt.mode"),
+    # --- one namespace per path (issue 32): the GDRO trainer reads gdro, the estimator alone algorithm.gdro ---
+    ("a gdro group without the GDRO trainer", ["trainer.v1.trainer_mode=sync"], "gdro"),
+    ("algorithm.gdro alone under the GDRO trainer", ["~gdro", "algorithm.gdro.prompt.eta=0.3"], "algorithm.gdro"),
+    ("estimator key out of range", ["trainer.v1.trainer_mode=sync", "~gdro", "algorithm.gdro.prompt.eta=0"],
+     "algorithm.gdro.prompt.eta"),
     ("surrogate_kl without a reference policy", ["gdro.preset=paper"], "gdro.prompt.loss_signal"),
     ("row_index ids without the GDRO dataset", ["gdro.uid_key=row_index"], "gdro.uid_key"),
     ("algorithm.gdro disagrees with gdro", ["algorithm.gdro.prompt.eta=0.3"], "algorithm.gdro"),
@@ -125,7 +130,9 @@ CASES: list[tuple[str, list[str], str]] = [
 
 
 def config(overrides: list[str]) -> object:
-    return OmegaConf.merge(OmegaConf.create(BASE), OmegaConf.from_dotlist(overrides))
+    """BASE with dotlist overrides; ``~gdro`` removes the top-level group (Hydra's delete syntax)."""
+    base = {k: v for k, v in BASE.items() if not (k == "gdro" and "~gdro" in overrides)}
+    return OmegaConf.merge(OmegaConf.create(base), OmegaConf.from_dotlist([o for o in overrides if o != "~gdro"]))
 
 
 def refusal(overrides: list[str]) -> str:
@@ -161,8 +168,10 @@ def test_valid_variations_pass() -> None:
         ["gdro.preset=paper", "actor_rollout_ref.actor.use_kl_loss=true"],
         ["gdro.uid_key=row_index", "data.custom_cls.path=pkg://verl_gdro.integration.dataset",
          "data.custom_cls.name=GDRODataset"],
-        ["trainer.v1.trainer_mode=sync"],  # the estimator alone
-        ["gdro.enable=false", "gdro.rollout.enable=true", "trainer.v1.trainer_mode=sync"],  # all off: nothing checked
+        ["trainer.v1.trainer_mode=sync", "~gdro"],  # the estimator alone
+        ["trainer.v1.trainer_mode=sync", "~gdro", "algorithm.gdro.prompt.eta=0.3"],  # ... with its own keys
+        # all off: nothing checked
+        ["trainer.v1.trainer_mode=sync", "~gdro", "algorithm.gdro.enable=false", "algorithm.gdro.rollout.enable=true"],
         ["algorithm.gdro.prompt.eta=0.65"],  # equal to gdro: fine
         # issue 12: Rollout-GDRO with DAPO filtering / refilled failures (exact budget per generation call)
         ["gdro.rollout.enable=true", "algorithm.filter_groups.enable=true"],

@@ -10,13 +10,16 @@ the recipe would give ``python -m verl.trainer.main_ppo`` (``--config-path``, ``
    dataclass conversion of the rollout and checkpoint-engine configs, and loading the custom reward
    function the config names;
 3. ours: ``verl_gdro.step.config.validate_gdro_config`` (must be importable: a dry run that
-   skips it would pass configs the trainer refuses);
-4. the prompt template against the data: when the parquet files exist, every row's
-   ``extra_info.template`` must be the config's template and ``extra_info.index`` unique;
+   skips it would pass configs the trainer refuses), and for ``gdro_separate_async`` verl's own
+   start-up checks of that trainer (:func:`separate_async_checks`);
+4. the data, where the parquet files exist here: every row's ``extra_info.template`` must be the
+   config's template, and the stable prompt ids are checked exactly as the GDRO trainer checks
+   them (only where it reads them; :func:`data_checks`);
 5. the resolved config and the derived quantities (rollouts per step, mini-batches per step,
-   mean budget, arms, steps per epoch) are printed.
+   mean budget, arms, steps per epoch: unknown without the training file, never assumed) are
+   printed.
 
-Exit status 0 when valid, 1 with ``DRY RUN FAILED: <reason>`` on stderr when not.
+Exit status 0 when valid, 2 with ``DRY RUN FAILED: <reason>`` on stderr when not.
 """
 
 from __future__ import annotations
@@ -27,8 +30,6 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-DAPO_ROWS = 14116  # open-r1/DAPO-Math-17k-Processed, en (used when the train parquet is absent)
 
 
 class DryRunError(Exception):
@@ -188,6 +189,46 @@ def batch_checks(cfg) -> list[str]:
     return ["batch: mini-batches and GPUs divide the rollouts per step"]
 
 
+def separate_async_checks(cfg) -> list[str]:
+    """verl's own start-up checks of ``PPOTrainerSeparateAsync`` for ``gdro_separate_async``.
+
+    verl asserts them at the top of its ``__init__`` (batch = ``parameter_sync_step`` x mini-batch,
+    ``rollout.nnodes > 0``, ``rollout.n_gpus_per_node > 0``, a checkpoint engine other than
+    ``naive``, a standalone reward model's resource pool), i.e. inside verl's TaskRunner after Ray
+    has started. The dry run runs that very ``__init__`` with its base class's ``__init__`` (the
+    worker and buffer set-up) replaced by a stub that only stores the config, so verl's checks run
+    as verl wrote them, and nothing starts.
+    """
+    from omegaconf import OmegaConf
+
+    from verl_gdro.step.config import TRAINER_MODES
+
+    mode = OmegaConf.select(cfg, "trainer.v1.trainer_mode")
+    if TRAINER_MODES.get(mode, mode) != "separate_async":
+        return []
+    import types
+    from unittest import mock
+
+    from verl.trainer.ppo.v1 import trainer_separate_async as sep
+
+    def base_init(self, config):  # PPOTrainer.__init__: workers, buffers (not needed for the checks)
+        self.config = config
+        self.replay_buffer = types.SimpleNamespace(wait_for_sampleable=None, get_sampleable_count=None)
+
+    trainer = object.__new__(sep.PPOTrainerSeparateAsync)
+    try:
+        with mock.patch.object(sep.PPOTrainer, "__init__", base_init):
+            sep.PPOTrainerSeparateAsync.__init__(trainer, OmegaConf.create(OmegaConf.to_container(cfg, resolve=True)))
+    except (AssertionError, ValueError, TypeError) as e:
+        raise DryRunError(
+            f"trainer.v1.trainer_mode={mode}: verl's PPOTrainerSeparateAsync refuses this config at start: {e} "
+            "(set trainer.v1.separate_async.parameter_sync_step=1, data.train_batch_size equal to "
+            "actor_rollout_ref.actor.ppo_mini_batch_size, actor_rollout_ref.rollout.nnodes >= 1 and "
+            "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl)"
+        ) from e
+    return ["verl PPOTrainerSeparateAsync start-up checks (batch = sync step x mini-batch, rollout nodes, engine)"]
+
+
 def gdro_checks(cfg):
     """Our validation of the ``gdro`` group against the rest of the config. Fails loudly if missing."""
     try:
@@ -208,38 +249,82 @@ def _as_list(v: Any) -> list[str]:
     return [str(x) for x in v]
 
 
-def data_checks(cfg, require: bool = False) -> tuple[list[str], int | None]:
-    """Template and index checks on the parquet files that exist; returns notes and the train row count."""
+def data_checks(cfg, settings: Any = None, require: bool = False) -> tuple[list[str], int | None]:
+    """What the launch will check on the data, on the parquet files that exist here; returns notes
+    and the training row count (None unless every training file is here: never a guess).
+
+    - the prompt template (package config): every row of every file records the config's template;
+    - the stable prompt ids, only where the GDRO trainer reads them (``settings.enable`` under a
+      GDRO trainer mode): ``gdro.uid_key=index`` runs the trainer's own check
+      (:func:`verl_gdro.integration.dataset.stable_ids_from_extra_info`) on the training rows;
+      ``gdro.uid_key=row_index`` loads the dataset class verl would load (``data.custom_cls``, with
+      verl's ``get_dataset_class``) and requires a ``GDRODataset``. Validation files and the
+      estimator alone need no ids.
+    """
     import pyarrow.parquet as pq
+    from omegaconf import OmegaConf
+
+    from verl_gdro.step.config import TRAINER_MODES
 
     template = cfg.get("prompt_template", {}).get("name") if "prompt_template" in cfg else None
-    notes, train_rows = [], None
-    for key in ("data.train_files", "data.val_files"):
-        from omegaconf import OmegaConf
+    ids = (
+        settings is not None
+        and settings.enable
+        and OmegaConf.select(cfg, "trainer.v1.trainer_mode") in TRAINER_MODES
+    )
+    notes: list[str] = []
+    if ids and settings.uid_key == "row_index":
+        from verl.utils.dataset.rl_dataset import get_dataset_class
 
+        from verl_gdro.integration.dataset import check_row_index_class
+
+        try:
+            dataset_cls = get_dataset_class(cfg.data)
+        except Exception as e:
+            raise DryRunError(f"data.custom_cls: verl cannot load the dataset class: {type(e).__name__}: {e}") from e
+        try:
+            check_row_index_class(dataset_cls)
+        except ValueError as e:
+            raise DryRunError(str(e)) from e
+        notes.append(f"gdro.uid_key=row_index: data.custom_cls is {dataset_cls.__name__} (a GDRODataset)")
+    train_column: list[Any] | None = []
+    for key in ("data.train_files", "data.val_files"):
         for f in _as_list(OmegaConf.select(cfg, key)):
             p = Path(os.path.expanduser(f))
             if not p.is_file():
                 if require:
                     raise DryRunError(f"{key}: {f} does not exist (run scripts/prepare_data.sh)")
                 notes.append(f"{key}: {f} not found here (checked on the cluster at launch)")
+                if key == "data.train_files":
+                    train_column = None
                 continue
-            table = pq.read_table(p, columns=["extra_info"]).column("extra_info").to_pylist()
-            idx = [row.get("index") if row else None for row in table]
-            if any(i is None for i in idx):
-                raise DryRunError(f"{key}: {f} has rows without extra_info.index (the prompt id)")
-            if len(set(idx)) != len(idx):
-                raise DryRunError(f"{key}: {f} has duplicate extra_info.index values")
-            found = {row.get("template") for row in table}
-            if template is not None and found != {template}:
-                raise DryRunError(
-                    f"{key}: {f} was prepared with template {sorted(map(str, found))} but the config's "
-                    f"template is {template!r}: prepare the data with --template {template} or select "
-                    f"template={'/'.join(sorted(map(str, found)))}"
-                )
-            notes.append(f"{key}: {f}: {len(idx)} rows, template {template}, unique indices")
-            if key == "data.train_files":
-                train_rows = (train_rows or 0) + len(idx)
+            names = pq.read_schema(p).names
+            table = pq.read_table(p, columns=["extra_info"]).column("extra_info").to_pylist() if (
+                "extra_info" in names) else [None] * pq.read_metadata(p).num_rows
+            if template is not None:
+                found = {row.get("template") if isinstance(row, dict) else None for row in table}
+                if found != {template}:
+                    raise DryRunError(
+                        f"{key}: {f} was prepared with template {sorted(map(str, found))} but the config's "
+                        f"template is {template!r}: prepare the data with --template {template} or select "
+                        f"template={'/'.join(sorted(map(str, found)))}"
+                    )
+            notes.append(f"{key}: {f}: {len(table)} rows" + (f", template {template}" if template else ""))
+            if key == "data.train_files" and train_column is not None:
+                train_column += table
+    train_rows = None if train_column is None else len(train_column)
+    if ids and settings.uid_key == "index" and train_column:
+        from verl_gdro.integration.dataset import stable_ids_from_extra_info
+
+        try:
+            stable_ids_from_extra_info(train_column)
+        except ValueError as e:
+            raise DryRunError(f"data.train_files: {e}") from e
+        notes.append(f"gdro.uid_key=index: {len(train_column)} training rows, unique extra_info.index")
+    if train_rows is not None:
+        cap = OmegaConf.select(cfg, "data.train_max_samples", default=-1)
+        if isinstance(cap, int) and 0 < cap < train_rows:
+            train_rows = cap  # verl keeps the first train_max_samples rows
     return notes, train_rows
 
 
@@ -250,8 +335,8 @@ def derived_quantities(cfg, settings: Any, train_rows: int | None) -> dict[str, 
     mini = int(cfg.actor_rollout_ref.actor.ppo_mini_batch_size)
     epochs = int(cfg.actor_rollout_ref.actor.ppo_epochs)
     gpus = int(cfg.trainer.nnodes) * int(cfg.trainer.n_gpus_per_node)
-    rows = train_rows if train_rows is not None else DAPO_ROWS
     steps = cfg.trainer.total_training_steps
+    unknown = "unknown (no training file here)"
     out: dict[str, Any] = {
         "prompts per step": bs,
         "mean budget nbar (rollout.n)": n,
@@ -260,9 +345,11 @@ def derived_quantities(cfg, settings: Any, train_rows: int | None) -> dict[str, 
         "trajectories per mini-batch": mini * n,
         "GPUs": gpus,
         "rollouts per GPU per step": (bs * n) / gpus,
-        "steps per epoch": rows // bs,
+        "steps per epoch": unknown if train_rows is None else train_rows // bs,
         "total steps": steps,
-        "epochs over the training set": round(int(steps) * bs / rows, 2) if steps else None,
+        "epochs over the training set": (
+            unknown if train_rows is None else round(int(steps) * bs / train_rows, 2) if steps and train_rows else None
+        ),
         "validation samples per prompt": int(cfg.actor_rollout_ref.rollout.val_kwargs.n),
     }
     if settings is not None:
@@ -302,11 +389,14 @@ def dry_run(argv: list[str], require_data: bool = False, print_config: bool = Tr
             resolved = OmegaConf.to_container(cfg, resolve=True)
         except Exception as e:
             raise DryRunError(f"config does not resolve: {e}") from e
+        # ours first: a gdro key error names the key itself, not verl's validate_config (which the
+        # plugin wraps with the same check in main_ppo's driver)
+        settings = gdro_checks(cfg)
         checks = verl_checks(cfg)
         checks += batch_checks(cfg)
-        settings = gdro_checks(cfg)
         checks.append("verl_gdro.step.config.validate_gdro_config")
-        notes, train_rows = data_checks(cfg, require=require_data)
+        checks += separate_async_checks(cfg)
+        notes, train_rows = data_checks(cfg, settings, require=require_data)
         derived = derived_quantities(cfg, settings, train_rows)
     except DryRunError as e:
         print(f"DRY RUN FAILED: {e}", file=sys.stderr)

@@ -7,7 +7,8 @@ the paper's figures from their own GPU run. The two row layouts:
 - the demo's ``metrics.jsonl``: flat rows ``{"method": ..., "seed": ..., "step": ..., "gdro/...": x}``;
 - verl 0.9.1's ``FileLogger`` (``trainer.logger=[file]``, ``verl/utils/tracking.py``): one row per
   step ``{"step": N, "data": {"gdro/...": x, ...}}``; such a run is one series named ``verl``
-  (or ``--name``).
+  (or ``--name``). The recipes log to ``$OUTPUT_DIR/<project>/<run>/metrics/``, one file per
+  start of the run (verl truncates the file it opens on resume); the folder reads as one series.
 
 Figures, per series: bin share, Prompt-GDRO weight, reward (mean correctness) per bin and
 rollouts per prompt per bin, each a bins x steps heatmap with bins absent from a step masked; and,
@@ -69,13 +70,22 @@ def _rows_of(path: Path) -> list[dict[str, Any]]:
 
 
 def load_series(path: str | Path, name: str | None = None) -> dict[str, list[dict[str, Any]]]:
-    """Read a run directory, a demo ``metrics.jsonl`` or a verl file-logger JSONL.
+    """Read a run directory, a demo ``metrics.jsonl``, a verl file-logger JSONL, or a folder of
+    such JSONL files (the recipes' ``metrics/`` folder: one file per start of a resumed run).
 
     Returns ``{series name: rows sorted by step}``, each row a flat dict with ``step`` and the
     metrics. Demo series are named ``method`` (or ``method/seed<s>`` when several seeds exist);
     verl rows that carry no ``gdro/`` metric (e.g. validation-only rows) are skipped.
     """
     p = Path(path)
+    if p.is_dir() and not (p / "metrics.jsonl").exists():
+        # the recipes' metrics folder: one verl file-logger JSONL per start of the run (verl's
+        # FileLogger truncates the file it opens, so a resumed run writes a new one). Read in name
+        # order (the recipes name them by UTC start time); a re-logged step keeps its last row.
+        files = sorted(p.glob("*.jsonl"))
+        if not files:
+            raise ValueError(f"RUN_OR_JSONL={str(path)!r}: a folder with neither metrics.jsonl nor any *.jsonl file")
+        return series_from_rows([row for f in files for row in _rows_of(f)], name, source=str(p))
     if p.is_dir():
         p = p / "metrics.jsonl"
     if not p.exists():
@@ -254,7 +264,10 @@ def _scalar_figure(
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("source", metavar="RUN_OR_JSONL", help="a demo run directory, its metrics.jsonl, or verl's file-logger JSONL")
+    parser.add_argument(
+        "source", metavar="RUN_OR_JSONL",
+        help="a demo run directory, its metrics.jsonl, verl's file-logger JSONL, or a recipe's metrics/ folder of them",
+    )
     parser.add_argument("--out", default=None, help="output folder (default: <run>/plots, or next to the JSONL)")
     parser.add_argument("--name", default=None, help="series name for a verl file-logger JSONL (default: verl)")
 

@@ -193,6 +193,8 @@ def test_every_gdro_metric_logged_finite_at_every_step(gdro_run: RunResult) -> N
         # verl's own stages ran for real: rewards from math_dapo, a policy update.
         assert finite(data.get("critic/score/mean")), f"step {step}: no reward score logged"
         assert any(k.startswith("actor/") for k in data), f"step {step}: no actor update metrics"
+        # issue 32: GDRO's time in verl's own timing section
+        assert finite(data.get("timing_s/gdro")), f"step {step}: no timing_s/gdro"
 
 
 def test_realised_rollouts_equal_the_exact_budget(gdro_run: RunResult) -> None:
@@ -294,6 +296,11 @@ def test_estimator_alone_in_the_stock_sync_trainer(standalone_run: concurrent.fu
     steps = [r for r in run.metrics() if "critic/advantages/max" in r["data"]]
     assert steps, "no training step was logged"
     assert all(finite(r["data"]["critic/advantages/max"]) for r in steps)
+    # issue 31.5: the driver selected verl's checkpoint hook for the estimator's state, and the
+    # estimator's gdro/ metrics are in the row verl logged for the step
+    assert "StandaloneEstimatorCheckpoint saves the gdro_grpo estimator's state" in run.log
+    for r in steps:
+        assert r["data"].get("gdro/standalone_steps", 0) >= 1, f"no standalone gdro/ metrics in step {r['step']}"
 
 
 # -------------------------------------------------------------------------------------------------

@@ -50,7 +50,7 @@ METHOD_KEYS = ("enable", "preset", "prompt.enable", "rollout.enable", "rollout.s
 UNHONOURED_KEYS: dict[str, str] = {
     "uid_key": "the demo's prompts carry their own stable ids",
     "acc_key": "the demo's reward reports correctness itself",
-    "prompt.standalone_correct_threshold": "the demo runs the GDRO step, never the standalone estimator",
+    "correct_threshold": "the demo's reward reports binary correctness itself",
 }
 
 

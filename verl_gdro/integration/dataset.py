@@ -17,7 +17,7 @@ from verl.utils.dataset.rl_dataset import RLHFDataset
 
 from verl_gdro.step.config import ROW_INDEX_FIELD, UID_KEYS
 
-__all__ = ["GDRODataset", "stable_prompt_uids", "uid_field"]
+__all__ = ["GDRODataset", "stable_ids_from_extra_info", "stable_prompt_uids", "uid_field"]
 
 _SHOW = 5  # rows quoted in an error message
 
@@ -75,14 +75,27 @@ def stable_prompt_uids(dataset: Any, uid_key: str) -> np.ndarray:
     """
     n = len(dataset)
     if uid_key == "row_index":
-        if not isinstance(dataset, GDRODataset):
-            raise ValueError(
-                f"gdro.uid_key=row_index is invalid with dataset class {type(dataset).__name__}: set "
-                "data.custom_cls.path=pkg://verl_gdro.integration.dataset data.custom_cls.name=GDRODataset"
-            )
+        check_row_index_class(type(dataset))
         return np.arange(n, dtype=np.int64)
     uid_field(uid_key)
-    column = _extra_info_column(dataset)
+    return stable_ids_from_extra_info(_extra_info_column(dataset))
+
+
+def check_row_index_class(dataset_cls: type) -> None:
+    """``gdro.uid_key=row_index`` needs the row position, which only :class:`GDRODataset` (or a
+    subclass) adds. The trainer checks its dataset; the dry run the class verl would load."""
+    if not issubclass(dataset_cls, GDRODataset):
+        raise ValueError(
+            f"gdro.uid_key=row_index is invalid with dataset class {dataset_cls.__name__}: set "
+            "data.custom_cls.path=pkg://verl_gdro.integration.dataset data.custom_cls.name=GDRODataset"
+        )
+
+
+def stable_ids_from_extra_info(column: list[Any]) -> np.ndarray:
+    """``gdro.uid_key=index``: the validated ``extra_info.index`` of every row of an ``extra_info``
+    column (a dict or None per row). The trainer calls it on its dataset, the dry run on the parquet
+    files, so both accept exactly the same rows."""
+    n = len(column)
     uids = np.empty(n, dtype=np.int64)
     missing: list[int] = []
     bad: list[tuple[int, Any]] = []
@@ -101,7 +114,7 @@ def stable_prompt_uids(dataset: Any, uid_key: str) -> np.ndarray:
             f"gdro.uid_key=index: {len(missing)} of {n} training rows have no extra_info.index (rows "
             f"{missing[:_SHOW]}{' ...' if len(missing) > _SHOW else ''}); verl would give them all index 0. Give "
             "every row a unique integer extra_info.index (its row number is fine), or use gdro.uid_key=row_index "
-            "with data.custom_cls.name=GDRODataset"
+            "with data.custom_cls.path=pkg://verl_gdro.integration.dataset data.custom_cls.name=GDRODataset"
         )
     if bad:
         row, value = bad[0]

@@ -13,11 +13,14 @@ run uses the GDRO trainer or the ``gdro_grpo`` estimator, then verl's own checks
 from __future__ import annotations
 
 import functools
+import logging
 from typing import Any
 
 from verl_gdro.step.config import ESTIMATOR_NAME, TRAINER_MODES, validate_gdro_config
 
-__all__ = ["install_driver_validation", "uses_gdro", "uses_gdro_trainer"]
+__all__ = ["install_driver_validation", "select_standalone_checkpoint", "uses_gdro", "uses_gdro_trainer"]
+
+logger = logging.getLogger(__name__)
 
 _MARK = "_verl_gdro_driver_validation"
 
@@ -33,14 +36,58 @@ def uses_gdro_trainer(config: Any) -> bool:
 
 
 def uses_gdro(config: Any) -> bool:
-    """True for the GDRO trainer or the ``gdro_grpo`` estimator alone (whose group checks, e.g.
-    ``rollout.n >= 2`` or Rollout-GDRO without the trainer, also belong before Ray)."""
+    """True for the GDRO trainer, the ``gdro_grpo`` estimator alone (whose group checks, e.g.
+    ``rollout.n >= 2`` or Rollout-GDRO without the trainer, also belong before Ray), or a config
+    with a top-level ``gdro`` group (refused outside the GDRO trainer: nothing would read it)."""
     if uses_gdro_trainer(config):
         return True
+    try:
+        if config.get("gdro", None) is not None:
+            return True
+    except Exception:
+        pass
     try:
         return config.algorithm.adv_estimator == ESTIMATOR_NAME
     except Exception:
         return False
+
+
+def _log_resolved_estimator_group(config: Any, settings: Any) -> None:
+    """The estimator alone: ``algorithm.gdro`` becomes its resolved settings (the preset's values
+    instead of nulls), so the config verl logs (e.g. wandb's run config) says what ran; the
+    estimator resolves it to the same settings."""
+    from omegaconf import OmegaConf, open_dict
+
+    with open_dict(config):
+        config.algorithm.gdro = OmegaConf.create(settings.to_dict())
+
+
+def select_standalone_checkpoint(config: Any) -> str:
+    """The estimator alone keeps Prompt-GDRO's state in the trainer process: have verl save it with
+    its checkpoints through its one hook, ``trainer.checkpoint_callback_class``
+    (:class:`verl_gdro.integration.checkpoint.StandaloneEstimatorCheckpoint`), when the run names no
+    callback of its own. Returns what was done: ``selected``, ``kept`` (ours already), or
+    ``warned`` (another callback, or the legacy trainer, which has no such hook)."""
+    from omegaconf import open_dict
+
+    from verl_gdro.integration.checkpoint import CALLBACK_CLASS
+
+    trainer = config.trainer
+    current = trainer.get("checkpoint_callback_class", None)
+    if current == CALLBACK_CLASS:
+        return "kept"
+    if trainer.get("use_v1", True) is True and not current:
+        with open_dict(config):
+            trainer.checkpoint_callback_class = CALLBACK_CLASS
+        logger.info("verl-gdro: trainer.checkpoint_callback_class=%s saves the gdro_grpo estimator's state", CALLBACK_CLASS)
+        return "selected"
+    logger.warning(
+        "verl-gdro: the gdro_grpo estimator's Prompt-GDRO state is not saved with this run's checkpoints (%s): a "
+        "resumed run restarts it. Use trainer.checkpoint_callback_class=%s (or a subclass of it) on the V1 trainer",
+        f"trainer.checkpoint_callback_class={current}" if current else "trainer.use_v1=false has no checkpoint hook",
+        CALLBACK_CLASS,
+    )
+    return "warned"
 
 
 def install_driver_validation() -> bool:
@@ -55,7 +102,11 @@ def install_driver_validation() -> bool:
     def validate_config(*args: Any, **kwargs: Any) -> Any:
         config = kwargs.get("config", args[0] if args else None)
         if config is not None and uses_gdro(config):
-            validate_gdro_config(config)
+            settings = validate_gdro_config(config)
+            if not uses_gdro_trainer(config) and config.algorithm.get("adv_estimator") == ESTIMATOR_NAME:
+                _log_resolved_estimator_group(config, settings)
+                if settings.enable and settings.prompt.enable:
+                    select_standalone_checkpoint(config)
         return original(*args, **kwargs)
 
     setattr(validate_config, _MARK, True)

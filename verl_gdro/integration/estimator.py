@@ -17,7 +17,7 @@ entry point), selected with ``algorithm.adv_estimator=gdro_grpo``. verl calls it
      per-uid multipliers of the step, computed from the classifier's bins and S_{t-1};
    - otherwise **standalone** (any recipe that keeps its own trainer; Prompt-GDRO ``reweight``
      and Rollout-GDRO off unless set otherwise, which is then refused): each group is binned by its
-     own correctness this step (outcome reward > ``gdro.prompt.standalone_correct_threshold``),
+     own correctness this step (outcome reward > ``algorithm.gdro.correct_threshold``),
      Prompt-GDRO's state lives in this process across steps, and the loss signal is the failure
      rate (an estimator sees no log-probs). Logged once.
 
@@ -27,13 +27,16 @@ entry point), selected with ``algorithm.adv_estimator=gdro_grpo``. verl calls it
 With Prompt-GDRO disabled (or multipliers all exactly 1) and no advantage clip, the result
 equals verl's ``grpo`` bit for bit on every group of two or more responses.
 
-Settings come from ``config["gdro"]`` (i.e. ``algorithm.gdro``; the GDRO trainer copies the
-top-level ``gdro`` group there). Missing keys take the package defaults.
+Settings: standalone, ``config["gdro"]`` (i.e. ``algorithm.gdro``, the only namespace this path
+reads), resolved by :func:`verl_gdro.step.config.estimator_settings`, the function the dry run and
+the driver check use too; inside a GDRO trainer step, the trainer's settings (its top-level
+``gdro`` group, also copied to ``algorithm.gdro``). Missing keys take the package defaults.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from itertools import repeat
 from typing import Any
 
@@ -42,11 +45,24 @@ import torch
 from verl.trainer.ppo import core_algos
 
 from verl_gdro.classifier import raw_bin
+from verl_gdro.integration.glue import correctness
+from verl_gdro.metrics import step_metrics
 from verl_gdro.prompt_gdro import PromptGDRO
-from verl_gdro.step.config import ESTIMATOR_NAME, GDROSettings, resolve_gdro
+from verl_gdro.step.config import ESTIMATOR_NAME, GDROSettings, estimator_settings, resolve_gdro
 from verl_gdro.step.context import PADDING_UID_PREFIX, current_step, uid_keys
 
-__all__ = ["ESTIMATOR_NAME", "compute_gdro_grpo_advantage", "reset_standalone", "standalone_state"]
+__all__ = [
+    "ESTIMATOR_NAME",
+    "compute_gdro_grpo_advantage",
+    "export_standalone",
+    "import_standalone",
+    "pop_standalone_metrics",
+    "reset_standalone",
+    "standalone_state",
+]
+
+#: version of :func:`export_standalone`'s layout
+STANDALONE_STATE_VERSION = 1
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +76,10 @@ class _Standalone:
         self.steps = 0
         self.logged = False
         self.last: dict[str, Any] = {}
+        #: the last step's gdro/ metrics, until the trainer's logger takes them (pop_standalone_metrics)
+        self.metrics: dict[str, float] = {}
+        #: state restored from a checkpoint (import_standalone), applied when the controller is built
+        self.pending: dict[str, Any] | None = None
 
     def controller(self, settings: GDROSettings) -> PromptGDRO:
         if self.prompt is None or self.settings != settings:
@@ -68,7 +88,25 @@ class _Standalone:
             self.settings = settings
             self.prompt = PromptGDRO(**settings.prompt.kwargs(settings.num_bins))
             self.steps = 0
+            if self.pending is not None:
+                self._restore(settings)
         return self.prompt
+
+    def _restore(self, settings: GDROSettings) -> None:
+        state, self.pending = self.pending, None
+        assert state is not None and self.prompt is not None
+        if state.get("settings") != settings.to_dict():
+            logger.warning(
+                "gdro_grpo (standalone): the checkpoint's Prompt-GDRO state was saved under other algorithm.gdro "
+                "settings; it restarts from scratch"
+            )
+            return
+        prompt = dict(state["prompt"])
+        prompt["scores"] = np.asarray(prompt["scores"], dtype=np.float64)
+        prompt["observed"] = np.asarray(prompt["observed"], dtype=bool)
+        self.prompt.load_state_dict(prompt)
+        self.steps = int(state["steps"])
+        logger.info("gdro_grpo (standalone): Prompt-GDRO state restored at its step %d", self.steps)
 
 
 _STANDALONE = _Standalone()
@@ -83,6 +121,40 @@ def standalone_state() -> dict[str, Any]:
     }
 
 
+def export_standalone() -> dict[str, Any] | None:
+    """The standalone state as plain JSON values (settings, Prompt-GDRO state, steps), or None
+    before the first step. Saved beside verl's checkpoint by
+    :class:`verl_gdro.integration.checkpoint.StandaloneEstimatorCheckpoint`."""
+    if _STANDALONE.prompt is None or _STANDALONE.settings is None:
+        return None
+    prompt = _STANDALONE.prompt.state_dict()
+    prompt["scores"] = prompt["scores"].tolist()
+    prompt["observed"] = prompt["observed"].tolist()
+    return {
+        "version": STANDALONE_STATE_VERSION,
+        "settings": _STANDALONE.settings.to_dict(),
+        "prompt": prompt,
+        "steps": _STANDALONE.steps,
+    }
+
+
+def import_standalone(state: dict[str, Any]) -> None:
+    """Restore :func:`export_standalone` output: applied when the estimator builds its controller at
+    its first step (the settings are known then); state saved under other settings is refused
+    with a warning and the state restarts."""
+    if state.get("version") != STANDALONE_STATE_VERSION:
+        raise ValueError(f"gdro_grpo standalone state version {state.get('version')!r} is not {STANDALONE_STATE_VERSION}")
+    _STANDALONE.prompt = None
+    _STANDALONE.settings = None
+    _STANDALONE.pending = dict(state)
+
+
+def pop_standalone_metrics() -> dict[str, float]:
+    """The ``gdro/`` metrics of the standalone estimator's last step, once (then empty)."""
+    out, _STANDALONE.metrics = _STANDALONE.metrics, {}
+    return out
+
+
 def reset_standalone() -> None:
     """Forget the standalone state (a new run in the same process; tests)."""
     global _STANDALONE
@@ -90,13 +162,15 @@ def reset_standalone() -> None:
 
 
 def _settings_from(config: Any, standalone: bool = False) -> GDROSettings:
+    if standalone:
+        return estimator_settings(config)
     group = None
     if config is not None:
         try:
             group = config.get("gdro", None)
         except AttributeError:
             group = getattr(config, "gdro", None)
-    return resolve_gdro(group, standalone=standalone)
+    return resolve_gdro(group)
 
 
 def _norm_by_std(config: Any) -> bool:
@@ -130,27 +204,29 @@ def _standalone_multipliers(
     then update S with the failure rate (reward-only loss signal)."""
     if settings.prompt.mode != "reweight":
         raise ValueError(
-            f"gdro.prompt.mode={settings.prompt.mode} is invalid for the standalone gdro_grpo estimator: only the GDRO "
-            "trainer's sampler can draw the prompts; use trainer.v1.trainer_mode=gdro_sync or gdro.prompt.mode=reweight"
+            f"algorithm.gdro.prompt.mode={settings.prompt.mode} is invalid for the standalone gdro_grpo estimator: only "
+            "the GDRO trainer's sampler can draw the prompts; use trainer.v1.trainer_mode=gdro_sync or "
+            "algorithm.gdro.prompt.mode=reweight"
         )
     if settings.rollout.enable:
         raise ValueError(
-            "gdro.rollout.enable=True is invalid for the standalone gdro_grpo estimator: Rollout-GDRO chooses "
+            "algorithm.gdro.rollout.enable=True is invalid for the standalone gdro_grpo estimator: Rollout-GDRO chooses "
             "rollouts before generation; use trainer.v1.trainer_mode=gdro_sync"
         )
     if not _STANDALONE.logged:
         logger.warning(
             "gdro_grpo runs STANDALONE (no GDRO trainer step open): each prompt is binned by its own group's "
-            "correctness this step (outcome reward > gdro.prompt.standalone_correct_threshold=%s), Prompt-GDRO "
+            "correctness this step (outcome reward > algorithm.gdro.correct_threshold=%s), Prompt-GDRO "
             "state is kept in this process, loss signal = failure rate. Use trainer.v1.trainer_mode=gdro_sync "
             "for the online classifier and Rollout-GDRO.",
-            settings.prompt.standalone_correct_threshold,
+            settings.correct_threshold,
         )
         _STANDALONE.logged = True
+    t0 = time.perf_counter()
     prompt = _STANDALONE.controller(settings)
     num_groups = padding.size
     valid_row = ~padding[inverse]
-    correct = (scores > settings.prompt.standalone_correct_threshold).astype(np.float64)
+    correct = correctness(scores, settings.correct_threshold, "gdro_grpo outcome reward")
     sums = np.bincount(inverse[valid_row], weights=correct[valid_row], minlength=num_groups)
     counts = np.bincount(inverse[valid_row], minlength=num_groups)
     real = counts > 0
@@ -160,9 +236,20 @@ def _standalone_multipliers(
     mult = np.ones(scores.shape[0])
     row_bins = group_bins[inverse[valid_row]]
     mult[valid_row] = prompt.multipliers(row_bins)
-    prompt.update(group_bins[real], 1.0 - rate[real])
+    # the per-bin weights this step used (what the metrics log as prompt_weight)
+    weights = prompt.bin_multipliers(row_bins) if row_bins.size else np.ones(settings.num_bins)
+    update = prompt.update(group_bins[real], 1.0 - rate[real])
     _STANDALONE.steps += 1
     _STANDALONE.last = {"group_bins": group_bins[real].copy(), "group_success_rate": rate[real].copy()}
+    if not real.any():
+        return mult
+    _STANDALONE.metrics = step_metrics(
+        settings.num_bins, group_bins[real], sums[real], counts[real].astype(np.float64),
+        prompt_weights=weights, q=prompt.bin_probs(), scores=prompt.scores, omega=prompt.omega(),
+        bin_losses=update.get("mean_losses"), controller_time_s=time.perf_counter() - t0,
+        dropped_nonfinite_total=int(prompt.dropped_nonfinite),
+    )
+    _STANDALONE.metrics["gdro/standalone_steps"] = float(_STANDALONE.steps)
     return mult
 
 

@@ -34,8 +34,16 @@ from verl_gdro.step.context import PADDING_UID_PREFIX, RowPlan
 if TYPE_CHECKING:
     from verl_gdro.step.controller import GDROController
 
-__all__ = ["ConsumedBatch", "acc_from_extra_fields", "consume", "flow_metrics", "later_outputs", "observe_update",
-           "real_rows"]
+__all__ = [
+    "ConsumedBatch",
+    "acc_from_extra_fields",
+    "consume",
+    "correctness",
+    "flow_metrics",
+    "later_outputs",
+    "observe_update",
+    "real_rows",
+]
 
 
 def _is_padding_tag(tag: Mapping[str, Any] | None) -> bool:
@@ -69,6 +77,17 @@ def real_rows(
 
 
 _REWARD_EXTRA_INFO = itemgetter("reward_extra_info")
+
+
+def correctness(values: NDArray[np.float64], threshold: float, source: str = "gdro.acc_key") -> NDArray[np.float64]:
+    """Binary correctness (1.0 / 0.0) of the reward's values (``source`` names them in an error): correct when above
+    ``gdro.correct_threshold``. verl's reward managers put a reward function's plain float score
+    under ``acc``, so a +-1 or shaped score arrives here as well as a {0, 1} correctness; the
+    standalone estimator applies the same threshold to its outcome reward. A non-finite value is
+    refused (it would silently count as a failure)."""
+    if values.size and not np.all(np.isfinite(values)):
+        raise ValueError(f"{source}: the reward returned a non-finite value; correctness needs a finite number")
+    return (values > threshold).astype(np.float64)
 
 
 def acc_from_extra_fields(

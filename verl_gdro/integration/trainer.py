@@ -62,6 +62,7 @@ from verl_gdro.integration.glue import (
     ConsumedBatch,
     acc_from_extra_fields,
     consume,
+    correctness,
     flow_metrics,
     later_outputs,
     observe_update,
@@ -74,7 +75,6 @@ from verl_gdro.step.config import (
     TRAINER_MODES,
     TRAINER_NAME,
     GDROSettings,
-    to_plain,
     validate_gdro_config,
 )
 from verl_gdro.step.context import gdro_step, uid_keys
@@ -156,10 +156,16 @@ class GDROTrainerMixin:
             # verl switches on its async machinery for trainer_mode != "sync" and reads the mode's
             # settings from trainer.v1.<mode>: give it its own mode name.
             config.trainer.v1.trainer_mode = TRAINER_MODES[self.GDRO_MODE]
-            # The estimator only sees the `algorithm` group: give it the same gdro settings.
-            if config.get("gdro") is not None:
-                config.algorithm.gdro = OmegaConf.create(to_plain(config.gdro))
+            # The resolved settings replace the group (preset values instead of nulls: the config
+            # verl logs, e.g. to wandb, says what ran; resolve_gdro gives the same settings back),
+            # and the estimator, which only sees the `algorithm` group, gets the same group.
+            config.gdro = OmegaConf.create(settings.to_dict())
+            config.algorithm.gdro = OmegaConf.create(settings.to_dict())
         super().__init__(config)  # type: ignore[call-arg]
+        with open_dict(config):
+            # verl read its mode above (self.trainer_mode); the config it logs at fit() names the
+            # GDRO mode that runs
+            config.trainer.v1.trainer_mode = self.GDRO_MODE
         self.gdro_settings: GDROSettings = settings
         # one line at start naming the adversaries (both are on by default, so a user who sets one
         # switch still runs the other: say so before the first step)
@@ -299,13 +305,14 @@ class GDROTrainerMixin:
 
     def _read_acc(self, data: Any, rows: np.ndarray, keys: list[str], partition_id: str) -> np.ndarray:
         """Per-trajectory correctness from the reward's extra info (streaming reward: inside
-        ``extra_fields.reward_extra_info``; colocated reward model: a top-level field)."""
+        ``extra_fields.reward_extra_info``; colocated reward model: a top-level field), thresholded
+        at ``gdro.correct_threshold``."""
         key = self.gdro_settings.acc_key
         available: set[str] = set()
         if "extra_fields" in data.keys():
             found, available = acc_from_extra_fields(_as_list(data["extra_fields"]), rows, key)
             if found is not None:
-                return found
+                return correctness(found, self.gdro_settings.correct_threshold, f"gdro.acc_key={key!r}")
         values: list[Any] | None = None
         try:
             top = tq.kv_batch_get(keys=keys, partition_id=partition_id, select_fields=[key])
@@ -320,7 +327,9 @@ class GDROTrainerMixin:
                 f"{sorted(available)}): the reward function must return a dict with the binary correctness under "
                 f"'{key}' (e.g. verl's math_dapo returns 'acc'), or set gdro.acc_key to the key it uses"
             )
-        return np.asarray(values, dtype=np.float64)  # bools, ints, floats, numpy scalars: one C-level pass
+        # bools, ints, floats, numpy scalars: one C-level pass
+        return correctness(np.asarray(values, dtype=np.float64), self.gdro_settings.correct_threshold,
+                           f"gdro.acc_key={key!r}")
 
     def _compute_advantage(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
         if self.gdro is None:
@@ -386,6 +395,10 @@ class GDROTrainerMixin:
                                       extra_time_s=self._gdro_time, **extra)
         self._gdro_time = 0.0
         step_metrics.update(step_draw_metrics(self.gdro_sampler, self._gdro_batch_price))
+        # verl's own timing section (timing_s/gdro): fit() hands self.timing_raw to the step
+        timing = getattr(self, "timing_raw", None)
+        if isinstance(timing, dict):
+            timing["gdro"] = timing.get("gdro", 0.0) + float(step_metrics.get("gdro/controller_time_s", 0.0))
         return step_metrics
 
 

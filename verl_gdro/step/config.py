@@ -10,7 +10,7 @@ Two entry points:
 
 - :func:`resolve_gdro` turns the ``gdro`` group alone into a frozen :class:`GDROSettings`
   (defaults from the package YAML, ``null`` keys from ``gdro.preset``, every key range-checked).
-  The estimator uses it on ``algorithm.gdro``, where it runs without the rest of the config.
+  :func:`estimator_settings` applies it to ``algorithm.gdro``, the group the estimator alone reads.
 - :func:`validate_gdro_config` does that and then checks the group against the rest of the verl
   config (trainer mode, estimator, ``rollout.n``, data loader, reference policy, ...). The GDRO
   trainer calls it at init; recipes call it in their dry run.
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from functools import lru_cache
@@ -49,6 +50,7 @@ __all__ = [
     "PromptSettings",
     "RolloutSettings",
     "default_gdro_group",
+    "estimator_settings",
     "resolve_gdro",
     "to_plain",
     "validate_gdro_config",
@@ -145,7 +147,6 @@ class PromptSettings:
     clip_ratio_low: float
     clip_ratio_high: float
     clip_ratio_c: float
-    standalone_correct_threshold: float
     #: sampling modes: the uniform exploration floor, the evidence's per-visit decay, GRESO's
     #: revisit probability and the band's width (docs/algorithm.md, "Prompt sampling modes"); their
     #: defaults are the package YAML's, like every other key's
@@ -197,6 +198,9 @@ class GDROSettings:
     prompt: PromptSettings
     rollout: RolloutSettings
     advantage_clip: float | None = None
+    #: a response is correct when its correctness value is above this: the trainer's
+    #: ``reward_extra_info[acc_key]``, the standalone estimator's outcome reward
+    correct_threshold: float = 0.0
 
     @property
     def num_bins(self) -> int:
@@ -445,7 +449,6 @@ def _resolve_prompt(c: dict[str, Any], preset: str, num_bins: int) -> PromptSett
         clip_ratio_low=low,
         clip_ratio_high=high,
         clip_ratio_c=_float(f"{p}.clip_ratio_c", signal["clip_ratio_c"], low=1.0, low_open=True),
-        standalone_correct_threshold=_float(f"{p}.standalone_correct_threshold", c["standalone_correct_threshold"]),
         explore=_float(f"{p}.explore", c["explore"], 0.0, 1.0, low_open=True),
         rate_decay=_float(f"{p}.rate_decay", c["rate_decay"], 0.0, 1.0, low_open=True),
         revisit=_float(f"{p}.revisit", c["revisit"], 0.0, 1.0, low_open=True),
@@ -558,7 +561,36 @@ def resolve_gdro(group: Any = None, standalone: bool = False) -> GDROSettings:
         prompt=_resolve_prompt(c["prompt"], preset, classifier.num_bins),
         rollout=_resolve_rollout(c["rollout"], preset),
         advantage_clip=advantage_clip,
+        correct_threshold=_float("gdro.correct_threshold", c["correct_threshold"]),
     )
+
+
+def _group_of(parent: Any) -> Any:
+    """The ``gdro`` entry of ``parent`` (a mapping, DictConfig or verl's config dataclass), or None."""
+    if parent is None:
+        return None
+    try:
+        return parent.get("gdro", None)
+    except (AttributeError, TypeError):
+        return getattr(parent, "gdro", None)
+
+
+_GDRO_KEY = re.compile(r"(?<![\w.])gdro(?=[.= ])")
+
+
+def estimator_settings(algorithm: Any) -> GDROSettings:
+    """The settings of the ``gdro_grpo`` estimator alone (no GDRO trainer step open): the
+    ``algorithm.gdro`` group, resolved with the standalone path defaults.
+
+    ``algorithm`` is the group verl hands an estimator (``config=``). The estimator calls this at
+    run time and :func:`validate_gdro_config` (the dry run, the driver check) calls it on the
+    composed config's ``algorithm``, so both resolve every key alike. Errors name
+    ``algorithm.gdro.<key>``: that is the namespace this path reads.
+    """
+    try:
+        return resolve_gdro(_group_of(algorithm), standalone=True)
+    except ValueError as e:
+        raise ValueError(_GDRO_KEY.sub("algorithm.gdro", str(e))) from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -588,26 +620,41 @@ def _select(cfg: Any, path: str, default: Any = None) -> Any:
 def validate_gdro_config(cfg: Any) -> GDROSettings:
     """Validate a whole verl config (DictConfig or nested dict) that uses verl-gdro; return the settings.
 
-    The ``gdro`` group is resolved with :func:`resolve_gdro` (top-level ``gdro``, else
-    ``algorithm.gdro``, else defaults), then checked against the rest of the config. Raises a
-    ValueError that names the offending key. Callable without Ray, torch or verl.
+    One namespace per path: under the GDRO trainer the top-level ``gdro`` group is resolved with
+    :func:`resolve_gdro` (an ``algorithm.gdro`` that differs from it is refused); otherwise the
+    estimator's own :func:`estimator_settings` resolves ``algorithm.gdro`` and a top-level ``gdro``
+    group, which nothing would read, is refused. Then the settings are checked against the rest of
+    the config. Raises a ValueError that names the offending key. Callable without Ray, torch or verl.
     """
     trainer_mode = _select(cfg, "trainer.v1.trainer_mode")
     adv = _select(cfg, "algorithm.adv_estimator")
     gdro_trainer = trainer_mode in TRAINER_MODES
     top = _select(cfg, "gdro")
     algo_group = _select(cfg, "algorithm.gdro")
-    if top is not None and algo_group is not None:
-        if to_plain(top) != to_plain(algo_group):
-            # Both are given and differ: the estimator reads algorithm.gdro, the trainer gdro.
-            a, b = resolve_gdro(top, not gdro_trainer), resolve_gdro(algo_group, not gdro_trainer)
-            if a != b:
+    # One namespace per path: the GDRO trainer reads the top-level gdro group (and hands it to the
+    # estimator as algorithm.gdro); the estimator in verl's own trainer reads algorithm.gdro only.
+    if gdro_trainer:
+        if top is None and algo_group is not None:
+            raise ValueError(
+                f"algorithm.gdro is invalid with trainer.v1.trainer_mode={trainer_mode}: the GDRO trainer reads the "
+                "top-level gdro group (and hands it to the estimator); set +gdro.<key>=... instead"
+            )
+        if top is not None and algo_group is not None and to_plain(top) != to_plain(algo_group):
+            if resolve_gdro(top) != resolve_gdro(algo_group):
                 raise ValueError(
-                    "algorithm.gdro disagrees with gdro: the estimator reads algorithm.gdro; set only gdro.* "
-                    "(the package config mirrors it into algorithm.gdro) or make them equal"
+                    "algorithm.gdro disagrees with gdro: the GDRO trainer reads gdro and hands it to the estimator; "
+                    "set only gdro.* (the package config mirrors it into algorithm.gdro) or make them equal"
                 )
-    # the estimator in a trainer of its own resolves the path defaults as it will at run time
-    settings = resolve_gdro(top if top is not None else algo_group, standalone=not gdro_trainer)
+        settings = resolve_gdro(top)
+    else:
+        if top is not None:
+            raise ValueError(
+                f"gdro is invalid with trainer.v1.trainer_mode={trainer_mode!r}: the top-level gdro group is read "
+                f"only by the GDRO trainer ({'|'.join(TRAINER_MODES)}); the {ESTIMATOR_NAME} estimator in verl's own "
+                "trainer reads algorithm.gdro: set +algorithm.gdro.<key>=... on verl's ppo_trainer config instead, or "
+                f"set trainer.v1.trainer_mode={TRAINER_NAME}"
+            )
+        settings = estimator_settings(_select(cfg, "algorithm"))
 
     gdro_estimator = adv == ESTIMATOR_NAME
     n = _select(cfg, "actor_rollout_ref.rollout.n")
@@ -658,7 +705,7 @@ def validate_gdro_config(cfg: Any) -> GDROSettings:
         r = settings.rollout
         if not gdro_trainer:
             raise ValueError(
-                f"gdro.rollout.enable=True is invalid with trainer.v1.trainer_mode={trainer_mode!r}: Rollout-GDRO "
+                f"algorithm.gdro.rollout.enable=True is invalid with trainer.v1.trainer_mode={trainer_mode!r}: Rollout-GDRO "
                 f"chooses rollouts before generation, which only the GDRO trainer does; set "
                 f"trainer.v1.trainer_mode={TRAINER_NAME}"
             )
@@ -671,9 +718,9 @@ def validate_gdro_config(cfg: Any) -> GDROSettings:
 
     if settings.resamples and not gdro_trainer:
         raise ValueError(
-            f"gdro.prompt.mode={settings.prompt.mode} is invalid with trainer.v1.trainer_mode={trainer_mode!r}: only "
-            f"the GDRO trainer's sampler can draw the prompts; set trainer.v1.trainer_mode={TRAINER_NAME} or "
-            "gdro.prompt.mode=reweight"
+            f"algorithm.gdro.prompt.mode={settings.prompt.mode} is invalid with trainer.v1.trainer_mode={trainer_mode!r}: "
+            f"only the GDRO trainer's sampler can draw the prompts; set trainer.v1.trainer_mode={TRAINER_NAME} or "
+            "algorithm.gdro.prompt.mode=reweight"
         )
 
     if gdro_trainer and settings.enable and settings.prompt.enable and settings.prompt.loss_signal == "surrogate_kl":
@@ -686,7 +733,8 @@ def validate_gdro_config(cfg: Any) -> GDROSettings:
                 "gdro.prompt.loss_signal=failure_rate"
             )
 
-    settings = _signals_follow_actor(cfg, settings, top if top is not None else algo_group)
+    if gdro_trainer:  # the loss signals are computed by the GDRO trainer only
+        settings = _signals_follow_actor(cfg, settings, top)
 
     if gdro_trainer and settings.enable and settings.uid_key == "row_index":
         custom = _select(cfg, "data.custom_cls.path")

@@ -1,0 +1,119 @@
+"""The standalone ``gdro_grpo`` estimator's state beside verl's checkpoint, and its metrics in verl's log.
+
+The estimator alone (``algorithm.adv_estimator=gdro_grpo`` in a trainer of verl's own) keeps
+Prompt-GDRO's scores in the trainer process (:mod:`verl_gdro.integration.estimator`). verl 0.9.1's
+V1 trainer offers one checkpoint hook, ``trainer.checkpoint_callback_class``: a
+:class:`~verl.trainer.ppo.checkpoint_callback.CheckpointCallback` it builds in the trainer's
+``__init__`` (in the trainer process, before it loads a checkpoint) and whose ``on_save`` it calls
+after each save with the ``global_step_N`` folder. :class:`StandaloneEstimatorCheckpoint` uses it:
+
+- ``on_save`` writes the estimator's state to ``<global_step_N>/gdro_estimator.json``;
+- its constructor finds the folder verl is about to resume from, by verl's own rules
+  (``trainer.resume_mode`` ``auto`` / ``resume_path``, ``find_latest_ckpt_path``), and hands the
+  saved state to the estimator, which applies it at its first step; a resumed run without that
+  file warns once that Prompt-GDRO's state restarts.
+
+verl has no hook that hands a callback or an estimator the step's metrics dict; the same
+constructor therefore wraps ``verl.utils.tracking.Tracking.log`` (process-local, once) so that
+the row verl logs for a training step also carries the estimator's ``gdro/`` metrics of that step.
+
+The ``main_ppo`` driver check (:mod:`verl_gdro.integration.driver`) selects this class when a run
+uses the estimator alone and names no callback of its own.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+from typing import Any
+
+from verl.trainer.ppo.checkpoint_callback import CheckpointCallback
+
+from verl_gdro.integration import estimator
+
+__all__ = ["CALLBACK_CLASS", "STATE_FILE", "StandaloneEstimatorCheckpoint", "install_metrics_logging", "resume_folder"]
+
+logger = logging.getLogger(__name__)
+
+STATE_FILE = "gdro_estimator.json"
+CALLBACK_CLASS = "verl_gdro.integration.checkpoint.StandaloneEstimatorCheckpoint"
+_MARK = "_verl_gdro_standalone_metrics"
+
+
+def resume_folder(config: Any) -> str | None:
+    """The ``global_step_N`` folder verl 0.9.1's V1 trainer resumes from (``_load_checkpoint``'s
+    rules), or None when it starts from scratch."""
+    from verl.utils.checkpoint.checkpoint_manager import find_latest_ckpt_path
+
+    trainer = config.trainer
+    mode = trainer.get("resume_mode", "auto")
+    if mode == "auto":
+        folder = trainer.default_local_dir
+        if not os.path.isabs(folder):
+            folder = os.path.join(os.getcwd(), folder)
+        return find_latest_ckpt_path(folder)
+    if mode == "resume_path":
+        path = trainer.get("resume_from_path", None)
+        if not isinstance(path, str) or "global_step_" not in path:
+            return None  # verl asserts on this itself
+        return path if os.path.isabs(path) else os.path.join(os.getcwd(), path)
+    return None
+
+
+def install_metrics_logging() -> bool:
+    """Wrap ``Tracking.log`` once: a training-step row (one with ``training/global_step``, which
+    verl's V1 trainer adds to every step's metrics) gets the estimator's last ``gdro/`` metrics."""
+    from verl.utils.tracking import Tracking
+
+    original = Tracking.log
+    if getattr(original, _MARK, False):
+        return True
+
+    @functools.wraps(original)
+    def log(self: Any, data: Any, step: Any, backend: Any = None) -> Any:
+        if isinstance(data, dict) and "training/global_step" in data:
+            extra = estimator.pop_standalone_metrics()
+            if extra:
+                data = {**data, **extra}
+        return original(self, data=data, step=step, backend=backend)
+
+    setattr(log, _MARK, True)
+    Tracking.log = log
+    return True
+
+
+class StandaloneEstimatorCheckpoint(CheckpointCallback):
+    """``trainer.checkpoint_callback_class=verl_gdro.integration.checkpoint.StandaloneEstimatorCheckpoint``.
+
+    Subclass it (and call ``super()``) to add a callback of your own.
+    """
+
+    def __init__(self, config: Any = None) -> None:
+        super().__init__(config=config)
+        install_metrics_logging()
+        folder = resume_folder(config) if config is not None else None
+        if folder is None:
+            return
+        path = os.path.join(folder, STATE_FILE)
+        if not os.path.isfile(path):
+            logger.warning(
+                "gdro_grpo (standalone): resuming from %s, which holds no %s: Prompt-GDRO's state restarts "
+                "(the checkpoint was saved without %s)", folder, STATE_FILE, CALLBACK_CLASS,
+            )
+            return
+        with open(path, encoding="utf-8") as fh:
+            estimator.import_standalone(json.load(fh))
+        logger.info("gdro_grpo (standalone): Prompt-GDRO state read from %s", path)
+
+    def on_save(self, trainer: Any, global_step: int, checkpoint_dir: str, async_save: bool = False,
+                **kwargs: Any) -> None:
+        state = estimator.export_standalone()
+        if state is None:
+            return  # no standalone step has run (e.g. the GDRO trainer drives the estimator)
+        os.makedirs(checkpoint_dir, exist_ok=True)
+        tmp = os.path.join(checkpoint_dir, STATE_FILE + ".tmp")
+        with open(tmp, "w", encoding="utf-8") as fh:
+            json.dump(state, fh)
+        os.replace(tmp, os.path.join(checkpoint_dir, STATE_FILE))
