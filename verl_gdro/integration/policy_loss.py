@@ -47,7 +47,8 @@ __all__ = [
 
 #: per-response raw GRPO advantage written next to verl's ``advantages`` for the actor
 RAW_ADV_FIELD = "gdro_raw_advantages"
-#: per-response row of the step (its index in the batch the GDRO trainer observed), float64
+#: per-response row of the step (its index in the step's batch; the trainer maps it to the plan
+#: position), float64
 ROW_FIELD = "gdro_row"
 #: the loss metrics' keys (popped by the trainer before verl reduces the actor metrics)
 LOSS_METRIC = "gdro_update/loss"

@@ -447,6 +447,7 @@ class GDROController:
                 clipped_surrogate_response_loss` without the dual clip, on every mini-batch).
 
         Each prompt's loss is the mean over its measured responses (non-finite ones dropped);
+        prompts with no measured response (groups removed untrained) are left out of the update;
         Prompt-GDRO's scores (and a bandit fed the loss) update from them, so the next step's
         multipliers use them: the release's order. Returns the ``gdro/`` metrics the update
         changes (per-bin ``loss``, ``score``, ``omega``, ``q``). Refused (ValueError, nothing
@@ -470,25 +471,29 @@ class GDROController:
         finite = np.isfinite(loss)
         sums = np.bincount(g[finite], weights=loss[finite], minlength=num_groups)
         counts = np.bincount(g[finite], minlength=num_groups)
-        per_prompt = np.divide(sums, counts, out=np.full(num_groups, np.nan), where=counts > 0)[waiting["present"]]
-        bins = waiting["bins"]
+        present = waiting["present"]
+        # the prompts the update measured (a group removed untrained, e.g. DAPO-filtered, reached
+        # no actor: it is left out of this update, not counted as a non-finite loss)
+        measured = (counts > 0)[present]
+        per_prompt = (sums[present] / np.maximum(counts[present], 1))[measured]
+        bins = waiting["bins"][measured]
         snapshots = [(c, c.snapshot()) for c in (self.prompt, self.rollout) if c is not None]
         try:
             info: dict[str, Any] = {}
-            if self.prompt is not None:
+            if self.prompt is not None and bins.size:
                 info = self.prompt.update(bins, per_prompt)
-            if waiting["rollout"] and isinstance(self.rollout, RolloutGDRO):
-                self.rollout.update(bins, waiting["n"], waiting["successes"], per_prompt)
+            if waiting["rollout"] and isinstance(self.rollout, RolloutGDRO) and bins.size:
+                self.rollout.update(bins, waiting["n"][measured], waiting["successes"][measured], per_prompt)
         except BaseException:
             for controller, state in snapshots:
                 controller.restore(state)
             raise
         self._awaiting = None
-        present = np.bincount(bins, minlength=self.num_bins) > 0
+        in_step = np.bincount(bins, minlength=self.num_bins) > 0
         mean = info["mean_losses"] if info else _bin_mean(bins, per_prompt, self.num_bins)
         out: dict[str, float] = {PREFIX + "update_loss_responses": float(np.count_nonzero(finite))}
         for b in range(self.num_bins):
-            if present[b]:
+            if in_step[b]:
                 out[f"{PREFIX}loss/bin_{b}"] = float(mean[b])
             if self.prompt is not None:
                 out[f"{PREFIX}score/bin_{b}"] = float(self.prompt.scores[b])
