@@ -214,3 +214,31 @@ def test_after_update_is_refused_for_a_driver_side_signal():
     ctrl = GDROController(resolve_gdro({"preset": "paper"}), rollout_n=4)
     with pytest.raises(ValueError, match="update_surrogate"):
         ctrl.after_update([0], [0.0])
+
+
+def test_state_saved_before_mix_support_existed_still_loads():
+    ctrl = GDROController(resolve_gdro({"preset": "paper"}), rollout_n=4)
+    plan = ctrl.before_generation(np.arange(4))
+    ctrl.after_advantage(np.repeat(plan.positions, 4), np.zeros(16),
+                         response_mask=np.ones((16, 3)), old_log_probs=np.zeros((16, 3)),
+                         ref_log_probs=np.zeros((16, 3)), advantages=np.zeros((16, 3)))
+    state = ctrl.state_dict()
+    del state["settings"]["prompt"]["mix_support"]
+    del state["prompt"]["config"]["mix_support"]
+    twin = GDROController(resolve_gdro({"preset": "paper"}), rollout_n=4)
+    twin.load_state_dict(state)
+    assert np.array_equal(twin.prompt.scores, ctrl.prompt.scores)
+    other = GDROController(resolve_gdro({"preset": "paper", "prompt": {"mix_support": "present"}}), rollout_n=4)
+    with pytest.raises(ValueError, match="mix_support"):
+        other.load_state_dict(state)
+
+
+def test_release_as_run_state_round_trips_through_the_controller():
+    ctrl = _as_run_controller()
+    for step in range(3):
+        plan = ctrl.before_generation(np.arange(8))
+        g = np.repeat(plan.positions, plan.rollout_n)
+        ctrl.after_advantage(g, (np.arange(g.size) % 3 == step % 3).astype(float))
+    twin = _as_run_controller()
+    twin.load_state_dict(ctrl.state_dict())
+    assert np.array_equal(twin.before_generation(np.arange(8)).rollout_n, ctrl.before_generation(np.arange(8)).rollout_n)

@@ -646,6 +646,9 @@ class GDROController:
             # such a run could not use, so the current values describe it.
             new_keys = {k: v for k, v in self.settings.to_dict()["prompt"].items() if k in _SAMPLING_KEYS}
             saved = {**saved, "prompt": {**new_keys, **saved["prompt"]}}
+        if isinstance(saved, Mapping) and isinstance(saved.get("prompt"), Mapping) and "mix_support" not in saved["prompt"]:
+            # saved before gdro.prompt.mix_support existed, which meant Eq. 15 over all bins
+            saved = {**saved, "prompt": {**saved["prompt"], "mix_support": "all"}}
         mine = self.settings.to_dict()
         if saved != mine:
             diff = _dict_diff(saved or {}, mine)
