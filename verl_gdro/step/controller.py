@@ -21,6 +21,9 @@ A step, in the order of docs/algorithm.md ("Order in step t"):
    ``failure_rate`` signal reads only ``acc``, so this may run as soon as step 2's multipliers
    are taken (the GDRO trainer does so, before verl's estimator); the surrogate signals read the
    advantages and run after it.
+4. Only with the update-time signal (``update_surrogate``, :attr:`GDROController.wants_update_losses`):
+   ``metrics = ctrl.after_update(group_index, losses)`` after the PPO update, with each measured
+   response's loss; Prompt-GDRO (and a bandit fed the loss) learns from it for the next step.
 """
 
 from __future__ import annotations
