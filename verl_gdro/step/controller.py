@@ -453,8 +453,10 @@ class GDROController:
         prompts with no measured response (groups removed untrained) are left out of the update;
         Prompt-GDRO's scores (and a bandit fed the loss) update from them, so the next step's
         multipliers use them: the release's order. Returns the ``gdro/`` metrics the update
-        changes (per-bin ``loss``, ``score``, ``omega``, ``q``). Refused (ValueError, nothing
-        changed) without an observed step waiting, or with malformed input.
+        changes: per-bin ``loss`` (the bins measured) and ``score`` (S after the update), which
+        replace the placeholders :meth:`after_advantage` logged, and ``update_loss_responses``.
+        Refused (ValueError, nothing changed) without an observed step waiting, or with malformed
+        input.
         """
         if not self.wants_update_losses:
             raise ValueError(
