@@ -119,3 +119,47 @@ def test_trainer_writes_the_actor_fields_and_feeds_back_the_first_epoch(tmp_path
     per_prompt = np.bincount(positions, weights=losses) / np.bincount(positions)
     assert metrics["gdro/loss/bin_0"] == pytest.approx(per_prompt.mean())
     assert trainer.gdro.prompt.scores[0] == pytest.approx(per_prompt.mean())  # first EMA value, share 1
+
+
+def test_demo_measures_the_update_time_loss_on_every_mini_batch(monkeypatch):
+    """The CPU study's update (verl_gdro/demo/train.py) measures each response once, on its own
+    mini-batch, and hands every response's loss to the controller; with one mini-batch the loss is
+    taken at ratio 1 and each bin's mean is zero (GRPO's advantages sum to zero per group)."""
+    import itertools
+
+    import verl_gdro.demo.train as demo_train
+    from verl_gdro.demo.config import DemoConfig
+    from verl_gdro.demo.model import build_model
+    from verl_gdro.demo.task import make_train_set
+    from verl_gdro.demo.tokenizer import CharTokenizer
+    from verl_gdro.demo.train import MethodRun
+
+    tok = CharTokenizer()
+    losses = {}
+    for mini_batches in (1, 3):
+        # an untrained policy is always wrong: give the groups mixed outcomes (non-zero advantages)
+        pattern = itertools.cycle([1.0, 0.0, 0.0, 1.0, 0.0])
+        monkeypatch.setattr(demo_train, "_score", lambda response, problem, p=pattern: (lambda a: (2 * a - 1, a))(next(p)))
+        cfg = DemoConfig.quick(hidden=16, layers=1, batch_prompts=6, train_size=12, mini_batches=mini_batches,
+                               methods=("prompt_gdro_release",), temperature=1.5, lr=1e-2)
+        train = make_train_set(cfg.train_size, seed=0, task=cfg.task)
+        init = build_model(tok.vocab_size, cfg.hidden, cfg.layers, seed=3).state_dict()
+        run = MethodRun("prompt_gdro_release", 0, cfg, tok, train, init)
+        seen = []
+        original = run.ctrl.after_update
+
+        def spy(g, loss, original=original, seen=seen):
+            seen.append((np.asarray(g).copy(), np.asarray(loss).copy()))
+            return original(g, loss)
+
+        run.ctrl.after_update = spy
+        m = run.train_step()
+        (g, loss), = seen
+        assert g.size == cfg.batch_prompts * cfg.n_mean and np.all(np.isfinite(loss))
+        assert m["gdro/update_loss_responses"] == g.size and not run.ctrl.awaiting_update
+        losses[mini_batches] = loss
+    # one mini-batch: ratio 1, each group's losses sum to zero (up to float32 rounding)
+    g1 = np.repeat(np.arange(6), 4)
+    assert np.abs(np.bincount(g1, weights=losses[1])).max() < 1e-5
+    # three mini-batches: the later ones are scored after an optimizer step, so not all zero
+    assert np.abs(losses[3]).max() > 1e-6
