@@ -121,6 +121,7 @@ def test_trainer_writes_the_actor_fields_and_feeds_back_the_first_epoch(tmp_path
     assert trainer.gdro.prompt.scores[0] == pytest.approx(per_prompt.mean())  # first EMA value, share 1
 
 
+@pytest.mark.slow
 def test_demo_measures_the_update_time_loss_on_every_mini_batch(monkeypatch):
     """The CPU study's update (verl_gdro/demo/train.py) measures each response once, on its own
     mini-batch, and hands every response's loss to the controller; with one mini-batch the loss is
