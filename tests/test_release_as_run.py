@@ -242,3 +242,17 @@ def test_release_as_run_state_round_trips_through_the_controller():
     twin = _as_run_controller()
     twin.load_state_dict(ctrl.state_dict())
     assert np.array_equal(twin.before_generation(np.arange(8)).rollout_n, ctrl.before_generation(np.arange(8)).rollout_n)
+
+
+def test_release_bandit_learns_from_the_update_time_loss():
+    """The release preset's own Rollout-GDRO (the per-bin bandit fed the bin loss) waits for the
+    update-time losses too, and learns from them in after_update."""
+    ctrl = GDROController(resolve_gdro({"preset": "release", "prompt": {"enable": False}}), rollout_n=4)
+    assert ctrl.wants_update_losses and ctrl.prompt is None
+    plan = ctrl.before_generation(np.arange(6))
+    g = np.repeat(plan.positions, plan.rollout_n)
+    before = ctrl.rollout.state_dict()["scores"].copy()
+    ctrl.after_advantage(g, (np.arange(g.size) % 2).astype(float))
+    assert np.array_equal(ctrl.rollout.state_dict()["scores"], before)  # nothing learnt yet
+    ctrl.after_update(g, np.full(g.size, 0.05))
+    assert not np.array_equal(ctrl.rollout.state_dict()["scores"], before)
