@@ -69,12 +69,16 @@ MEANINGS: dict[str, str] = {
     "prompt.mode": "`reweight` (scale advantages, Eq. 16; the standalone estimator's only mode), or a sampling mode "
     "that draws the prompts (GDRO trainer only): `failure_weighted`, `greso`, `band` (per-prompt priorities) or "
     "`resample` (bins drawn with q_t); algorithm.md \"Prompt sampling modes\"",
-    "prompt.loss_signal": "`failure_rate`, `surrogate_kl` (Eq. 6) or `surrogate`",
+    "prompt.loss_signal": "`failure_rate`, `surrogate_kl` (Eq. 6), `surrogate` (at the driver, ratio 1) or "
+    "`update_surrogate` (the release's: each response's clipped surrogate on the raw advantages, measured in the "
+    "actor's PPO update on every mini-batch and fed to the next step)",
     "prompt.eta": "> 0, and `eta * score_clip <= 600`",
     "prompt.beta": "EMA rate in (0, 1]",
     "prompt.gamma": "uniform mixing in [0, 1)",
     "prompt.max_weight": "multiplier cap, > 0",
-    "prompt.score_clip": "C of Eq. 14, > 0",
+    "prompt.score_clip": "C of Eq. 14, > 0; `inf`: no clip (`mean_one` multipliers without `min_ess` only)",
+    "prompt.mix_support": "`all`: Eq. 15's gamma / B over all bins; `present`: gamma / (bins present in the step), "
+    "the release's mixture (`mean_one` without `min_ess` only)",
     "prompt.normalize_by_share": "divide bin losses by the bin's batch share",
     "prompt.share_floor": "in (0, 1]; `null`: 1 / (2B)",
     "prompt.weight_normalization": "`mean_one` or `raw`",
@@ -92,7 +96,9 @@ MEANINGS: dict[str, str] = {
     "rollout.gamma": "bandit: uniform mixing over arms in [0, 1)",
     "rollout.score_ema": "bandit: arm-score EMA rate in (0, 1]",
     "rollout.dual_lr": "bandit: shadow-price step, >= 0",
-    "rollout.allocator": "`bandit` (per bin), `neyman` (per bin) or `per_prompt` (each prompt its own n)",
+    "rollout.allocator": "`bandit` (per bin), `neyman` (per bin), `per_prompt` (each prompt its own n) or "
+    "`release_as_run` (the release's allocation as its runs used it: frozen uniform arms, the lexicographically "
+    "smallest exact-budget arms of the previous step's classes, by position; algorithm.md \"The release preset\")",
     "rollout.arm_utility": "`failure_weighted`, `expected_informative`, `informative`, `knapsack`, `variance`, "
     "`loss` (played arm, `bandit` only), `hit` (`per_prompt` only)",
     "rollout.rate_decay": "`per_prompt` only: each prompt's evidence weighted by `rate_decay ** age` per visit, "

@@ -54,6 +54,7 @@ VALUES: dict[str, str] = {
     "prompt.clip_ratio_low": "0.1",
     "prompt.clip_ratio_high": "0.2",
     "prompt.clip_ratio_c": "2.5",
+    "prompt.mix_support": "present",
     "prompt.explore": "0.3",
     "prompt.rate_decay": "0.7",
     "prompt.revisit": "0.3",
@@ -99,6 +100,7 @@ TRAINER_EXTRA = {
     "rollout.rate_decay": ["gdro.rollout.allocator=per_prompt"],
     "rollout.allocator": ["gdro.rollout.arm_utility=variance"],
     "rollout.n_min": ["actor_rollout_ref.rollout.n=4"],
+    "prompt.mix_support": ["gdro.prompt.min_ess=0"],
 }
 
 
@@ -106,7 +108,8 @@ TRAINER_EXTRA = {
 @pytest.mark.parametrize("key", sorted(VALUES))
 def test_dry_run_resolves_every_key_as_the_estimator_does(key: str) -> None:
     """The estimator in verl's own trainer: ``+algorithm.gdro.<key>`` on verl's ppo_trainer."""
-    extra = ["+algorithm.gdro.rollout.allocator=per_prompt"] if key == "rollout.rate_decay" else []
+    extra = {"rollout.rate_decay": ["+algorithm.gdro.rollout.allocator=per_prompt"],
+             "prompt.mix_support": ["+algorithm.gdro.prompt.min_ess=0"]}.get(key, [])
     cfg = _composed(ESTIMATOR_ONLY + [f"+algorithm.gdro.{key}={VALUES[key]}", *extra])
     dry = gdro_checks(cfg)
     est.reset_standalone()

@@ -270,5 +270,65 @@ def test_release_launch_cases_compose_and_validate(tmp_path, recipe, extra, bins
     cfg = compose(recipe_argv(tmp_path, recipe, env={"PRESET": "release"})[2:] + extra)
     s = validate_gdro_config(cfg)
     assert s.preset == "release" and s.num_bins == bins
-    assert s.classifier.passk_estimator == "any_of_n" and s.prompt.loss_signal == "surrogate"
+    assert s.classifier.passk_estimator == "any_of_n" and s.prompt.loss_signal == "update_surrogate"
     assert flat(cfg)["trainer.experiment_name"].endswith("_release_answer_seed0")
+
+
+def _table1_rows() -> list[tuple[str, str, str]]:
+    """(row, as-run command, default command) of docs/reproduce.md's "Table 1 rows" table."""
+    import re
+
+    text = (REPO / "docs" / "reproduce.md").read_text(encoding="utf-8")
+    section = text.split("### Table 1 rows: the authors' runs as run, and our default", 1)[1].split("\n### ", 1)[0]
+    rows = []
+    for line in section.splitlines():
+        m = re.match(r"^\| (\S+ [\w-]+) \| `([^`]+)` \| `([^`]+)` \|$", line)
+        if m:
+            rows.append(m.groups())
+    return rows
+
+
+def _run_command(tmp_path, command: str):
+    """Compose the config of a documented ``ENV=... bash recipes/x.sh overrides...`` command."""
+    import shlex
+
+    words = shlex.split(command)
+    env = {}
+    while "=" in words[0]:
+        key, _, value = words.pop(0).partition("=")
+        env[key] = value
+    assert words[0] == "bash" and words[1].startswith("recipes/"), command
+    return compose(recipe_argv(tmp_path, Path(words[1]).name, env=env, args=tuple(words[2:]))[2:])
+
+
+def test_table1_as_run_commands_compose_and_validate(tmp_path):
+    from verl_gdro.step.config import validate_gdro_config
+
+    rows = _table1_rows()
+    assert sorted(r[0] for r in rows) == sorted(
+        f"{m} {meth}" for m in ("1.7B", "4B", "8B") for meth in ("GRPO", "Prompt-GDRO", "Rollout-GDRO")
+    )
+    for row, as_run, default in rows:
+        size, method = row.split()
+        recipe = {"GRPO": "grpo", "Prompt-GDRO": "prompt_gdro", "Rollout-GDRO": "rollout_gdro"}[method]
+        assert f"recipes/{recipe}_qwen3_{size.lower()}.sh" in as_run and default == f"bash recipes/{recipe}_qwen3_{size.lower()}.sh"
+        cfg = _run_command(tmp_path, as_run)
+        s = validate_gdro_config(cfg)
+        f = flat(cfg)
+        assert s.advantage_clip is None, row  # the release's adv_clip keys are read by nothing
+        assert f["trainer.experiment_name"].endswith("_boxed_seed0"), row  # the release prompt: boxed
+        prompts = int(f["data.train_batch_size"])
+        mini_batches = prompts // int(f["actor_rollout_ref.actor.ppo_mini_batch_size"])
+        if method == "Rollout-GDRO":
+            assert (prompts, f["trainer.total_training_steps"], mini_batches) == (256, 1000, 2), row
+            assert s.preset == "release" and s.rollout.enable and not s.prompt.enable
+            assert s.rollout.allocator == "release_as_run" and s.classifier.hysteresis == 0.0
+        else:
+            assert (prompts, f["trainer.total_training_steps"], mini_batches) == (512, 500, 4), row
+            if method == "Prompt-GDRO":
+                assert s.preset == "release" and s.prompt.enable and not s.rollout.enable
+                assert s.prompt.loss_signal == "update_surrogate" and s.prompt.mix_support == "present"
+            else:
+                assert not s.prompt.enable and not s.rollout.enable
+        d = validate_gdro_config(_run_command(tmp_path, default))
+        assert d.preset == "robust", row

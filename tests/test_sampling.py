@@ -261,7 +261,8 @@ def test_release_preset_sets_the_authors_launch_settings() -> None:
     s = resolve_gdro({"preset": "release"})
     assert (s.classifier.num_bins, s.classifier.bin_edges, s.classifier.window) == (3, (0.4, 0.75), 50)
     assert s.classifier.passk_estimator == "any_of_n" and s.classifier.hysteresis == 0.03
-    assert (s.prompt.loss_signal, s.prompt.min_ess, s.prompt.beta, s.prompt.eta) == ("surrogate", 0.0, 0.12, 0.65)
+    assert (s.prompt.loss_signal, s.prompt.min_ess, s.prompt.beta, s.prompt.eta) == ("update_surrogate", 0.0, 0.12, 0.65)
+    assert s.prompt.mix_support == "present" and s.prompt.score_clip == float("inf")
     assert s.prompt.max_weight == 15.0 and s.prompt.normalize_by_share
     assert (s.rollout.allocator, s.rollout.score_ema, s.rollout.dual_lr, s.rollout.n_max) == ("bandit", 0.4, 0.05, 12)
     # an explicit bin choice wins over the preset's geometry, as a whole

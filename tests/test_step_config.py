@@ -63,6 +63,8 @@ CASES: list[tuple[str, list[str], str]] = [
     ("per-prompt allocator with a played-arm utility",
      ["gdro.rollout.allocator=per_prompt", "gdro.rollout.arm_utility=informative"], "gdro.rollout.arm_utility"),
     ("unknown loss signal", ["gdro.prompt.loss_signal=kl"], "gdro.prompt.loss_signal"),
+    ("release multipliers with an ESS floor", ["gdro.preset=release", "gdro.prompt.min_ess=0.5"],
+     "gdro.prompt.score_clip"),
     ("prompt eta <= 0", ["gdro.prompt.eta=0"], "gdro.prompt.eta"),
     ("eta * score_clip overflows", ["gdro.prompt.eta=100", "gdro.prompt.score_clip=10"], "gdro.prompt.eta"),
     ("beta out of (0, 1]", ["gdro.prompt.beta=1.5"], "gdro.prompt.beta"),

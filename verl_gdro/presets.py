@@ -32,7 +32,10 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         "classifier": dict(_TEN_BINS),
         # min_ess: the effective-sample-size floor (docs/algorithm.md, "Presets"); measured on the
         # development task, confirmed on the second task family
-        "prompt": {"mode": "failure_weighted", "loss_signal": "failure_rate", "min_ess": 0.8},
+        "prompt": {
+            "mode": "failure_weighted", "loss_signal": "failure_rate", "min_ess": 0.8,
+            "mix_support": "all", "score_clip": 10.0,
+        },
         # per_prompt / failure_weighted / rate_decay 0.5: chosen by the stated rule on the development
         # task `missing` and confirmed on `add` and `sort` (docs/algorithm.md, "Presets")
         "rollout": {
@@ -44,22 +47,36 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     },
     "paper": {
         "classifier": dict(_TEN_BINS),
-        "prompt": {"mode": "reweight", "loss_signal": "surrogate_kl", "min_ess": 0.0},
+        "prompt": {
+            "mode": "reweight", "loss_signal": "surrogate_kl", "min_ess": 0.0, "mix_support": "all", "score_clip": 10.0,
+        },
         "rollout": {"allocator": "bandit", "arm_utility": "loss", "selection": "map", "rate_decay": None},
     },
     # The authors' launch settings (kishanpb/verl-gdro, algorithm_comparison/run_groupdro.sh and
     # run_rollout_groupdro.sh, 3-bin case), their defects not reproduced (docs/algorithm.md,
     # "The release preset"): 3 bins with inner edges 0.4 and 0.75, a 50-visit history of
-    # any-correct outcomes, the clipped surrogate as the bin loss (per-class normalised: our
-    # normalize_by_share), no ESS floor, and the per-bin bandit fed the bin loss.
+    # any-correct outcomes, the clipped surrogate measured inside the actor's PPO update as the bin
+    # loss (update_surrogate: raw advantages, every mini-batch; per-class normalised: our
+    # normalize_by_share), the exploration mixture over the classes present (gamma / present), no
+    # score clip (inf), no ESS floor, and the per-bin bandit fed the bin loss (the release's arms
+    # as run: gdro.rollout.allocator=release_as_run, verl_gdro/release_as_run.py).
     "release": {
         "classifier": {"num_bins": 3, "bin_edges": [0.4, 0.75], "window": 50, "passk_estimator": "any_of_n"},
-        "prompt": {"mode": "reweight", "loss_signal": "surrogate", "min_ess": 0.0},
+        "prompt": {
+            "mode": "reweight", "loss_signal": "update_surrogate", "min_ess": 0.0,
+            "mix_support": "present", "score_clip": float("inf"),
+        },
         "rollout": {"allocator": "bandit", "arm_utility": "loss", "selection": "map", "rate_decay": None},
     },
 }
 
-LOSS_SIGNALS = ("failure_rate", "surrogate_kl", "surrogate")
+LOSS_SIGNALS = ("failure_rate", "surrogate_kl", "surrogate", "update_surrogate")
+#: The loss signal measured during the actor's PPO update (verl_gdro/integration/policy_loss.py), fed
+#: to Prompt-GDRO through ``GDROController.after_update`` for the next step.
+UPDATE_TIME_SIGNALS = ("update_surrogate",)
+#: Which bins Eq. 15's exploration mixture spreads gamma over: all B, or the bins present in the step
+#: (the release: gamma / number of classes present).
+MIX_SUPPORTS = ("all", "present")
 
 
 def resolve_preset(name: str | None) -> dict[str, dict[str, Any]]:

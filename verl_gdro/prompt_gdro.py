@@ -44,6 +44,7 @@ __all__ = [
     "low_var_kl",
     "masked_token_mean",
     "mix_probs",
+    "mix_probs_present",
     "resample_bin_masses",
     "share_normalize",
     "surrogate_kl_loss",
@@ -393,7 +394,13 @@ def ema_scores(
 
 
 def exp_weights(scores: NDArray[np.float64], eta: float, score_clip: float) -> NDArray[np.float64]:
-    """Eq. 14: omega_t(b) = exp(eta * clip(S_t(b), -C, C)); the clip keeps exp finite."""
+    """Eq. 14: omega_t(b) = exp(eta * clip(S_t(b), -C, C)); the clip keeps exp finite.
+
+    ``score_clip = inf`` (no clip, the release): exp(eta * (S - max S)), omega up to the common
+    factor exp(-eta max S), which cancels in q (Eq. 15) and in the mean_one multipliers.
+    """
+    if math.isinf(score_clip):
+        return np.exp(eta * (scores - scores.max())) if scores.size else np.exp(scores)
     # np.clip's two-sided float loop as its two ufuncs (the same values, NaN included, without
     # np.clip's Python wrapper: this runs a few times per step)
     return np.exp(eta * np.minimum(np.maximum(scores, -score_clip), score_clip))
@@ -406,6 +413,17 @@ def mix_probs(omega: NDArray[np.float64], gamma: float) -> NDArray[np.float64]:
     of the no-regret analysis).
     """
     return (1.0 - gamma) * omega / omega.sum() + gamma / omega.shape[0]
+
+
+def mix_probs_present(omega: NDArray[np.float64], gamma: float, present: NDArray[np.bool_]) -> NDArray[np.float64]:
+    """Eq. 15 over the bins ``present`` in the step only (the release's ``compute_weights``):
+    q(b) = (1 - gamma) omega(b) / sum_present omega + gamma / |present| for present b, 0 elsewhere."""
+    q = np.zeros(omega.shape[0])
+    k = int(np.count_nonzero(present))
+    if k:
+        w = omega[present]
+        q[present] = (1.0 - gamma) * w / w.sum() + gamma / k
+    return q
 
 
 def advantage_multipliers(
@@ -674,6 +692,8 @@ class PromptGDRO:
         weight_normalization: ``mean_one`` (default) or ``raw``, see :func:`advantage_multipliers`.
         min_ess: floor in [0, 1) on the effective sample size share of the multipliers over the
             given elements (:func:`ess_floor_multipliers`; ``mean_one`` only); 0 is off.
+        mix_support: ``all`` (Eq. 15 over all B bins) or ``present`` (over the bins of the given
+            elements, :func:`mix_probs_present`: the release's gamma / number of classes present).
     """
 
     def __init__(
@@ -688,6 +708,7 @@ class PromptGDRO:
         share_floor: float | None = None,
         weight_normalization: str = "mean_one",
         min_ess: float = 0.0,
+        mix_support: str = "all",
     ) -> None:
         if isinstance(num_bins, bool) or not isinstance(num_bins, (int, np.integer)) or num_bins < 1:
             raise ValueError(f"num_bins must be an integer >= 1, got {num_bins!r}")
@@ -695,8 +716,9 @@ class PromptGDRO:
         _check_range("beta", beta, low=0.0, high=1.0, low_open=True)
         _check_range("gamma", gamma, low=0.0, high=1.0, high_open=True)
         _check_range("max_weight", max_weight, low=0.0, low_open=True)
-        _check_range("score_clip", score_clip, low=0.0, low_open=True)
-        if eta * score_clip > _MAX_EXPONENT:
+        if not (isinstance(score_clip, (int, float)) and math.isinf(score_clip) and score_clip > 0):
+            _check_range("score_clip", score_clip, low=0.0, low_open=True)
+        if math.isfinite(score_clip) and eta * score_clip > _MAX_EXPONENT:
             raise ValueError(
                 f"eta * score_clip must be <= {_MAX_EXPONENT} so that exp(eta * S) is finite, "
                 f"got eta={eta} * score_clip={score_clip} = {eta * score_clip}"
@@ -721,6 +743,16 @@ class PromptGDRO:
         if min_ess > 0 and self.weight_normalization != "mean_one":
             raise ValueError("min_ess needs weight_normalization='mean_one' (the floor is on normalised multipliers)")
         self.min_ess = float(min_ess)
+        if mix_support not in ("all", "present"):
+            raise ValueError(f"mix_support={mix_support!r} is unknown; allowed: ['all', 'present']")
+        if (math.isinf(self.score_clip) or mix_support == "present") and (
+            self.min_ess > 0 or self.weight_normalization != "mean_one"
+        ):
+            raise ValueError(
+                "score_clip=inf and mix_support='present' need weight_normalization='mean_one' and min_ess=0 "
+                "(the release's multipliers)"
+            )
+        self.mix_support = str(mix_support)
         #: step-size scale the last bin_multipliers() call used (1.0 unless min_ess lowered it)
         self.last_eta_scale = 1.0
 
@@ -762,6 +794,11 @@ class PromptGDRO:
                 self._scores, b, self.eta, self.score_clip, self.gamma, self.max_weight, self.min_ess
             )
             return w
+        if self.mix_support == "present":
+            present = np.zeros(self.num_bins, dtype=bool)
+            present[b] = True
+            q = mix_probs_present(self.omega(), self.gamma, present)
+            return advantage_multipliers(q, self.omega(), b, self.max_weight, self.weight_normalization)
         return advantage_multipliers(self.bin_probs(), self.omega(), b, self.max_weight, self.weight_normalization)
 
     def multipliers(self, bins: ArrayLike) -> NDArray[np.float64]:
@@ -833,6 +870,7 @@ class PromptGDRO:
             "share_floor": self.share_floor,
             "weight_normalization": self.weight_normalization,
             "min_ess": self.min_ess,
+            "mix_support": self.mix_support,
         }
 
     def state_dict(self) -> dict[str, Any]:
@@ -868,6 +906,7 @@ class PromptGDRO:
             raise ValueError(f"PromptGDRO state version {state.get('version')!r} is not {_STATE_VERSION}")
         saved, mine = dict(state["config"]), self.config()
         saved.setdefault("min_ess", 0.0)  # saved before the ESS floor existed, which meant none
+        saved.setdefault("mix_support", "all")  # saved before mix_support existed, which meant all bins
         diff = [k for k in mine if saved.get(k) != mine[k]]
         if diff:
             details = ", ".join(f"{k}: saved {saved.get(k)!r} vs configured {mine[k]!r}" for k in diff)

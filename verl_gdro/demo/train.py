@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from verl_gdro.integration.policy_loss import raw_grpo_advantages, update_surrogate_per_response
 from verl_gdro.step.sampler import PromptSampler
 
 from .config import DemoConfig, method_gdro_group
@@ -358,6 +359,12 @@ class MethodRun:
         policy_loss_fn = get_policy_loss_fn("vanilla")
         perm = torch.randperm(len(rows), generator=self.gen)
         pg_losses, kls, clipfracs = [], [], []
+        # update_surrogate: each response's clipped surrogate on the raw advantages, measured on its
+        # mini-batch before that mini-batch's optimizer step (what the verl actor's loss measures)
+        update_losses = np.full(len(rows), np.nan) if self.ctrl.wants_update_losses else None
+        raw_adv = None
+        if update_losses is not None:
+            raw_adv = raw_grpo_advantages(token_rewards, uid_str)
         for chunk in torch.chunk(perm, cfg.mini_batches):
             if on_policy:
                 chunk = slice(None)  # the whole batch, in the order lp_first was computed
@@ -365,6 +372,11 @@ class MethodRun:
             else:
                 lp = response_log_probs(self.model, input_ids[chunk], attn[chunk], R)
             m = resp_mask[chunk]
+            if update_losses is not None:
+                idx = np.arange(len(rows))[chunk] if isinstance(chunk, slice) else chunk.numpy()
+                update_losses[idx] = update_surrogate_per_response(
+                    lp.detach(), old_lp[chunk], raw_adv[chunk], m, cfg.clip_ratio_low, cfg.clip_ratio_high
+                )
             pg_loss, pg_metrics = policy_loss_fn(
                 old_log_prob=old_lp[chunk],
                 log_prob=lp,
@@ -385,6 +397,8 @@ class MethodRun:
             pg_losses.append(float(pg_loss.detach()))
             clipfracs.append(float(pg_metrics["actor/pg_clipfrac"]))
 
+        if update_losses is not None:
+            metrics.update(self.ctrl.after_update(group_index, update_losses))
         self.rollouts += int(n.sum())
         self.step += 1
         self.trained_uids.update(int(p.uid) for p in problems)

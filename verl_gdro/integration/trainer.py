@@ -68,9 +68,17 @@ from verl_gdro.integration.glue import (
     observe_update,
 )
 from verl_gdro.integration.ledger import DispatchLedger
+from verl_gdro.integration.policy_loss import (
+    RAW_ADV_FIELD,
+    ROW_FIELD,
+    gdro_ppo_loss,
+    pop_update_losses,
+    raw_grpo_advantages,
+)
 from verl_gdro.integration.registry import check_registered
 from verl_gdro.integration.replay_buffer import with_observer
 from verl_gdro.integration.sampler import GDROSampler, step_draw_metrics
+from verl_gdro.presets import UPDATE_TIME_SIGNALS
 from verl_gdro.step.config import (
     TRAINER_MODES,
     TRAINER_NAME,
@@ -182,6 +190,8 @@ class GDROTrainerMixin:
         self._gdro_time = 0.0
         self._gdro_warned_missing_acc = False
         self._gdro_batch_price: float | None = None  # per_prompt: the price of the step's batch allocation
+        #: the plan position of each row of the step's batch (update_surrogate; -1 = padding)
+        self._gdro_row_positions = np.zeros(0, dtype=np.int64)
         if self.gdro is not None:
             self.replay_buffer.gdro_observer = self._gdro_observe_removed
 
@@ -350,7 +360,7 @@ class GDROTrainerMixin:
         multipliers = self.gdro.advantage_multipliers(group_index)
         # the per-row view of the batch; the per-group table only when the batch has padding rows
         table, row_plan = consumed.estimator_inputs(multipliers)
-        needs_log_probs = self.gdro_settings.prompt.loss_signal != "failure_rate" and (
+        needs_log_probs = self.gdro_settings.prompt.loss_signal not in ("failure_rate", *UPDATE_TIME_SIGNALS) and (
             self.gdro.prompt is not None or self.gdro.rollout is not None
         )
         if not needs_log_probs:
@@ -363,6 +373,93 @@ class GDROTrainerMixin:
             batch = super()._compute_advantage(batch, metrics)  # type: ignore[misc]
         if needs_log_probs:
             metrics.update(self._gdro_update(consumed, acc, self._gdro_token_fields(batch, consumed)))
+        if self.gdro.wants_update_losses:
+            batch = self._gdro_put_update_fields(batch, consumed)
+        return batch
+
+    # ------------------------------------------------------------------------------------------
+    # 4. the update-time loss signal (update_surrogate): measured in the actor's PPO update
+    # ------------------------------------------------------------------------------------------
+
+    def on_init_end(self) -> None:
+        super().on_init_end()  # type: ignore[misc]
+        if self.gdro is None or not self.gdro.wants_update_losses:
+            return
+        if self.config.get("distillation") is not None and self.config.distillation.get("enable", False):
+            raise ValueError(
+                "gdro.prompt.loss_signal=update_surrogate is invalid with distillation: the actor's loss is then "
+                "verl's distillation loss, which verl-gdro does not wrap"
+            )
+        from functools import partial
+
+        from verl.utils.config import omega_conf_to_dataclass
+
+        # verl's own actor loss (workers/utils/losses.py ppo_loss) with the per-response
+        # update-time losses added to its metrics; built like verl's trainer builds the critic's
+        # loss (trainer_base._setup: partial(value_loss, config=critic_cfg) -> set_loss_fn)
+        actor_cfg = omega_conf_to_dataclass(self.config.actor_rollout_ref.actor)
+        self.actor_rollout_wg.set_loss_fn(partial(gdro_ppo_loss, config=actor_cfg))
+        logger.info("verl-gdro: the actor's loss reports the update-time loss signal (update_surrogate)")
+
+    def _gdro_put_update_fields(self, batch: KVBatchMeta, consumed: ConsumedBatch) -> KVBatchMeta:
+        """Write each row's raw GRPO advantage and plan position next to verl's advantages, for
+        the actor's loss (:func:`verl_gdro.integration.policy_loss.gdro_ppo_loss`)."""
+        t0 = time.perf_counter()
+        from tensordict import TensorDict
+
+        reward_field = "token_level_rewards" if self.config.algorithm.get("use_kl_in_reward", False) else "rm_scores"
+        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["uid", reward_field])
+        rewards = data[reward_field]
+        if getattr(rewards, "is_nested", False):
+            rewards = rewards.to_padded_tensor(0.0)
+        scores = rewards.float().reshape(rewards.shape[0], -1).sum(-1, keepdim=True)
+        raw = raw_grpo_advantages(scores, uid_keys(_as_list(data["uid"])), self._gdro_norm_by_std)
+        # each row's plan position, read back by _update_actor (-1: verl's padding rows)
+        positions = np.full(len(batch), -1, dtype=np.int64)
+        positions[consumed.rows] = consumed.group_index
+        self._gdro_row_positions = positions
+        fields = TensorDict(
+            {RAW_ADV_FIELD: raw.to(torch.float32), ROW_FIELD: torch.arange(len(batch), dtype=torch.float64)},
+            batch_size=len(batch),
+        )
+        batch = tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=fields)
+        self._gdro_time += time.perf_counter() - t0
+        return batch
+
+    def _update_actor(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
+        if self.gdro is None or not self.gdro.wants_update_losses:
+            return super()._update_actor(batch, metrics)  # type: ignore[misc]
+        wg = self.actor_rollout_wg
+        update = wg.update_actor
+        taken: list[tuple[np.ndarray, np.ndarray]] = []
+
+        def update_and_take(data: Any, *args: Any, **kwargs: Any) -> Any:
+            out = update(data, *args, **kwargs)
+            got = pop_update_losses(out["metrics"])  # before verl averages the actor's metrics
+            if got is not None:
+                taken.append(got)
+            return out
+
+        wg.update_actor = update_and_take
+        try:
+            batch = super()._update_actor(batch, metrics)  # type: ignore[misc]
+        finally:
+            wg.update_actor = update
+        if not taken:
+            raise RuntimeError(
+                "verl-gdro: the actor reported no update-time losses (gdro.prompt.loss_signal=update_surrogate); "
+                "was its loss replaced after init?"
+            )
+        rows, losses = taken[0]
+        positions = self._gdro_row_positions
+        if rows.size and (rows.min() < 0 or rows.max() >= positions.size):
+            raise RuntimeError(f"verl-gdro: the actor reported rows outside the step's {positions.size} rows")
+        # the first measurement of each row: its mini-batch's pass of the first PPO epoch
+        _, first = np.unique(rows, return_index=True)
+        first = np.sort(first)
+        group_index, losses = positions[rows[first]], losses[first]
+        keep = group_index >= 0  # verl's padding rows
+        metrics.update(self.gdro.after_update(group_index[keep], losses[keep]))
         return batch
 
     def _gdro_token_fields(self, batch: KVBatchMeta, consumed: ConsumedBatch) -> dict[str, np.ndarray]:

@@ -28,9 +28,14 @@ from importlib import resources
 from typing import Any
 
 from verl_gdro.evidence import SAMPLING_PRIORITIES
-from verl_gdro.presets import LOSS_SIGNALS, PRESETS, resolve_preset
+from verl_gdro.presets import LOSS_SIGNALS, MIX_SUPPORTS, PRESETS, resolve_preset
 from verl_gdro.prompt_gdro import PromptGDRO
-from verl_gdro.rollout_gdro import ALLOCATORS, ARM_UTILITIES, PER_PROMPT_UTILITIES, RolloutGDRO
+from verl_gdro.rollout_gdro import ALLOCATORS as _CONTROLLER_ALLOCATORS
+from verl_gdro.rollout_gdro import ARM_UTILITIES, PER_PROMPT_UTILITIES, RolloutGDRO
+
+#: Rollout-GDRO's allocators: RolloutGDRO's own, and ``release_as_run`` (the release's frozen arms as
+#: its runs used them, verl_gdro/release_as_run.py; an explicit option for reproducing its rows)
+ALLOCATORS = (*_CONTROLLER_ALLOCATORS, "release_as_run")
 
 __all__ = [
     "ALLOCATORS",
@@ -138,6 +143,8 @@ class PromptSettings:
     beta: float
     gamma: float
     max_weight: float
+    #: Eq. 14's clip of S; inf = no clip (the release: omega is then rescaled by exp(-eta max S),
+    #: which cancels in q and in the mean_one multipliers)
     score_clip: float
     normalize_by_share: bool
     share_floor: float | None
@@ -154,6 +161,9 @@ class PromptSettings:
     rate_decay: float
     revisit: float
     band_width: float
+    #: Eq. 15's exploration mixture over ``all`` B bins or the bins ``present`` in the step (the
+    #: release's gamma / number of classes present)
+    mix_support: str = "all"
 
     def kwargs(self, num_bins: int) -> dict[str, Any]:
         """Constructor arguments of :class:`verl_gdro.prompt_gdro.PromptGDRO`."""
@@ -413,8 +423,12 @@ def _resolve_prompt(c: dict[str, Any], preset: str, num_bins: int) -> PromptSett
     p = "gdro.prompt"
     loss_signal = c["loss_signal"]
     eta = _float(f"{p}.eta", c["eta"], low=0.0, low_open=True)
-    score_clip = _float(f"{p}.score_clip", c["score_clip"], low=0.0, low_open=True)
-    if eta * score_clip > _MAX_EXPONENT:
+    raw_clip = c["score_clip"]
+    if isinstance(raw_clip, (int, float)) and not isinstance(raw_clip, bool) and math.isinf(raw_clip) and raw_clip > 0:
+        score_clip = math.inf  # no clip (the release): exp is taken of eta * (S - max S)
+    else:
+        score_clip = _float(f"{p}.score_clip", raw_clip, low=0.0, low_open=True)
+    if math.isfinite(score_clip) and eta * score_clip > _MAX_EXPONENT:
         raise ValueError(
             f"{p}.eta={c['eta']!r} is invalid with {p}.score_clip={c['score_clip']!r}: eta * score_clip must be "
             f"<= {_MAX_EXPONENT} so that exp(eta * S) stays finite"
@@ -428,6 +442,14 @@ def _resolve_prompt(c: dict[str, Any], preset: str, num_bins: int) -> PromptSett
         raise ValueError(
             f"{p}.min_ess={min_ess} is invalid with {p}.weight_normalization={weight_normalization!r}: the "
             "effective-sample-size floor acts on mean_one multipliers"
+        )
+    mix_support = _choice(f"{p}.mix_support", c["mix_support"], MIX_SUPPORTS)
+    if (math.isinf(score_clip) or mix_support == "present") and (min_ess > 0 or weight_normalization != "mean_one"):
+        raise ValueError(
+            f"{p}.score_clip={score_clip} / {p}.mix_support={mix_support} (the release's multipliers) is invalid "
+            f"with {p}.min_ess={min_ess} / {p}.weight_normalization={weight_normalization!r}: without a clip "
+            "omega is only known up to a common factor, and the present-bins mixture is defined for mean_one "
+            "multipliers without an ESS floor only"
         )
     signal = {k: SIGNAL_DEFAULTS[k] if c[k] is None else c[k] for k in SIGNAL_DEFAULTS}
     low = _float(f"{p}.clip_ratio_low", signal["clip_ratio_low"], 0.0, 1.0, high_open=True)
@@ -453,6 +475,7 @@ def _resolve_prompt(c: dict[str, Any], preset: str, num_bins: int) -> PromptSett
         rate_decay=_float(f"{p}.rate_decay", c["rate_decay"], 0.0, 1.0, low_open=True),
         revisit=_float(f"{p}.revisit", c["revisit"], 0.0, 1.0, low_open=True),
         band_width=_float(f"{p}.band_width", c["band_width"], low=0.0, low_open=True),
+        mix_support=mix_support,
     )
 
 

@@ -21,6 +21,9 @@ A step, in the order of docs/algorithm.md ("Order in step t"):
    ``failure_rate`` signal reads only ``acc``, so this may run as soon as step 2's multipliers
    are taken (the GDRO trainer does so, before verl's estimator); the surrogate signals read the
    advantages and run after it.
+4. Only with the update-time signal (``update_surrogate``, :attr:`GDROController.wants_update_losses`):
+   ``metrics = ctrl.after_update(group_index, losses)`` after the PPO update, with each measured
+   response's loss; Prompt-GDRO (and a bandit fed the loss) learns from it for the next step.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from numpy.typing import ArrayLike, NDArray
 from verl_gdro.classifier import MAX_TRIALS_PER_VISIT, OnlineDifficultyClassifier
 from verl_gdro.evidence import PromptEvidence
 from verl_gdro.metrics import PREFIX, step_metrics_prepared
+from verl_gdro.presets import UPDATE_TIME_SIGNALS
 from verl_gdro.prompt_gdro import (
     PromptGDRO,
     bin_mean_losses,
@@ -46,6 +50,7 @@ from verl_gdro.prompt_gdro import (
     surrogate_kl_loss,
     surrogate_loss,
 )
+from verl_gdro.release_as_run import ReleaseAsRunAllocator, release_classes
 from verl_gdro.rollout_gdro import RolloutGDRO
 from verl_gdro.step.config import SAMPLING_MODES, GDROSettings, resolve_gdro
 
@@ -109,12 +114,15 @@ class GDROController:
         self.num_bins = settings.num_bins
         self.classifier: OnlineDifficultyClassifier | None = None
         self.prompt: PromptGDRO | None = None
-        self.rollout: RolloutGDRO | None = None
+        self.rollout: RolloutGDRO | ReleaseAsRunAllocator | None = None
         if settings.enable:
             self.classifier = OnlineDifficultyClassifier(**settings.classifier.kwargs())
             if settings.prompt.enable:
                 self.prompt = PromptGDRO(**settings.prompt.kwargs(self.num_bins))
-            if settings.rollout.enable:
+            if settings.rollout.enable and settings.rollout.allocator == "release_as_run":
+                r = settings.rollout
+                self.rollout = ReleaseAsRunAllocator(self.num_bins, r.n_min, r.n_max, self.rollout_n)
+            elif settings.rollout.enable:
                 self.rollout = RolloutGDRO(**settings.rollout.kwargs(self.num_bins, self.rollout_n))
         #: Per-prompt evidence of the training set for the sampling modes (:meth:`attach_prompts`).
         self.evidence: PromptEvidence | None = None
@@ -124,6 +132,8 @@ class GDROController:
         #: Increments at every :meth:`load_state_dict` (not saved): with :attr:`version` it tells a
         #: reader caching a function of the state (the sampler's draw probabilities) when to recompute.
         self.restores = 0
+        #: the last observed step, waiting for its update-time losses (:meth:`after_update`)
+        self._awaiting: dict[str, Any] | None = None
         self._reset_pending()
 
     @classmethod
@@ -149,6 +159,25 @@ class GDROController:
         """Prompt-GDRO draws the prompts (on, ``mode`` one of the sampling modes: ``resample`` or a
         per-prompt priority); the multipliers are then exactly 1."""
         return self.prompt is not None and self.settings.prompt.mode in SAMPLING_MODES
+
+    @property
+    def wants_update_losses(self) -> bool:
+        """Whether the loss signal is measured during the actor's PPO update (``update_surrogate``):
+        the caller then hands each response's update-time loss to :meth:`after_update` after the
+        update, and Prompt-GDRO (and a bandit fed the loss) learns from it for the next step."""
+        if not self.enabled or self.settings.prompt.loss_signal not in UPDATE_TIME_SIGNALS:
+            return False
+        return self.prompt is not None or self._rollout_needs_loss
+
+    @property
+    def _rollout_needs_loss(self) -> bool:
+        r = self.rollout
+        return isinstance(r, RolloutGDRO) and r.allocator == "bandit" and r.arm_utility == "loss"
+
+    @property
+    def awaiting_update(self) -> bool:
+        """A step was observed whose update-time losses :meth:`after_update` has not received yet."""
+        return self._awaiting is not None
 
     @property
     def pending_prompts(self) -> int:
@@ -193,7 +222,10 @@ class GDROController:
             bins = np.zeros(uids.size, dtype=np.int64)
         else:
             bins = self.classifier.bins(uids)
-        if self.rollout is not None and uids.size:
+        if isinstance(self.rollout, ReleaseAsRunAllocator):
+            # the release as run: the previous step's classes, by position (verl_gdro/release_as_run.py)
+            n = self.rollout.allocate(uids.size)
+        elif self.rollout is not None and uids.size:
             counts = None
             if self.rollout.allocator == "per_prompt":
                 assert self.classifier is not None
@@ -290,6 +322,13 @@ class GDROController:
         # planned n >= 1, so an absent prompt (0 trials) is also trials != n: one count for both
         incomplete = int(np.count_nonzero(trials != self._n))
 
+        deferred = self.wants_update_losses
+        if deferred and self._awaiting is not None:
+            logger.warning(
+                "verl-gdro: step %d's update-time losses never reached GDROController.after_update; Prompt-GDRO "
+                "skips that step's update", self.num_steps - 1,
+            )
+            self._awaiting = None
         losses = self._losses(g, correct, num_groups, response_mask, old_log_probs, ref_log_probs, advantages,
                               log_probs, correct_sums, trials)
         if incomplete == 0:  # every planned prompt is present (the usual step): no selection to copy
@@ -311,14 +350,25 @@ class GDROController:
             if self.prompt is not None:
                 if q_used is None:
                     q_used, omega_used = self.prompt.bin_probs(), self.prompt.omega()
-                prompt_info = self.prompt.update(bins_p, loss_p)
+                if not deferred:
+                    prompt_info = self.prompt.update(bins_p, loss_p)
 
             skip_reason: str | None = None
             rollout_info: dict[str, Any] = {}
-            if self.rollout is not None:
+            defer_rollout = False
+            if isinstance(self.rollout, ReleaseAsRunAllocator):
+                # the release classifies after generation, before the step's pass@k update: the
+                # window as it is now (the classifier observes last), excl for a rate of 0 or 1
+                uids_now = self._uids if incomplete == 0 else self._uids[present]
+                assert self.classifier is not None
+                self.rollout.observe(release_classes(bins_p, self.classifier.pass_at_k(uids_now), self.num_bins))
+            elif self.rollout is not None:
                 refusal = self.rollout.update_refusal(bins_p, self._n[present]) if bins_p.size else None
-                if incomplete == 0 and bins_p.size and refusal is None:
-                    rollout_info = self.rollout.update(bins_p, self._n[present], succ_p, loss_p)
+                defer_rollout = deferred and self._rollout_needs_loss
+                if incomplete == 0 and bins_p.size and refusal is None and defer_rollout:
+                    pass  # the bandit learns from the update-time loss in after_update
+                elif incomplete == 0 and bins_p.size and refusal is None:
+                    rollout_info = self.rollout.update(bins_p, self._n[present], succ_p, None if deferred else loss_p)
                 elif refusal is not None:
                     skip_reason = refusal
                     logger.warning(
@@ -359,6 +409,15 @@ class GDROController:
                 controller.restore(state)
             raise
 
+        if deferred:
+            self._awaiting = {
+                "num_groups": num_groups,
+                "present": present.copy(),
+                "bins": bins_p.copy(),
+                "n": self._n[present].copy(),
+                "successes": succ_p.copy(),
+                "rollout": bool(defer_rollout and incomplete == 0 and bins_p.size and skip_reason is None),
+            }
         self.num_steps += 1
         self.version += 1
         elapsed = self._time + (time.perf_counter() - t0) + float(extra_time_s)
@@ -384,6 +443,10 @@ class GDROController:
             dropped_nonfinite=int(prompt_info.get("dropped_nonfinite", 0)),
             dropped_nonfinite_total=0 if self.prompt is None else int(self.prompt.dropped_nonfinite),
         )
+        if isinstance(self.rollout, ReleaseAsRunAllocator):
+            # the arm each class got this step (class num_bins = excl); absent when n = rollout.n for all
+            for c, arm in self.rollout.last_class_arms.items():
+                metrics[f"{PREFIX}release_arm/{'excl' if c == self.num_bins else f'bin_{c}'}"] = float(arm)
         metrics[PREFIX + "incomplete_groups"] = float(incomplete)
         metrics[PREFIX + "rollout_update_skipped"] = float(skip_reason is not None)
         if self.rollout is not None:
@@ -393,6 +456,79 @@ class GDROController:
         metrics[PREFIX + "num_trajectories"] = float(g.size)
         self._reset_pending()
         return metrics
+
+    def after_update(self, group_index: ArrayLike, losses: ArrayLike) -> dict[str, float]:
+        """Feed the update-time loss of the step :meth:`after_advantage` last observed (``update_surrogate``).
+
+        Args:
+            group_index: plan position of each measured response's prompt in that step (the
+                ``group_index`` :meth:`after_advantage` received; any subset, any order, repeats
+                allowed: a response measured on several mini-batch passes is averaged).
+            losses: each response's loss, measured during the actor's PPO update (the token-mean of
+                the clipped surrogate on the raw advantages, :func:`verl_gdro.prompt_gdro.
+                clipped_surrogate_response_loss` without the dual clip, on every mini-batch).
+
+        Each prompt's loss is the mean over its measured responses (non-finite ones dropped);
+        prompts with no measured response (groups removed untrained) are left out of the update;
+        Prompt-GDRO's scores (and a bandit fed the loss) update from them, so the next step's
+        multipliers use them: the release's order. Returns the ``gdro/`` metrics the update
+        changes: per-bin ``loss`` (the bins measured) and ``score`` (S after the update), which
+        replace the placeholders :meth:`after_advantage` logged, and ``update_loss_responses``.
+        Refused (ValueError, nothing changed) without an observed step waiting, or with malformed
+        input.
+        """
+        if not self.wants_update_losses:
+            raise ValueError(
+                f"after_update needs gdro.prompt.loss_signal in {list(UPDATE_TIME_SIGNALS)} (got "
+                f"{self.settings.prompt.loss_signal!r}) with Prompt-GDRO or a loss-fed bandit on"
+            )
+        waiting = self._awaiting
+        if waiting is None:
+            raise ValueError("after_update: no observed step is waiting for its update-time losses (call after_advantage first)")
+        g = _int_array("group_index", group_index)
+        num_groups = int(waiting["num_groups"])
+        if g.size and (g.min() < 0 or g.max() >= num_groups):
+            raise ValueError(f"group_index must hold plan positions in [0, {num_groups}), got [{g.min()}, {g.max()}]")
+        loss = np.asarray(losses, dtype=np.float64)
+        if loss.ndim != 1 or loss.size != g.size:
+            raise ValueError(f"losses must be 1-D with one value per group_index entry ({g.size}), got shape {loss.shape}")
+        finite = np.isfinite(loss)
+        sums = np.bincount(g[finite], weights=loss[finite], minlength=num_groups)
+        counts = np.bincount(g[finite], minlength=num_groups)
+        present = waiting["present"]
+        # the prompts the update measured (a group removed untrained, e.g. DAPO-filtered, reached
+        # no actor: it is left out of this update, not counted as a non-finite loss)
+        measured = (counts > 0)[present]
+        per_prompt = (sums[present] / np.maximum(counts[present], 1))[measured]
+        bins = waiting["bins"][measured]
+        snapshots = [(c, c.snapshot()) for c in (self.prompt, self.rollout) if c is not None]
+        try:
+            info: dict[str, Any] = {}
+            if self.prompt is not None and bins.size:
+                info = self.prompt.update(bins, per_prompt)
+            refusal: str | None = None
+            if waiting["rollout"] and isinstance(self.rollout, RolloutGDRO) and bins.size:
+                # the measured subset: its bins' draws must still be known (section 3, `selection`)
+                refusal = self.rollout.update_refusal(bins, waiting["n"][measured])
+                if refusal is None:
+                    self.rollout.update(bins, waiting["n"][measured], waiting["successes"][measured], per_prompt)
+        except BaseException:
+            for controller, state in snapshots:
+                controller.restore(state)
+            raise
+        self._awaiting = None
+        in_step = np.bincount(bins, minlength=self.num_bins) > 0
+        mean = info["mean_losses"] if info else _bin_mean(bins, per_prompt, self.num_bins)
+        out: dict[str, float] = {PREFIX + "update_loss_responses": float(np.count_nonzero(finite))}
+        if refusal is not None:
+            out[PREFIX + "rollout_update_skipped"] = 1.0
+            out[f"{PREFIX}rollout_skip/{refusal}"] = 1.0
+        for b in range(self.num_bins):
+            if in_step[b]:
+                out[f"{PREFIX}loss/bin_{b}"] = float(mean[b])
+            if self.prompt is not None:
+                out[f"{PREFIX}score/bin_{b}"] = float(self.prompt.scores[b])
+        return out
 
     def _losses(
         self,
@@ -416,6 +552,9 @@ class GDROController:
         signal = p.loss_signal
         if signal == "failure_rate" or (self.prompt is None and self.rollout is None):
             return failure_rate_loss(group_mean_from_sums(correct_sums, trials))
+        if signal in UPDATE_TIME_SIGNALS or isinstance(self.rollout, ReleaseAsRunAllocator) and self.prompt is None:
+            # measured during the actor's update (after_update); the frozen release arms read no loss
+            return np.full(num_groups, np.nan)
         missing = [
             name
             for name, arr in (("response_mask", response_mask), ("old_log_probs", old_log_probs),
@@ -548,6 +687,9 @@ class GDROController:
             # such a run could not use, so the current values describe it.
             new_keys = {k: v for k, v in self.settings.to_dict()["prompt"].items() if k in _SAMPLING_KEYS}
             saved = {**saved, "prompt": {**new_keys, **saved["prompt"]}}
+        if isinstance(saved, Mapping) and isinstance(saved.get("prompt"), Mapping) and "mix_support" not in saved["prompt"]:
+            # saved before gdro.prompt.mix_support existed, which meant Eq. 15 over all bins
+            saved = {**saved, "prompt": {**saved["prompt"], "mix_support": "all"}}
         mine = self.settings.to_dict()
         if saved != mine:
             diff = _dict_diff(saved or {}, mine)
@@ -624,7 +766,9 @@ def describe_mode(settings: GDROSettings, rollout_n: int | None = None) -> str:
         parts.append(f"prompt: {p.mode} sampling ({knob}, explore {p.explore:g})")
     if r.enable:
         budget = "" if rollout_n is None else f", mean n {int(rollout_n)}"
-        if r.allocator == "per_prompt":
+        if r.allocator == "release_as_run":
+            parts.append(f"rollout: release_as_run (frozen uniform arms, lexicographic tie-break), n {r.n_min}..{r.n_max}{budget}")
+        elif r.allocator == "per_prompt":
             evidence = "window" if r.rate_decay is None else f"decay {r.rate_decay:g}"
             parts.append(f"rollout: per_prompt/{r.arm_utility} ({evidence}), n {r.n_min}..{r.n_max}{budget}")
         else:

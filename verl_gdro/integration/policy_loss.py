@@ -1,0 +1,167 @@
+"""The update-time loss signal (``gdro.prompt.loss_signal=update_surrogate``), measured in the actor.
+
+The authors' release measures Prompt-GDRO's bin loss inside the actor's PPO update
+(``kishanpb/verl-gdro``, ``verl/workers/actor/dp_actor.py``): for every micro-batch of every
+mini-batch, per response, the token-mean of ``max(-A * ratio, -A * clip(ratio, 1 - low, 1 + high))``
+with the **raw** advantages (not the class-weighted ones), no KL, no entropy, no dual clip. The
+first mini-batch is scored at ratio 1, later ones after one or more optimizer steps, so with several
+mini-batches per step the signal is small but not zero (about ``-mean A (ratio - 1)`` per class).
+Measured at the driver before the update, where ``ratio = 1``, it is identically zero (GRPO's
+advantages sum to zero per group): that is why ``surrogate`` left the release's Prompt-GDRO equal
+to GRPO.
+
+Here:
+
+* :func:`update_surrogate_per_response` is that per-response quantity (torch), shared by the CPU
+  demo's update and the verl actor's loss, so both measure the same thing.
+* :func:`raw_grpo_advantages` recomputes each response's GRPO advantage without the Prompt-GDRO
+  multiplier and without ``gdro.advantage_clip`` (verl's own ``compute_grpo_outcome_advantage``),
+  since a clipped weighted advantage cannot be divided back.
+* :func:`gdro_ppo_loss` wraps verl 0.9.1's actor loss (``verl.workers.utils.losses.ppo_loss``, the
+  loss the engine workers call once per micro-batch): it returns verl's loss unchanged and adds
+  the micro-batch's per-response update-time losses to the loss metrics, with each response's
+  step row (:data:`ROW_FIELD`). verl's worker gathers list metrics from every data-parallel rank
+  (``allgather_dict_into_dict``) and every mini-batch, so the driver receives every rank's
+  responses, not rank 0's share (the release's defect). The GDRO trainer installs it with the
+  worker group's ``set_loss_fn`` and takes the lists out of the actor's metrics before verl
+  averages them (:func:`pop_update_losses`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = [
+    "LOSS_METRIC",
+    "RAW_ADV_FIELD",
+    "ROW_FIELD",
+    "ROW_METRIC",
+    "gdro_ppo_loss",
+    "pop_update_losses",
+    "raw_grpo_advantages",
+    "update_surrogate_per_response",
+]
+
+#: per-response raw GRPO advantage written next to verl's ``advantages`` for the actor
+RAW_ADV_FIELD = "gdro_raw_advantages"
+#: per-response row of the step (its index in the step's batch; the trainer maps it to the plan
+#: position), float64
+ROW_FIELD = "gdro_row"
+#: the loss metrics' keys (popped by the trainer before verl reduces the actor metrics)
+LOSS_METRIC = "gdro_update/loss"
+ROW_METRIC = "gdro_update/row"
+
+_LOG_RATIO_CLAMP = 20.0  # verl's (and the release's) clamp of log(ratio)
+
+
+@torch.no_grad()
+def update_surrogate_per_response(
+    log_prob: torch.Tensor,
+    old_log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    clip_ratio_low: float,
+    clip_ratio_high: float,
+) -> np.ndarray:
+    """Each response's token-mean of ``max(-A r, -A clip(r, 1 - low, 1 + high))`` (float64 numpy).
+
+    ``advantages`` are the raw ones, per token [bs, T] or per response [bs]; ``r = exp(clamp(log_prob
+    - old_log_prob, -20, 20))``. No dual clip, no KL, no entropy: the release's ``per_sample_lb``. A
+    response with an empty mask gets 0 (the release divides by max(len, 1)).
+    """
+    mask = response_mask.to(torch.float64)
+    adv = advantages.to(torch.float64)
+    if adv.dim() == 1:
+        adv = adv[:, None]
+    ratio = torch.exp((log_prob.double() - old_log_prob.double()).clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP))
+    loss = torch.maximum(-adv * ratio, -adv * ratio.clamp(1.0 - clip_ratio_low, 1.0 + clip_ratio_high))
+    per = (loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
+    return per.cpu().numpy()
+
+
+def raw_grpo_advantages(
+    token_level_rewards: torch.Tensor, index: Any, norm_adv_by_std_in_grpo: bool = True
+) -> torch.Tensor:
+    """Per-response GRPO advantage [bs] without Prompt-GDRO's multiplier or the advantage clip.
+
+    verl's own ``compute_grpo_outcome_advantage`` over each uid group (any group size), singletons
+    0 as in ``gdro_grpo``: the "raw advantages" the release's update-time loss reads.
+    """
+    from verl.trainer.ppo import core_algos
+
+    column = torch.ones((token_level_rewards.shape[0], 1), dtype=torch.float32)
+    adv, _ = core_algos.compute_grpo_outcome_advantage(
+        token_level_rewards=token_level_rewards.float(),
+        response_mask=column,
+        index=np.asarray(index, dtype=object),
+        norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo,
+    )
+    keys = [str(u) for u in np.asarray(index, dtype=object).tolist()]
+    _, inverse, sizes = np.unique(np.array(keys, dtype=object), return_inverse=True, return_counts=True)
+    out = adv[:, 0].clone()
+    out[torch.as_tensor(sizes[inverse] == 1)] = 0.0
+    return out
+
+
+def gdro_ppo_loss(config: Any, model_output: Any, data: Any, dp_group: Any = None) -> tuple[Any, dict[str, Any]]:
+    """verl's ``ppo_loss``, plus the micro-batch's per-response update-time losses in the metrics.
+
+    The loss (and therefore the update) is exactly verl's. When the micro-batch carries
+    :data:`RAW_ADV_FIELD` and :data:`ROW_FIELD` (the GDRO trainer writes them for
+    ``update_surrogate``), the metrics gain :data:`LOSS_METRIC` and :data:`ROW_METRIC`: plain lists,
+    which verl's worker concatenates over micro-batches, mini-batches, epochs and data-parallel
+    ranks.
+    """
+    from verl.workers.utils.losses import ppo_loss
+    from verl.workers.utils.padding import no_padding_2_padding
+
+    loss, metrics = ppo_loss(config, model_output, data, dp_group)
+    if RAW_ADV_FIELD not in data.keys() or ROW_FIELD not in data.keys():
+        return loss, metrics
+    log_prob = no_padding_2_padding(model_output["log_probs"], data)
+    sel = data.select("response_mask", "old_log_probs").to_padded_tensor()
+    mask = sel["response_mask"].to(log_prob.dtype)
+    raw = data[RAW_ADV_FIELD].reshape(-1)
+    rows = data[ROW_FIELD].reshape(-1)
+    low = config.clip_ratio_low if config.clip_ratio_low is not None else config.clip_ratio
+    high = config.clip_ratio_high if config.clip_ratio_high is not None else config.clip_ratio
+    per = update_surrogate_per_response(log_prob.detach(), sel["old_log_probs"], raw, mask, float(low), float(high))
+    metrics[LOSS_METRIC] = per.tolist()
+    metrics[ROW_METRIC] = rows.detach().cpu().double().numpy().tolist()
+    return loss, metrics
+
+
+def _flatten(values: Any) -> list[float]:
+    out: list[float] = []
+    stack = [values]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, (list, tuple)):
+            stack.extend(reversed(v))
+        elif isinstance(v, np.ndarray):
+            stack.extend(reversed(v.tolist()))
+        elif isinstance(v, torch.Tensor):
+            stack.extend(reversed(v.reshape(-1).tolist()))
+        else:
+            out.append(float(v))
+    return out
+
+
+def pop_update_losses(metrics: dict[str, Any], prefix: str = "") -> tuple[np.ndarray, np.ndarray] | None:
+    """Take :data:`ROW_METRIC` / :data:`LOSS_METRIC` out of the actor's metrics: (rows, losses).
+
+    The worker nests the lists by micro-batch, rank and mini-batch; both keys are nested alike, so
+    flattening both in order pairs every loss with its row. None when the actor did not report
+    them (verl's own loss ran). Raises ValueError when the two disagree in length.
+    """
+    lk, rk = prefix + LOSS_METRIC, prefix + ROW_METRIC
+    if lk not in metrics and rk not in metrics:
+        return None
+    losses = _flatten(metrics.pop(lk, []))
+    rows = _flatten(metrics.pop(rk, []))
+    if len(losses) != len(rows):
+        raise ValueError(f"the actor reported {len(losses)} update-time losses for {len(rows)} rows")
+    return np.asarray(rows, dtype=np.float64).astype(np.int64), np.asarray(losses, dtype=np.float64)
