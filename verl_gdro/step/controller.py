@@ -581,10 +581,17 @@ class GDROController:
         # A prompt none of whose responses has a measured token (a group removed before the
         # log-prob stage, handed over zero-masked) carries no loss: NaN, dropped and counted like a
         # prompt without trajectories (section 2), never a loss of exactly 0.
-        measured = np.asarray(response_mask).sum(axis=1) > 0
-        if not measured.all():
-            has = np.bincount(g, weights=measured, minlength=num_groups) > 0
-            losses = np.where(has, losses, np.nan)
+        mask = np.asarray(response_mask)
+        # a real response's mask starts with a generated token, so only rows whose first entry is
+        # 0 need the whole-row look (O(N) instead of another pass over [N, T])
+        first_off = np.flatnonzero(mask[:, 0] == 0) if mask.ndim == 2 and mask.shape[1] else np.zeros(0, np.int64)
+        if first_off.size:
+            unmeasured = first_off[~mask[first_off].any(axis=1)]
+            if unmeasured.size:
+                measured = np.ones(mask.shape[0], dtype=bool)
+                measured[unmeasured] = False
+                has = np.bincount(g, weights=measured, minlength=num_groups) > 0
+                losses = np.where(has, losses, np.nan)
         return losses
 
     # ------------------------------------------------------------------------------------------
