@@ -52,26 +52,6 @@ GDRO_MODULES = f"{PLATFORM_MODULE},e2e_probe,e2e_seeded_agent"
 STANDALONE_NOTICE = re.compile(r"gdro_grpo[^\n]*\bstandalone\b", re.IGNORECASE)
 
 
-def _in_e2e_env() -> bool:
-    return importlib.util.find_spec("vllm") is not None and importlib.util.find_spec("verl") is not None
-
-
-@pytest.fixture(scope="module")
-def e2e_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if not _in_e2e_env():
-        msg = "the e2e tier runs in .venv-e2e: use `make test-e2e` (tests/e2e/run.sh)"
-        if os.environ.get("E2E_REQUIRED") == "1":
-            pytest.fail(msg)
-        pytest.skip(msg)
-    root = os.environ.get("E2E_WORK_DIR")
-    return Path(root).resolve() if root else tmp_path_factory.mktemp("e2e")
-
-
-@pytest.fixture(scope="module")
-def assets(e2e_root: Path) -> dict[str, str]:
-    from e2e_assets import build_all
-
-    return build_all(e2e_root / "assets")
 
 
 def _gdro_overrides(assets: dict[str, str], out: Path, steps: int) -> list[str]:
