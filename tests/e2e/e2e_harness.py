@@ -141,6 +141,14 @@ class RunResult:
             return []
         return [json.loads(line) for line in self.metrics_path.read_text().splitlines() if line.strip()]
 
+    def train_records(self) -> dict[int, dict[str, Any]]:
+        """step -> metrics of the training steps (records that carry the GDRO metrics)."""
+        out: dict[int, dict[str, Any]] = {}
+        for rec in self.metrics():
+            if any(k.startswith("gdro/") for k in rec["data"]):
+                out.setdefault(int(rec["step"]), {}).update(rec["data"])
+        return out
+
     def rollouts(self, step: int) -> list[dict[str, Any]]:
         """verl's own dump of the step's trajectories (``trainer.rollout_data_dir``)."""
         path = self.out_dir / "rollouts" / f"{step}.jsonl"

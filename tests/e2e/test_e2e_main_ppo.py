@@ -130,14 +130,6 @@ def _probe(run: RunResult, name: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def _train_records(run: RunResult) -> dict[int, dict[str, Any]]:
-    """step -> metrics of the training steps (records that carry the GDRO metrics)."""
-    out: dict[int, dict[str, Any]] = {}
-    for rec in run.metrics():
-        if any(k.startswith("gdro/") for k in rec["data"]):
-            out.setdefault(int(rec["step"]), {}).update(rec["data"])
-    return out
-
 
 # -------------------------------------------------------------------------------------------------
 # 1. the GDRO trainer, both adversaries, 3 steps, checkpoint every step, file logger
@@ -159,7 +151,7 @@ def test_every_gdro_metric_logged_finite_at_every_step(gdro_run: RunResult) -> N
     from verl_gdro.metrics import PREFIX, SCALAR_METRICS, step_keys
 
     _assert_ok(gdro_run)
-    records = _train_records(gdro_run)
+    records = gdro_run.train_records()
     assert sorted(records) == list(range(1, STEPS + 1)), f"steps with gdro metrics: {sorted(records)}"
     num_bins = max(int(k.rsplit("bin_", 1)[1]) for k in records[1] if "/bin_" in k) + 1
     for step, data in records.items():
@@ -180,7 +172,7 @@ def test_every_gdro_metric_logged_finite_at_every_step(gdro_run: RunResult) -> N
 def test_realised_rollouts_equal_the_exact_budget(gdro_run: RunResult) -> None:
     _assert_ok(gdro_run)
     budget = TRAIN_BATCH_SIZE * ROLLOUT_N
-    records = _train_records(gdro_run)
+    records = gdro_run.train_records()
     for step in range(1, STEPS + 1):
         dumped = gdro_run.rollouts(step)
         assert len(dumped) == budget, f"step {step}: verl generated {len(dumped)} trajectories, budget {budget}"
@@ -250,7 +242,7 @@ def _assert_same(a: Any, b: Any, path: str = "state") -> None:
 
 def test_resume_from_step_2_reproduces_step_3(gdro_run: RunResult, resumed_run: RunResult) -> None:
     _assert_ok(resumed_run)
-    resumed_steps = sorted(_train_records(resumed_run))
+    resumed_steps = sorted(resumed_run.train_records())
     assert resumed_steps == [STEPS], f"the resumed process logged steps {resumed_steps}, expected only {STEPS}"
     # Decisions made before step 3's generation come from the restored controller and sampler.
     plan_a = {r["step"]: r for r in _probe(gdro_run, "plan.jsonl")}[STEPS]
@@ -336,7 +328,7 @@ def _check_flow_run(run: RunResult) -> dict[int, dict[str, Any]]:
     from verl_gdro.metrics import PREFIX, step_keys
 
     _assert_ok(run)
-    records = _train_records(run)
+    records = run.train_records()
     assert sorted(records) == list(range(1, FLOW_STEPS + 1)), f"steps with gdro metrics: {sorted(records)}"
     num_bins = max(int(k.rsplit("bin_", 1)[1]) for k in records[1] if "/bin_" in k) + 1
     flow = ["gdro/flow/generated_rollouts", "gdro/flow/kept_rollouts", "gdro/dispatch/calls",

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -51,13 +50,6 @@ def _overrides(assets: dict[str, str], out: Path, extra: list[str]) -> list[str]
     ]
 
 
-def _train_records(run: RunResult) -> dict[int, dict[str, Any]]:
-    out: dict[int, dict[str, Any]] = {}
-    for rec in run.metrics():
-        if any(k.startswith("gdro/") for k in rec["data"]):
-            out.setdefault(int(rec["step"]), {}).update(rec["data"])
-    return out
-
 
 @pytest.fixture(scope="module", params=sorted(MODES))
 def update_run(request: pytest.FixtureRequest, e2e_root: Path, assets: dict[str, str]) -> tuple[str, RunResult]:
@@ -69,7 +61,7 @@ def update_run(request: pytest.FixtureRequest, e2e_root: Path, assets: dict[str,
 def test_update_time_losses_reach_prompt_gdro_from_every_mini_batch(update_run: tuple[str, RunResult]) -> None:
     mode, run = update_run
     assert run.returncode == 0, f"{mode}: main_ppo exited {run.returncode} after {run.seconds:.0f}s:\n{run.tail(80)}"
-    records = _train_records(run)
+    records = run.train_records()
     assert sorted(records) == list(range(1, STEPS + 1)), f"{mode}: steps with gdro metrics {sorted(records)}"
     scores_moved = False
     for step, data in records.items():
