@@ -123,9 +123,9 @@ class ReleaseAsRunAllocator:
         if prev is None or prev.size != num_prompts or num_prompts == 0:
             self.last_class_arms = {}
             return np.full(num_prompts, self.n_mean, dtype=np.int64)
-        order, first = np.unique(prev, return_index=True)
-        classes = order[np.argsort(first)]  # first-appearance order (the release's Counter)
-        counts = np.array([int(np.count_nonzero(prev == c)) for c in classes], dtype=np.int64)
+        order, first, sizes = np.unique(prev, return_index=True, return_counts=True)
+        by_appearance = np.argsort(first)  # first-appearance order (the release's Counter)
+        classes, counts = order[by_appearance], sizes[by_appearance].astype(np.int64)
         arms = lexicographic_exact_arms(counts, self.arms, self.n_mean * num_prompts)
         self.last_class_arms = {int(c): int(a) for c, a in zip(classes, arms)}
         lookup = np.zeros(self.num_bins + 1, dtype=np.int64)

@@ -450,9 +450,9 @@ class GDROController:
         metrics[PREFIX + "incomplete_groups"] = float(incomplete)
         metrics[PREFIX + "rollout_update_skipped"] = float(skip_reason is not None)
         if self.rollout is not None:
-            for reason, name in zip(ROLLOUT_SKIP_REASONS, ROLLOUT_METRICS, strict=False):
-                metrics[PREFIX + name] = float(skip_reason == reason)
-            metrics[PREFIX + ROLLOUT_METRICS[-1]] = float(rollout_info.get("unweighted_bins", 0))
+            for reason in ROLLOUT_SKIP_REASONS:
+                metrics[f"{PREFIX}rollout_skip/{reason}"] = float(skip_reason == reason)
+            metrics[PREFIX + "rollout_unweighted_bins"] = float(rollout_info.get("unweighted_bins", 0))
         metrics[PREFIX + "num_trajectories"] = float(g.size)
         self._reset_pending()
         return metrics

@@ -46,7 +46,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from verl_gdro.evidence import draw_without_replacement, mix_uniform, sampling_priority
-from verl_gdro.prompt_gdro import resample_bin_masses
+from verl_gdro.prompt_gdro import effective_sample_size, resample_bin_masses
 from verl_gdro.step.controller import GDROController
 
 __all__ = ["DRAW_METRICS", "PromptSampler"]
@@ -147,7 +147,7 @@ class PromptSampler:
             p = np.asarray(self.probabilities(), dtype=np.float64)
             p.setflags(write=False)
             self._probs, self._probs_key = p, key
-            self._ess_share = min(1.0, 1.0 / (p.size * float(np.dot(p, p))))  # 1 when uniform
+            self._ess_share = min(1.0, effective_sample_size(p))  # Kish's share; 1 when uniform
             self.passes += 1
         return self._probs
 
