@@ -41,7 +41,7 @@ YAML_PATH = ROOT / "verl_gdro" / "config" / "gdro_trainer.yaml"
 #: Where each generated part lives (one part may appear in several files).
 TARGETS: dict[str, tuple[str, ...]] = {
     "config-keys": ("docs/configuration.md",),
-    "presets": ("README.md", "docs/configuration.md"),
+    "presets": ("docs/configuration.md",),
     "mode-line": ("README.md",),
     "cli": ("docs/cli.md",),
 }

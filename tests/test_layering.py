@@ -1,6 +1,6 @@
 """The package reads bottom-up: math -> step API -> verl glue -> tools, with no import circle.
 
-The layout is the architecture (README "Layout", ``verl_gdro/__init__.py``): a reader should be
+The layout is the architecture (``docs/development.md``, ``verl_gdro/__init__.py``): a reader should be
 able to trust that ``verl_gdro/step/`` is everything a training loop calls and that nothing there
 or below reaches up into verl. These tests read every module's imports with :mod:`ast` (including
 the lazy ones inside functions and the ``TYPE_CHECKING`` ones), so a new upward import or circle
