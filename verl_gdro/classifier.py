@@ -26,7 +26,7 @@ every decision of step t, then ``observe(...)`` step t's visit.
 from __future__ import annotations
 
 import numbers
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from functools import lru_cache
 from itertools import repeat
 from typing import Any
@@ -69,15 +69,11 @@ def _factor_offsets(k: int, ndim: int) -> np.ndarray:
 
 
 def pooled_pass_at_k(successes: np.ndarray, trials: np.ndarray, k: int) -> np.ndarray:
-    """Pooled pass@k of docs/algorithm.md section 1 (``passk_estimator: pooled``).
+    """Pooled pass@k of docs/algorithm.md section 1 (``passk_estimator: pooled``): with S successes
+    out of T trials summed over the window, ``1 - C(T-S, k) / C(T, k)`` when T >= k, else
+    ``1 - (1 - S/T)^k``.
 
-    With S successes out of T trials summed over the window: ``1 - C(T-S, k) / C(T, k)`` when
-    T >= k (the unbiased estimator of the chance that k draws without replacement contain a
-    success), else ``1 - (1 - S/T)^k``. Pooling makes the estimate independent of how many
-    rollouts a prompt got per visit, which matters once Rollout-GDRO varies n.
-
-    The binomial ratio is evaluated as ``prod_{j<k} (T-S-j) / (T-j)``: every factor is in [0, 1],
-    so there is no overflow, and a zero factor appears exactly when T-S < k (estimate 1).
+    The binomial ratio is evaluated as ``prod_{j<k} (T-S-j) / (T-j)``: every factor is in [0, 1],    so there is no overflow, and a zero factor appears exactly when T-S < k (estimate 1).
     T must be >= 1 (callers return NaN for prompts without a visit).
     """
     s = np.asarray(successes, dtype=np.float64)
@@ -88,17 +84,13 @@ def pooled_pass_at_k(successes: np.ndarray, trials: np.ndarray, k: int) -> np.nd
         return s / t
     if s.shape != t.shape:
         s, t = np.broadcast_arrays(s, t)
-    # All k factors at once, [k, prompts]: (T-S-j) / (T-j), clamped at 0 so factors past a zero
-    # stay at 0 instead of turning negative (rows with T < k are handled below and their factors,
-    # T - j <= 0, are never used). Then multiplied in order j = 0, 1, ..., row by row: the same
-    # float operations, in the same order, as a running product over j (one pass per factor was
-    # ~3k small numpy calls; this is ~k + 6).
+    # All k factors at once, [k, prompts], clamped at 0 so factors past a zero stay 0 (rows with
+    # T < k are handled below). A reduction over the leading axis multiplies whole rows in index
+    # order: the running product's bits in one call instead of k - 1
+    # (test_pooled_factor_table_is_bit_identical_to_the_running_product).
     j = _factor_offsets(int(k), t.ndim)
     factors = np.maximum((t - s) - j, 0.0)
     factors /= np.maximum(t - j, 1.0)
-    # A reduction over the leading axis multiplies whole rows in index order (numpy's pairwise
-    # scheme is for sums along the contiguous axis): the running product's bits, in one call
-    # instead of k - 1 (test_pooled_factor_table_is_bit_identical_to_the_running_product).
     ratio = np.multiply.reduce(factors, axis=0)
     if t.size == 0 or t.min() >= k:  # one reduction, no mask (the usual case)
         return 1.0 - ratio
@@ -121,10 +113,7 @@ def any_of_n_rate(visit_successes: np.ndarray, num_visits: np.ndarray) -> np.nda
 
 
 # Estimates, edges and hysteresis thresholds are compared after rounding to 12 decimals, so an
-# estimate that is mathematically on an edge lands on it whatever floating-point path computed
-# it: e.g. pooled pass@2 with S=1, T=10 is exactly 0.2 but the product form gives 0.1999...98,
-# and 0.6 + 0.03 need not equal 0.63. Estimates have denominators far below 1e12, so rounding
-# never merges two distinct values of one comparison.
+# estimate mathematically on an edge lands on it (docs/algorithm.md, "Classifier (section 1)").
 COMPARE_DECIMALS = 12
 
 
@@ -167,10 +156,8 @@ def hysteresis_move(
     on the :func:`snap` grid already (the classifier's estimates are), so it is not rounded again;
     :func:`snap` is idempotent on [0, 1] (``test_snap_is_idempotent``), so the bins are the same.
 
-    Both directions are tested with uniform and custom edges: the released patch blocked every
-    downward move for uniform edges (docs/algorithm.md, "Defects of the released patch", 4). The classifier itself applies the
-    equivalent keep rule of :func:`_hysteresis_keep` (its raw bins always come from ``p``); this
-    is the rule as the spec states it, for any ``raw``, and the reference that rule is tested against.
+    The classifier applies the equivalent keep rule of :func:`_hysteresis_keep` (its raw bins
+    come from ``p``); this is the rule as the spec states it, the reference that one is tested against.
     """
     committed = np.asarray(committed, dtype=np.int64)
     up_at, down_at = hysteresis_thresholds(full_edges, delta) if thresholds is None else thresholds
@@ -435,50 +422,40 @@ def _has_duplicates(values: np.ndarray) -> bool:
 _CHUNK_ROWS = 1 << 16
 
 
-def _pack_rows(succ: np.ndarray, trials: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Concatenate the first ``lengths[i]`` cells of row i of both ring buffers.
-
-    Works in blocks of rows so the boolean masks stay small (cache-sized) even for 1e7 prompts.
-    """
-    total = int(lengths.sum())
-    width = succ.shape[1]
-    out_s = np.empty(total, dtype=np.uint8)
-    out_t = np.empty(total, dtype=np.uint8)
+def _row_blocks(lengths: np.ndarray, width: int) -> Iterator[tuple[slice, np.ndarray | None, int]]:
+    """Blocks of :data:`_CHUNK_ROWS` ring rows, each with the mask of its first ``lengths[i]``
+    cells per row (None when every row is full: the block is contiguous) and its cell count.
+    Blocks keep the boolean masks cache-sized even for 1e7 prompts."""
     cols = np.arange(width)
-    pos = 0
     for start in range(0, lengths.size, _CHUNK_ROWS):
-        stop = min(lengths.size, start + _CHUNK_ROWS)
-        m = lengths[start:stop]
-        if m.min() == width:  # full rows: the block is contiguous
-            part_s, part_t = succ[start:stop].ravel(), trials[start:stop].ravel()
-        else:
-            mask = cols[None, :] < m[:, None]
-            part_s, part_t = succ[start:stop][mask], trials[start:stop][mask]
-        out_s[pos : pos + part_s.size] = part_s
-        out_t[pos : pos + part_t.size] = part_t
-        pos += part_s.size
-    return out_s, out_t
+        m = lengths[start : start + _CHUNK_ROWS]
+        yield slice(start, start + m.size), None if m.min() == width else cols[None, :] < m[:, None], int(m.sum())
+
+
+def _pack_rows(succ: np.ndarray, trials: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Concatenate the first ``lengths[i]`` cells of row i of both ring buffers."""
+    total = int(lengths.sum())
+    out = np.empty(total, dtype=np.uint8), np.empty(total, dtype=np.uint8)
+    pos = 0
+    for rows, mask, count in _row_blocks(lengths, succ.shape[1]):
+        for flat, ring in zip(out, (succ, trials)):
+            flat[pos : pos + count] = ring[rows].ravel() if mask is None else ring[rows][mask]
+        pos += count
+    return out
 
 
 def _unpack_rows(
     flat_s: np.ndarray, flat_t: np.ndarray, lengths: np.ndarray, succ: np.ndarray, trials: np.ndarray
 ) -> None:
     """Inverse of :func:`_pack_rows`, writing into zero-filled ring buffers."""
-    width = succ.shape[1]
-    cols = np.arange(width)
     pos = 0
-    for start in range(0, lengths.size, _CHUNK_ROWS):
-        stop = min(lengths.size, start + _CHUNK_ROWS)
-        m = lengths[start:stop]
-        count = int(m.sum())
-        block_s, block_t = succ[start:stop], trials[start:stop]
-        if m.min() == width:
-            block_s[...] = flat_s[pos : pos + count].reshape(block_s.shape)
-            block_t[...] = flat_t[pos : pos + count].reshape(block_t.shape)
-        else:
-            mask = cols[None, :] < m[:, None]
-            block_s[mask] = flat_s[pos : pos + count]
-            block_t[mask] = flat_t[pos : pos + count]
+    for rows, mask, count in _row_blocks(lengths, succ.shape[1]):
+        for flat, ring in ((flat_s, succ), (flat_t, trials)):
+            block = ring[rows]
+            if mask is None:
+                block[...] = flat[pos : pos + count].reshape(block.shape)
+            else:
+                block[mask] = flat[pos : pos + count]
         pos += count
 
 
@@ -571,13 +548,9 @@ class _VisitHistory:
         self.dense: np.ndarray | None = np.zeros(0, dtype=np.int32)  # slot + 1 by uid; None: a uid outside
 
     def resize(self, capacity: int, width: int) -> None:
-        """Reallocate to ``capacity`` rows of ``width`` ring columns, keeping the contents.
-
-        Both axes grow by doubling (amortised O(1) copying per cell). Columns widen up to
-        ``window`` only as some prompt needs them, so a million prompts seen once or twice cost a
-        few bytes of history each. Until the ring is ``window`` wide no prompt has wrapped around,
-        so visit v of a prompt is in column v both before and after widening.
-        """
+        """Reallocate to ``capacity`` rows of ``width`` ring columns, keeping the contents (both grow
+        by doubling, see the module docstring). Until the ring is ``window`` wide no prompt has
+        wrapped around, so visit v of a prompt is in column v both before and after widening."""
         n, w = self.n, self.width
 
         def moved(arr: np.ndarray, fill: int, shape: tuple[int, ...]) -> np.ndarray:

@@ -6,19 +6,10 @@ apart. All keys live under ``gdro/``; per-bin metrics are flattened as ``gdro/<n
 (e.g. ``gdro/prompt_share/bin_3``), which every logger (console, wandb, tensorboard, verl's
 ``file`` JSONL) accepts as a scalar.
 
-Every logged value is a finite float, always: loggers and the CPU end-to-end test check
-finiteness. Decisions for bins absent from a step (documented in docs/algorithm.md):
-
-- The per-step averages of a bin's prompts, :data:`PRESENT_ONLY_METRICS` (prompt_weight, loss,
-  acc, rollout_n), are **not logged** for an absent bin: there is nothing to average, and a
-  placeholder (the 0 or the unused multiplier logged before) made every mean over steps in
-  wandb / TensorBoard wrong unless the reader masked it with ``gdro/count``. A missing key is
-  what every logger skips; :func:`step_keys` lists the keys of one step.
-- share, count and budget_share are 0 for an absent bin: true values, whose mean over steps is
-  the bin's mean share.
-- Prompt-GDRO's state (q, score, omega) is defined for every bin and logged as is.
-- When an adversary is off, its inputs are omitted and the neutral values are logged: weight 1,
-  q = 1/B, score 0, omega 1, loss 0, shadow price 0.
+Every logged value is a finite float, always. A bin absent from a step logs no
+:data:`PRESENT_ONLY_METRICS` (nothing to average; :func:`step_keys` lists a step's keys), true
+zeros for share, count and budget share, and Prompt-GDRO's state as is; an adversary that is off
+logs neutral values. The reasons: docs/algorithm.md, "Metrics (section 4)".
 
 numpy only: no verl, no torch.
 """

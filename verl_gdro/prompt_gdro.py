@@ -125,9 +125,6 @@ def failure_rate_loss(
 ) -> NDArray[np.float64]:
     """Failure rate ``l(x) = 1 - mean_j r_ij`` (loss signal ``failure_rate``, preset ``robust``).
 
-    The 0/1 loss of Group DRO's worst-group objective: it carries difficulty directly, which the
-    Eq. 6 signal does not at the on-policy point (see :func:`surrogate_loss`).
-
     ``acc`` is the binary correctness of every response (``r_ij`` in {0, 1}, read from the reward's
     ``acc``, never the shaped score) with ``group_index`` the prompt index of each response; or,
     with ``group_index=None``, already the mean correctness of each prompt. Finite values outside
@@ -283,12 +280,8 @@ def surrogate_loss(
     """Loss signal ``surrogate`` (the released patch): mean over a prompt's responses of -J^CLIP_ij.
 
     Inputs are per response (rows) and token (columns) with verl's ``response_mask``, plus the
-    prompt index of every response, so any group sizes work in one vectorised pass.
-
-    Note (docs/algorithm.md section 2): at the on-policy point, where the driver evaluates it, ratio = 1 and
-    each response's token-mean is -A_ij; GRPO advantages sum to zero within a group, so for equal
-    response weights this signal is exactly zero for every prompt (up to rounding). It carries no
-    difficulty information there; the ``failure_rate`` signal does.
+    prompt index of every response. At the on-policy point, where the driver evaluates it, it is
+    zero for every prompt (GRPO advantages sum to zero in a group; docs/algorithm.md section 2).
     """
     per_response = clipped_surrogate_response_loss(
         log_prob, old_log_prob, advantages, response_mask, clip_ratio_low, clip_ratio_high, clip_ratio_c
@@ -312,10 +305,8 @@ def surrogate_kl_loss(
     """Loss signal ``surrogate_kl`` (Eqs. 6-7, preset ``paper``): mean_j (-J^CLIP_ij + beta_KL KL_ij).
 
     KL_ij is the token-mean of :func:`low_var_kl` between ``log_prob`` (the current = old policy at
-    the driver) and ``ref_log_prob``. At ratio = 1 the surrogate part of a prompt is exactly zero
-    (GRPO advantages sum to zero in a group), so this equals ``kl_coef * mean_j KL_ij``: with share
-    normalisation the weights are driven mostly by inverse bin share, modulated by KL. That is the
-    paper's definition, kept and logged per bin rather than hidden (docs/algorithm.md section 2).
+    the driver) and ``ref_log_prob``; on-policy the surrogate part is zero, so this is
+    ``kl_coef * mean_j KL_ij`` (kept and logged per bin, docs/algorithm.md section 2).
     """
     mask, arr = _token_arrays(response_mask, log_prob=log_prob, ref_log_prob=ref_log_prob)
     lp, ref = arr["log_prob"], arr["ref_log_prob"]
