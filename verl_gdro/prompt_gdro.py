@@ -58,6 +58,9 @@ WEIGHT_NORMALIZATIONS = ("mean_one", "raw")
 _MAX_EXPONENT = 600.0
 
 _STATE_VERSION = 1
+#: PromptGDRO's constructor arguments in order: what config() returns and a saved state's "config" holds
+_CONFIG_NAMES = ("num_bins", "eta", "beta", "gamma", "max_weight", "score_clip", "normalize_by_share", "share_floor",
+                 "weight_normalization", "min_ess", "mix_support")
 
 # Same clamps as verl's kl_penalty("low_var_kl") and compute_policy_loss_vanilla, so the driver-side
 # loss signal measures the same quantity the actor optimises.
@@ -864,19 +867,7 @@ class PromptGDRO:
 
     def config(self) -> dict[str, Any]:
         """The constructor arguments (state from a differently configured controller is refused)."""
-        return {
-            "num_bins": self.num_bins,
-            "eta": self.eta,
-            "beta": self.beta,
-            "gamma": self.gamma,
-            "max_weight": self.max_weight,
-            "score_clip": self.score_clip,
-            "normalize_by_share": self.normalize_by_share,
-            "share_floor": self.share_floor,
-            "weight_normalization": self.weight_normalization,
-            "min_ess": self.min_ess,
-            "mix_support": self.mix_support,
-        }
+        return {name: getattr(self, name) for name in _CONFIG_NAMES}
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue bit-identically: config, S, observed mask, counters."""
