@@ -420,7 +420,8 @@ class Bench:
 
 #: What ``--profile`` times inside the GDRO step: (module, class or None, function names).
 PROFILED = (
-    ("verl_gdro.classifier", "OnlineDifficultyClassifier", ("bins", "observe_prepared", "_slots")),
+    ("verl_gdro.classifier", "OnlineDifficultyClassifier", ("bins", "observe_prepared")),
+    ("verl_gdro.classifier", "_VisitHistory", ("slots",)),
     ("verl_gdro.prompt_gdro", "PromptGDRO", ("bin_multipliers", "update")),
     ("verl_gdro.rollout_gdro", "RolloutGDRO", ("allocate", "update")),
     ("verl_gdro.step.controller", "GDROController", ("decide", "adopt", "advantage_multipliers",

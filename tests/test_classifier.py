@@ -867,22 +867,23 @@ def test_slot_lookups_and_window_sums_follow_the_index_and_the_rings(
         uids = rng.choice(30, size=int(rng.integers(1, 25)), replace=False)  # revisits: the rings wrap
         if negative and step == 8:
             uids[0] = -5  # a negative id also leaves direct addressing
-        np.testing.assert_array_equal(clf._slots(uids), clf._index.lookup(uids, clf._uids))
+        h = clf._history
+        np.testing.assert_array_equal(h.slots(uids), h.index.lookup(uids, h.uids))
         fresh = OnlineDifficultyClassifier(num_bins=5, window=4, hysteresis=0.0)
         fresh.load_state_dict(clf.state_dict())
         np.testing.assert_array_equal(clf.bins(uids), fresh.bins(uids))
         trials = rng.integers(1, 5, size=uids.size)
         clf.observe(uids, rng.integers(0, trials + 1), trials)
-        np.testing.assert_array_equal(clf._slots(uids), clf._index.lookup(uids, clf._uids))
-        assert len(clf._slot_cache) <= max(cache_max, 25)
+        np.testing.assert_array_equal(h.slots(uids), h.index.lookup(uids, h.uids))
+        assert len(h.slot_cache) <= max(cache_max, 25)
         n = clf.num_seen  # the window sums follow the rings through wrap-around (window 4, 12 steps)
-        np.testing.assert_array_equal(clf._succ_sum[:n], clf._succ[:n].sum(axis=1))
-        np.testing.assert_array_equal(clf._trials_sum[:n], clf._trials[:n].sum(axis=1))
+        np.testing.assert_array_equal(h.succ_sum[:n], h.succ[:n].sum(axis=1))
+        np.testing.assert_array_equal(h.trials_sum[:n], h.trials[:n].sum(axis=1))
         if step == 6:
             clf.load_state_dict(clf.state_dict())  # a resume empties the cache
-            assert not clf._slot_cache
-    stored = clf._uids[: clf.num_seen]
-    assert (clf._dense is None) == bool(stored.min() < 0 or stored.max() >= dense_uids)
+            assert not clf._history.slot_cache
+    stored = clf._history.uids[: clf.num_seen]
+    assert (clf._history.dense is None) == bool(stored.min() < 0 or stored.max() >= dense_uids)
 
 
 @given(st.floats(min_value=0.0, max_value=1.0, allow_nan=False))

@@ -26,7 +26,7 @@ every decision of step t, then ``observe(...)`` step t's visit.
 from __future__ import annotations
 
 import numbers
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from functools import lru_cache
 from itertools import repeat
 from typing import Any
@@ -69,15 +69,11 @@ def _factor_offsets(k: int, ndim: int) -> np.ndarray:
 
 
 def pooled_pass_at_k(successes: np.ndarray, trials: np.ndarray, k: int) -> np.ndarray:
-    """Pooled pass@k of docs/algorithm.md section 1 (``passk_estimator: pooled``).
+    """Pooled pass@k of docs/algorithm.md section 1 (``passk_estimator: pooled``): with S successes
+    out of T trials summed over the window, ``1 - C(T-S, k) / C(T, k)`` when T >= k, else
+    ``1 - (1 - S/T)^k``.
 
-    With S successes out of T trials summed over the window: ``1 - C(T-S, k) / C(T, k)`` when
-    T >= k (the unbiased estimator of the chance that k draws without replacement contain a
-    success), else ``1 - (1 - S/T)^k``. Pooling makes the estimate independent of how many
-    rollouts a prompt got per visit, which matters once Rollout-GDRO varies n.
-
-    The binomial ratio is evaluated as ``prod_{j<k} (T-S-j) / (T-j)``: every factor is in [0, 1],
-    so there is no overflow, and a zero factor appears exactly when T-S < k (estimate 1).
+    The binomial ratio is evaluated as ``prod_{j<k} (T-S-j) / (T-j)``: every factor is in [0, 1],    so there is no overflow, and a zero factor appears exactly when T-S < k (estimate 1).
     T must be >= 1 (callers return NaN for prompts without a visit).
     """
     s = np.asarray(successes, dtype=np.float64)
@@ -88,17 +84,13 @@ def pooled_pass_at_k(successes: np.ndarray, trials: np.ndarray, k: int) -> np.nd
         return s / t
     if s.shape != t.shape:
         s, t = np.broadcast_arrays(s, t)
-    # All k factors at once, [k, prompts]: (T-S-j) / (T-j), clamped at 0 so factors past a zero
-    # stay at 0 instead of turning negative (rows with T < k are handled below and their factors,
-    # T - j <= 0, are never used). Then multiplied in order j = 0, 1, ..., row by row: the same
-    # float operations, in the same order, as a running product over j (one pass per factor was
-    # ~3k small numpy calls; this is ~k + 6).
+    # All k factors at once, [k, prompts], clamped at 0 so factors past a zero stay 0 (rows with
+    # T < k are handled below). A reduction over the leading axis multiplies whole rows in index
+    # order: the running product's bits in one call instead of k - 1
+    # (test_pooled_factor_table_is_bit_identical_to_the_running_product).
     j = _factor_offsets(int(k), t.ndim)
     factors = np.maximum((t - s) - j, 0.0)
     factors /= np.maximum(t - j, 1.0)
-    # A reduction over the leading axis multiplies whole rows in index order (numpy's pairwise
-    # scheme is for sums along the contiguous axis): the running product's bits, in one call
-    # instead of k - 1 (test_pooled_factor_table_is_bit_identical_to_the_running_product).
     ratio = np.multiply.reduce(factors, axis=0)
     if t.size == 0 or t.min() >= k:  # one reduction, no mask (the usual case)
         return 1.0 - ratio
@@ -121,10 +113,7 @@ def any_of_n_rate(visit_successes: np.ndarray, num_visits: np.ndarray) -> np.nda
 
 
 # Estimates, edges and hysteresis thresholds are compared after rounding to 12 decimals, so an
-# estimate that is mathematically on an edge lands on it whatever floating-point path computed
-# it: e.g. pooled pass@2 with S=1, T=10 is exactly 0.2 but the product form gives 0.1999...98,
-# and 0.6 + 0.03 need not equal 0.63. Estimates have denominators far below 1e12, so rounding
-# never merges two distinct values of one comparison.
+# estimate mathematically on an edge lands on it (docs/algorithm.md, "Classifier (section 1)").
 COMPARE_DECIMALS = 12
 
 
@@ -167,10 +156,8 @@ def hysteresis_move(
     on the :func:`snap` grid already (the classifier's estimates are), so it is not rounded again;
     :func:`snap` is idempotent on [0, 1] (``test_snap_is_idempotent``), so the bins are the same.
 
-    Both directions are tested with uniform and custom edges: the released patch blocked every
-    downward move for uniform edges (docs/algorithm.md, "Defects of the released patch", 4). The classifier itself applies the
-    equivalent keep rule of :func:`_hysteresis_keep` (its raw bins always come from ``p``); this
-    is the rule as the spec states it, for any ``raw``, and the reference that rule is tested against.
+    The classifier applies the equivalent keep rule of :func:`_hysteresis_keep` (its raw bins
+    come from ``p``); this is the rule as the spec states it, the reference that one is tested against.
     """
     committed = np.asarray(committed, dtype=np.int64)
     up_at, down_at = hysteresis_thresholds(full_edges, delta) if thresholds is None else thresholds
@@ -435,56 +422,348 @@ def _has_duplicates(values: np.ndarray) -> bool:
 _CHUNK_ROWS = 1 << 16
 
 
-def _pack_rows(succ: np.ndarray, trials: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Concatenate the first ``lengths[i]`` cells of row i of both ring buffers.
-
-    Works in blocks of rows so the boolean masks stay small (cache-sized) even for 1e7 prompts.
-    """
-    total = int(lengths.sum())
-    width = succ.shape[1]
-    out_s = np.empty(total, dtype=np.uint8)
-    out_t = np.empty(total, dtype=np.uint8)
+def _row_blocks(lengths: np.ndarray, width: int) -> Iterator[tuple[slice, np.ndarray | None, int]]:
+    """Blocks of :data:`_CHUNK_ROWS` ring rows, each with the mask of its first ``lengths[i]``
+    cells per row (None when every row is full: the block is contiguous) and its cell count.
+    Blocks keep the boolean masks cache-sized even for 1e7 prompts."""
     cols = np.arange(width)
-    pos = 0
     for start in range(0, lengths.size, _CHUNK_ROWS):
-        stop = min(lengths.size, start + _CHUNK_ROWS)
-        m = lengths[start:stop]
-        if m.min() == width:  # full rows: the block is contiguous
-            part_s, part_t = succ[start:stop].ravel(), trials[start:stop].ravel()
-        else:
-            mask = cols[None, :] < m[:, None]
-            part_s, part_t = succ[start:stop][mask], trials[start:stop][mask]
-        out_s[pos : pos + part_s.size] = part_s
-        out_t[pos : pos + part_t.size] = part_t
-        pos += part_s.size
-    return out_s, out_t
+        m = lengths[start : start + _CHUNK_ROWS]
+        yield slice(start, start + m.size), None if m.min() == width else cols[None, :] < m[:, None], int(m.sum())
+
+
+def _pack_rows(succ: np.ndarray, trials: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Concatenate the first ``lengths[i]`` cells of row i of both ring buffers."""
+    total = int(lengths.sum())
+    out = np.empty(total, dtype=np.uint8), np.empty(total, dtype=np.uint8)
+    pos = 0
+    for rows, mask, count in _row_blocks(lengths, succ.shape[1]):
+        for flat, ring in zip(out, (succ, trials)):
+            flat[pos : pos + count] = ring[rows].ravel() if mask is None else ring[rows][mask]
+        pos += count
+    return out
 
 
 def _unpack_rows(
     flat_s: np.ndarray, flat_t: np.ndarray, lengths: np.ndarray, succ: np.ndarray, trials: np.ndarray
 ) -> None:
     """Inverse of :func:`_pack_rows`, writing into zero-filled ring buffers."""
-    width = succ.shape[1]
-    cols = np.arange(width)
     pos = 0
-    for start in range(0, lengths.size, _CHUNK_ROWS):
-        stop = min(lengths.size, start + _CHUNK_ROWS)
-        m = lengths[start:stop]
-        count = int(m.sum())
-        block_s, block_t = succ[start:stop], trials[start:stop]
-        if m.min() == width:
-            block_s[...] = flat_s[pos : pos + count].reshape(block_s.shape)
-            block_t[...] = flat_t[pos : pos + count].reshape(block_t.shape)
-        else:
-            mask = cols[None, :] < m[:, None]
-            block_s[mask] = flat_s[pos : pos + count]
-            block_t[mask] = flat_t[pos : pos + count]
+    for rows, mask, count in _row_blocks(lengths, succ.shape[1]):
+        for flat, ring in ((flat_s, succ), (flat_t, trials)):
+            block = ring[rows]
+            if mask is None:
+                block[...] = flat[pos : pos + count].reshape(block.shape)
+            else:
+                block[mask] = flat[pos : pos + count]
         pos += count
 
 
 def _any_greater(a: np.ndarray, b: np.ndarray, chunk: int = 1 << 22) -> bool:
     """``np.any(a > b)`` without a full-size boolean temporary."""
     return any(bool(np.any(a[i : i + chunk] > b[i : i + chunk])) for i in range(0, a.size, chunk))
+
+
+def _validate_edges(bin_edges: Any, num_bins: Any) -> np.ndarray:
+    """The inner edges, checked; ``num_bins`` must agree with them or stay at its default 10."""
+    num_bins = _check_int("num_bins", num_bins, 1, MAX_NUM_BINS)
+    if bin_edges is None:
+        return np.arange(1, num_bins, dtype=np.float64) / num_bins
+    try:
+        edges = np.asarray(bin_edges, dtype=np.float64)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"bin_edges must be a sequence of floats, got {bin_edges!r}") from err
+    if edges.ndim != 1:
+        raise ValueError(f"bin_edges must be a 1-D sequence of inner edges, got shape {edges.shape}")
+    if edges.size + 1 > MAX_NUM_BINS:
+        raise ValueError(f"bin_edges defines {edges.size + 1} bins; at most {MAX_NUM_BINS} allowed")
+    if edges.size and (not np.all(np.isfinite(edges)) or edges.min() <= 0.0 or edges.max() >= 1.0):
+        raise ValueError(
+            f"bin_edges must be inner edges strictly inside (0, 1) (leave out 0 and 1), got {edges.tolist()}"
+        )
+    if np.any(np.diff(edges) <= 0):
+        raise ValueError(f"bin_edges must be strictly increasing, got {edges.tolist()}")
+    implied = edges.size + 1
+    if num_bins != implied and num_bins != 10:
+        raise ValueError(
+            f"num_bins={num_bins} disagrees with bin_edges: {edges.size} inner edges define "
+            f"{implied} bins (pass num_bins={implied} or leave it at its default)"
+        )
+    return edges
+
+
+def _check_hysteresis(hysteresis: Any, full_edges: np.ndarray) -> float:
+    narrowest = float(np.diff(full_edges).min())
+    if (
+        isinstance(hysteresis, bool)
+        or not isinstance(hysteresis, numbers.Real)
+        or not np.isfinite(hysteresis)
+        or not 0.0 <= float(hysteresis) < narrowest
+    ):
+        raise ValueError(
+            f"hysteresis must be in [0, {narrowest:g}) (smaller than the narrowest bin), got {hysteresis!r}"
+        )
+    return float(hysteresis)
+
+
+def _checked_visits(uids: Any, successes: Any, trials: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The arguments of :meth:`OnlineDifficultyClassifier.observe` as int64 arrays, checked."""
+    u = _int_array("uids", uids)
+    s = _int_array("successes", successes)
+    t = _int_array("trials", trials)
+    if not (u.size == s.size == t.size):
+        raise ValueError(f"uids, successes and trials must have equal lengths, got {u.size}, {s.size}, {t.size}")
+    if u.size == 0:
+        return u, s, t
+    if _has_duplicates(u):
+        raise ValueError("uids must be distinct within one observe() call (one visit per prompt per step)")
+    if t.min() < 1 or t.max() > MAX_TRIALS_PER_VISIT:
+        raise ValueError(f"trials must be in [1, {MAX_TRIALS_PER_VISIT}] per visit, got range [{t.min()}, {t.max()}]")
+    if s.min() < 0 or np.any(s > t):
+        raise ValueError("successes must be in [0, trials] for every prompt")
+    return u, s, t
+
+
+class _VisitHistory:
+    """The storage of the module docstring: every seen prompt's last ``window`` visits by dense slot.
+
+    Ring buffers ``[slots, width]`` (uint8 successes and trials) with each row's window sums kept in
+    step (an estimate reads two numbers per prompt instead of ``window`` cells), the visit counter,
+    the committed bin, and three uid -> slot maps: the hash index, a direct-address table while
+    every uid is in [0, :data:`_DENSE_UIDS`) (dataset row indices), and a cache of recent lookups.
+    """
+
+    def __init__(self, window: int, capacity: int = 0, width: int = 1, index: _UidIndex | None = None) -> None:
+        self.window = window
+        self.n, self.cap, self.width = 0, capacity, width
+        self.uids = np.zeros(capacity, dtype=np.int64)
+        self.succ = np.zeros((capacity, width), dtype=np.uint8)
+        self.trials = np.zeros((capacity, width), dtype=np.uint8)
+        self.succ_sum = np.zeros(capacity, dtype=np.int64)
+        self.trials_sum = np.zeros(capacity, dtype=np.int64)
+        self.visits = np.zeros(capacity, dtype=np.int64)
+        self.bin = np.full(capacity, _NO_BIN, dtype=np.int8)
+        self.index = _UidIndex(2 * capacity) if index is None else index
+        self.slot_cache: dict[int, int] = {}
+        self.dense: np.ndarray | None = np.zeros(0, dtype=np.int32)  # slot + 1 by uid; None: a uid outside
+
+    def resize(self, capacity: int, width: int) -> None:
+        """Reallocate to ``capacity`` rows of ``width`` ring columns, keeping the contents (both grow
+        by doubling, see the module docstring). Until the ring is ``window`` wide no prompt has
+        wrapped around, so visit v of a prompt is in column v both before and after widening."""
+        n, w = self.n, self.width
+
+        def moved(arr: np.ndarray, fill: int, shape: tuple[int, ...]) -> np.ndarray:
+            # np.zeros where possible: the OS hands out zero pages lazily.
+            out = np.zeros(shape, dtype=arr.dtype) if fill == 0 else np.full(shape, fill, dtype=arr.dtype)
+            if arr.ndim == 1 or shape[1] == w:
+                out[:n] = arr[:n]  # one contiguous block
+            elif w <= 4:  # narrow rings: a strided copy per column beats numpy's per-row overhead (~6x)
+                for j in range(w):
+                    out[:n, j] = arr[:n, j]
+            else:
+                out[:n, :w] = arr[:n, :w]
+            return out
+
+        self.succ = moved(self.succ, 0, (capacity, width))
+        self.trials = moved(self.trials, 0, (capacity, width))
+        if capacity != self.cap:
+            self.uids = moved(self.uids, 0, (capacity,))
+            self.visits = moved(self.visits, 0, (capacity,))
+            self.succ_sum = moved(self.succ_sum, 0, (capacity,))
+            self.trials_sum = moved(self.trials_sum, 0, (capacity,))
+            self.bin = moved(self.bin, _NO_BIN, (capacity,))
+        self.cap, self.width = capacity, width
+
+    def reserve(self, rows: int, width: int) -> None:
+        """Make room for ``rows`` prompts and ``width`` ring columns (width <= window)."""
+        cap, w = self.cap, self.width
+        if rows > cap:
+            cap = max(rows, 2 * cap, 64)
+        if width > w:
+            w = min(self.window, max(width, 2 * w))
+        if (cap, w) != (self.cap, self.width):
+            self.resize(cap, w)
+        self.index.reserve(rows, self.uids)
+
+    def memory_bytes(self) -> int:
+        arrays = [self.uids, self.succ, self.trials, self.visits, self.bin, self.succ_sum, self.trials_sum,
+                  self.index.table]
+        return int(sum(a.nbytes for a in arrays)) + (0 if self.dense is None else self.dense.nbytes)
+
+    def index_dense(self, uids: np.ndarray, slots: np.ndarray) -> None:
+        """Add stored uids to the direct-address table, or drop the table for good (until the
+        next load) when one lies outside [0, _DENSE_UIDS)."""
+        dense = self.dense
+        if dense is None or uids.size == 0:
+            return
+        low, high = int(uids.min()), int(uids.max())
+        if low < 0 or high >= _DENSE_UIDS:
+            self.dense = None
+            return
+        if high >= dense.size:
+            grown = np.zeros(min(_DENSE_UIDS, max(high + 1, 2 * dense.size, 1024)), dtype=np.int32)
+            grown[: dense.size] = dense
+            self.dense = dense = grown
+        dense[uids] = slots.astype(np.int32) + 1
+
+    def slots(self, uids: np.ndarray) -> np.ndarray:
+        """Slot of each uid (-1: never observed).
+
+        One gather from the direct-address table while it exists. Otherwise the hash index
+        probes; a training step looks the same prompts up twice (classified before generation,
+        visited after), so the slots found are remembered (at most :data:`_SLOT_CACHE_MAX`,
+        emptied when full; a slot never changes once given) and the second lookup is one C-level pass.
+        """
+        dense = self.dense
+        if dense is not None:
+            if uids.size and uids.min() >= 0 and uids.max() < dense.size:  # two reductions, no mask
+                return np.subtract(dense[uids], 1, dtype=np.int64)
+            if uids.size == 0:
+                return np.zeros(0, dtype=np.int64)
+            inside = (uids >= 0) & (uids < dense.size)
+            slots = np.full(uids.size, -1, dtype=np.int64)
+            slots[inside] = dense[uids[inside]].astype(np.int64) - 1
+            return slots
+        cache = self.slot_cache
+        if not cache:
+            slots = self.index.lookup(uids, self.uids)
+        else:
+            slots = np.fromiter(map(cache.get, uids.tolist(), repeat(-1)), dtype=np.int64, count=uids.size)
+            miss = slots < 0
+            if not miss.any():
+                return slots
+            slots[miss] = self.index.lookup(uids[miss], self.uids)
+        found = slots >= 0
+        if len(cache) + uids.size > _SLOT_CACHE_MAX:
+            cache.clear()
+        cache.update(zip(uids[found].tolist(), slots[found].tolist()))
+        return slots
+
+    def push(self, u: np.ndarray, s: np.ndarray, t: np.ndarray) -> None:
+        """Write one visit per prompt (inputs as :meth:`OnlineDifficultyClassifier.observe_prepared` takes)."""
+        slots = self.slots(u)
+        new = slots < 0
+        n_new = int(new.sum())
+        old = slots[~new]
+        need_width = min(self.window, int(self.visits[old].max()) + 1) if old.size else 1
+        self.reserve(self.n + n_new, need_width)
+        if n_new:
+            new_slots = np.arange(self.n, self.n + n_new, dtype=np.int64)
+            self.uids[new_slots] = u[new]
+            self.index.insert(u[new], new_slots)
+            self.index_dense(u[new], new_slots)
+            slots[new] = new_slots
+            self.n += n_new
+        # the ring column of this visit (before the ring is window wide none has wrapped: v % window == v)
+        col = self.visits[slots] % self.window
+        # the cell this visit overwrites (0 until the ring wraps) leaves the window sums
+        self.succ_sum[slots] += s - self.succ[slots, col]
+        self.trials_sum[slots] += t - self.trials[slots, col]
+        self.succ[slots, col] = s
+        self.trials[slots, col] = t
+        self.visits[slots] += 1
+
+    def decayed(self, slots: np.ndarray, decay: float) -> tuple[np.ndarray, np.ndarray]:
+        """(successes, trials) of each slot's window, visit of age a weighted by ``decay ** a``."""
+        cols = np.arange(self.width, dtype=np.int64)[None, :]
+        # ring column c of a prompt with v visits holds visit v - 1 - age, age = (v - 1 - c) mod W;
+        # unfilled cells hold zeros and add nothing
+        w = decay ** ((self.visits[slots][:, None] - 1 - cols) % self.window)
+        return (w * self.succ[slots]).sum(axis=1), (w * self.trials[slots]).sum(axis=1)
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The per-prompt part of the classifier's state (copies; the rings packed, see ``state_dict``)."""
+        n = self.n
+        succ, trials = _pack_rows(self.succ, self.trials, np.minimum(self.visits[:n], self.window))
+        return {"uids": self.uids[:n].copy(), "visits": self.visits[:n].copy(), "committed_bin": self.bin[:n].copy(),
+                "successes": succ, "trials": trials}
+
+    @classmethod
+    def restored(
+        cls, window: int, uids: np.ndarray, visits: np.ndarray, committed: np.ndarray, succ: np.ndarray,
+        trials: np.ndarray, index: _UidIndex,
+    ) -> _VisitHistory:
+        """A history holding checked checkpoint arrays (the inverse of :meth:`packed`)."""
+        n = uids.shape[0]
+        recorded = np.minimum(visits, window)
+        h = cls(window, n, max(1, int(recorded.max())) if n else 1, index)
+        h.n = n
+        h.uids[:], h.visits[:], h.bin[:] = uids, visits, committed
+        h.index_dense(h.uids[:n], np.arange(n, dtype=np.int64))
+        _unpack_rows(succ, trials, recorded, h.succ, h.trials)
+        for ring, sums in ((h.succ, h.succ_sum), (h.trials, h.trials_sum)):
+            for start in range(0, n, _CHUNK_ROWS):  # chunks keep the int64 temporaries small
+                stop = min(n, start + _CHUNK_ROWS)
+                sums[start:stop] = ring[start:stop].sum(axis=1, dtype=np.int64)
+        return h
+
+
+_CONFIG_KEYS = ("bin_edges", "window", "hysteresis", "k", "estimator", "unseen_bin")
+_STATE_KEYS = ("version", *_CONFIG_KEYS, "uids", "visits", "committed_bin", "successes", "trials")
+
+
+def _saved_config(state: Mapping[str, Any]) -> dict[str, Any]:
+    """The settings a classifier state was saved under, after its keys and version are checked."""
+    missing = [key for key in _STATE_KEYS if key not in state]
+    if missing:
+        raise ValueError(f"classifier state is missing keys {missing}")
+    version = int(np.asarray(state["version"]))
+    if version != _STATE_VERSION:
+        raise ValueError(f"classifier state has version {version}; this code reads version {_STATE_VERSION}")
+    return {
+        "bin_edges": np.asarray(state["bin_edges"], dtype=np.float64),
+        "window": int(np.asarray(state["window"])),
+        "hysteresis": float(np.asarray(state["hysteresis"])),
+        "k": int(np.asarray(state["k"])),
+        "estimator": str(np.asarray(state["estimator"])),
+        "unseen_bin": int(np.asarray(state["unseen_bin"])),
+    }
+
+
+def _config_differences(saved: Mapping[str, Any], mine: Mapping[str, Any]) -> list[str]:
+    """One line per setting a state was saved under that differs from this classifier's."""
+    differ = []
+    for key, value in saved.items():
+        ours = mine[key]
+        if not (np.array_equal(value, ours) if key == "bin_edges" else value == ours):
+            shown = value.tolist() if isinstance(value, np.ndarray) else value
+            ours_shown = ours.tolist() if isinstance(ours, np.ndarray) else ours
+            differ.append(f"{key}: saved {shown!r}, configured {ours_shown!r}")
+    return differ
+
+
+def _checked_arrays(state: Mapping[str, Any], window: int, num_bins: int) -> tuple[np.ndarray, ...]:
+    """(uids, visits, committed_bin, successes, trials) of a state, each checked for shape, dtype and range."""
+    uids, visits, cbin, succ, trials = (
+        np.asarray(state[key]) for key in ("uids", "visits", "committed_bin", "successes", "trials")
+    )
+    n = uids.shape[0] if uids.ndim == 1 else -1
+    for key, arr, dtype in (("uids", uids, np.int64), ("visits", visits, np.int64), ("committed_bin", cbin, np.int8)):
+        if n < 0 or arr.shape != (n,) or arr.dtype != dtype:
+            raise ValueError(
+                f"classifier state {key!r} must be a 1-D {np.dtype(dtype).name} array with one entry "
+                f"per prompt, got {arr.dtype} of shape {arr.shape}"
+            )
+    if n and visits.min() < 1:
+        raise ValueError("classifier state 'visits' must be >= 1 for every stored prompt")
+    total = int(np.minimum(visits, window).sum())
+    for key, arr in (("successes", succ), ("trials", trials)):
+        if arr.shape != (total,) or arr.dtype != np.uint8:
+            raise ValueError(
+                f"classifier state {key!r} must be a 1-D uint8 array of sum(min(visits, window)) = "
+                f"{total} entries, got {arr.dtype} of shape {arr.shape}"
+            )
+    if n:
+        if cbin.min() < _NO_BIN or cbin.max() >= num_bins:
+            raise ValueError(f"classifier state 'committed_bin' must be in [-1, {num_bins - 1}]")
+        if trials.min() < 1:
+            raise ValueError("classifier state 'trials' must be >= 1 for every recorded visit")
+        if _any_greater(succ, trials):
+            raise ValueError("classifier state 'successes' exceeds 'trials'")
+    if n > MAX_PROMPTS:
+        raise ValueError(f"classifier state holds {n} prompts; at most {MAX_PROMPTS} allowed")
+    return uids, visits, cbin, succ, trials
 
 
 class OnlineDifficultyClassifier:
@@ -513,7 +792,7 @@ class OnlineDifficultyClassifier:
         estimator: str = "pooled",
         unseen_bin: int = 0,
     ) -> None:
-        edges = self._validate_edges(bin_edges, num_bins)
+        edges = _validate_edges(bin_edges, num_bins)
         self._edges = edges
         self._num_bins = edges.size + 1
         self._full_edges = np.concatenate([[0.0], edges, [1.0]])
@@ -522,52 +801,13 @@ class OnlineDifficultyClassifier:
         if estimator not in ESTIMATORS:
             raise ValueError(f"estimator must be one of {list(ESTIMATORS)}, got {estimator!r}")
         self._estimator = str(estimator)
-        narrowest = float(np.diff(self._full_edges).min())
-        if (
-            isinstance(hysteresis, bool)
-            or not isinstance(hysteresis, numbers.Real)
-            or not np.isfinite(hysteresis)
-            or not 0.0 <= float(hysteresis) < narrowest
-        ):
-            raise ValueError(
-                f"hysteresis must be in [0, {narrowest:g}) (smaller than the narrowest bin), "
-                f"got {hysteresis!r}"
-            )
-        self._hysteresis = float(hysteresis)
+        self._hysteresis = _check_hysteresis(hysteresis, self._full_edges)
         self._thresholds = hysteresis_thresholds(self._full_edges, self._hysteresis)
         self._snapped_edges = snap(edges)  # raw_bin's edges on the snap grid, fixed like the thresholds
         self._unseen_bin = _check_int("unseen_bin", unseen_bin, 0, self._num_bins - 1)
-        self._allocate(0)
+        self._history = _VisitHistory(self._window)
 
     # -- configuration ---------------------------------------------------------------------
-
-    @staticmethod
-    def _validate_edges(bin_edges: Any, num_bins: Any) -> np.ndarray:
-        num_bins = _check_int("num_bins", num_bins, 1, MAX_NUM_BINS)
-        if bin_edges is None:
-            return np.arange(1, num_bins, dtype=np.float64) / num_bins
-        try:
-            edges = np.asarray(bin_edges, dtype=np.float64)
-        except (TypeError, ValueError) as err:
-            raise ValueError(f"bin_edges must be a sequence of floats, got {bin_edges!r}") from err
-        if edges.ndim != 1:
-            raise ValueError(f"bin_edges must be a 1-D sequence of inner edges, got shape {edges.shape}")
-        if edges.size + 1 > MAX_NUM_BINS:
-            raise ValueError(f"bin_edges defines {edges.size + 1} bins; at most {MAX_NUM_BINS} allowed")
-        if edges.size and (not np.all(np.isfinite(edges)) or edges.min() <= 0.0 or edges.max() >= 1.0):
-            raise ValueError(
-                "bin_edges must be inner edges strictly inside (0, 1) (leave out 0 and 1), "
-                f"got {edges.tolist()}"
-            )
-        if np.any(np.diff(edges) <= 0):
-            raise ValueError(f"bin_edges must be strictly increasing, got {edges.tolist()}")
-        implied = edges.size + 1
-        if num_bins != implied and num_bins != 10:
-            raise ValueError(
-                f"num_bins={num_bins} disagrees with bin_edges: {edges.size} inner edges define "
-                f"{implied} bins (pass num_bins={implied} or leave it at its default)"
-            )
-        return edges
 
     @property
     def num_bins(self) -> int:
@@ -602,147 +842,15 @@ class OnlineDifficultyClassifier:
     @property
     def num_seen(self) -> int:
         """Number of distinct prompts observed at least once."""
-        return self._n
+        return self._history.n
 
     def _config(self) -> dict[str, Any]:
-        return {
-            "bin_edges": self._edges,
-            "window": self._window,
-            "hysteresis": self._hysteresis,
-            "k": self._k,
-            "estimator": self._estimator,
-            "unseen_bin": self._unseen_bin,
-        }
-
-    # -- storage ---------------------------------------------------------------------------
-
-    def _allocate(self, capacity: int, width: int = 1, index: _UidIndex | None = None) -> None:
-        """Empty storage for ``capacity`` prompts with ring buffers ``width`` columns wide."""
-        self._n = 0
-        self._cap = capacity
-        self._width = width
-        self._uids = np.zeros(capacity, dtype=np.int64)
-        self._succ = np.zeros((capacity, width), dtype=np.uint8)
-        self._trials = np.zeros((capacity, width), dtype=np.uint8)
-        # Window sums of every ring row, kept in step with the rings by observe(): the pooled
-        # estimate and window_counts then read two numbers per prompt instead of summing
-        # ``window`` ring cells each (a gather of 2 x 100 bytes per prompt per classification).
-        self._succ_sum = np.zeros(capacity, dtype=np.int64)
-        self._trials_sum = np.zeros(capacity, dtype=np.int64)
-        self._visits = np.zeros(capacity, dtype=np.int64)
-        self._bin = np.full(capacity, _NO_BIN, dtype=np.int8)
-        self._index = _UidIndex(2 * capacity) if index is None else index
-        self._slot_cache: dict[int, int] = {}
-        # uid -> slot + 1 by direct addressing while every stored uid is in [0, _DENSE_UIDS)
-        # (dataset row indices, DAPO's extra_info.index): one gather per lookup instead of the
-        # hash index's probe rounds. None once a uid outside that range is stored.
-        self._dense: np.ndarray | None = np.zeros(0, dtype=np.int32)
-
-    def _resize(self, capacity: int, width: int) -> None:
-        """Reallocate to ``capacity`` rows of ``width`` ring columns, keeping the contents.
-
-        Two growth axes, both by doubling so copying stays amortised O(1) per stored cell:
-        rows (new prompts) and ring columns. Columns start at 1 and widen up to ``window`` only as
-        some prompt actually needs them, so a million prompts seen once or twice cost a few bytes
-        of history each instead of ``2 * window`` (and checkpoints load without touching ~200 MB
-        of fresh pages). Until the ring is ``window`` wide no prompt has wrapped around, so visit
-        v of a prompt is in column v both before and after widening.
-        """
-        n, w = self._n, self._width
-
-        def moved(arr: np.ndarray, fill: int, shape: tuple[int, ...]) -> np.ndarray:
-            # np.zeros where possible: the OS hands out zero pages lazily.
-            out = np.zeros(shape, dtype=arr.dtype) if fill == 0 else np.full(shape, fill, dtype=arr.dtype)
-            if arr.ndim == 1 or shape[1] == w:
-                out[:n] = arr[:n]  # one contiguous block
-            elif w <= 4:
-                # Widening narrow rings: one strided copy per column; a 2-D copy of rows a few
-                # bytes wide pays numpy's per-row overhead (~6x slower at 1e7 rows).
-                for j in range(w):
-                    out[:n, j] = arr[:n, j]
-            else:
-                out[:n, :w] = arr[:n, :w]  # wide rows: one pass beats w strided passes
-            return out
-
-        self._succ = moved(self._succ, 0, (capacity, width))
-        self._trials = moved(self._trials, 0, (capacity, width))
-        if capacity != self._cap:
-            self._uids = moved(self._uids, 0, (capacity,))
-            self._visits = moved(self._visits, 0, (capacity,))
-            self._succ_sum = moved(self._succ_sum, 0, (capacity,))
-            self._trials_sum = moved(self._trials_sum, 0, (capacity,))
-            self._bin = moved(self._bin, _NO_BIN, (capacity,))
-        self._cap, self._width = capacity, width
-
-    def _reserve(self, rows: int, width: int) -> None:
-        """Make room for ``rows`` prompts and ``width`` ring columns (width <= window)."""
-        cap, w = self._cap, self._width
-        if rows > cap:
-            cap = max(rows, 2 * cap, 64)
-        if width > w:
-            w = min(self._window, max(width, 2 * w))
-        if (cap, w) != (self._cap, self._width):
-            self._resize(cap, w)
-        self._index.reserve(rows, self._uids)
+        return {"bin_edges": self._edges, "window": self._window, "hysteresis": self._hysteresis, "k": self._k,
+                "estimator": self._estimator, "unseen_bin": self._unseen_bin}
 
     def memory_bytes(self) -> int:
         """Bytes held by the arrays (allocated capacity, including the uid hash table)."""
-        arrays = [self._uids, self._succ, self._trials, self._visits, self._bin, self._succ_sum, self._trials_sum,
-                  self._index.table]
-        if self._dense is not None:
-            arrays.append(self._dense)
-        return int(sum(a.nbytes for a in arrays))
-
-    def _index_dense(self, uids: np.ndarray, slots: np.ndarray) -> None:
-        """Add stored uids to the direct-address table, or drop the table for good (until the
-        next load) when one lies outside [0, _DENSE_UIDS)."""
-        dense = self._dense
-        if dense is None or uids.size == 0:
-            return
-        low, high = int(uids.min()), int(uids.max())
-        if low < 0 or high >= _DENSE_UIDS:
-            self._dense = None
-            return
-        if high >= dense.size:
-            grown = np.zeros(min(_DENSE_UIDS, max(high + 1, 2 * dense.size, 1024)), dtype=np.int32)
-            grown[: dense.size] = dense
-            self._dense = dense = grown
-        dense[uids] = slots.astype(np.int32) + 1
-
-    def _slots(self, uids: np.ndarray) -> np.ndarray:
-        """Slot of each uid (-1: never observed).
-
-        While every stored uid lies in [0, :data:`_DENSE_UIDS`) (dataset row indices), one gather
-        from the direct-address table answers. Otherwise the hash index probes, and as a training
-        step looks the same prompts up twice (classified before generation, visited after) the
-        slots found are remembered in a small dict (at most :data:`_SLOT_CACHE_MAX` entries,
-        emptied when full; slots never change once given), so the second lookup is one C-level
-        pass instead of the vectorised probing.
-        """
-        dense = self._dense
-        if dense is not None:
-            if uids.size and uids.min() >= 0 and uids.max() < dense.size:  # two reductions, no mask
-                return np.subtract(dense[uids], 1, dtype=np.int64)
-            if uids.size == 0:
-                return np.zeros(0, dtype=np.int64)
-            inside = (uids >= 0) & (uids < dense.size)
-            slots = np.full(uids.size, -1, dtype=np.int64)
-            slots[inside] = dense[uids[inside]].astype(np.int64) - 1
-            return slots
-        cache = self._slot_cache
-        if not cache:
-            slots = self._index.lookup(uids, self._uids)
-        else:
-            slots = np.fromiter(map(cache.get, uids.tolist(), repeat(-1)), dtype=np.int64, count=uids.size)
-            miss = slots < 0
-            if not miss.any():
-                return slots
-            slots[miss] = self._index.lookup(uids[miss], self._uids)
-        found = slots >= 0
-        if len(cache) + uids.size > _SLOT_CACHE_MAX:
-            cache.clear()
-        cache.update(zip(uids[found].tolist(), slots[found].tolist()))
-        return slots
+        return self._history.memory_bytes()
 
     # -- the step API ----------------------------------------------------------------------
 
@@ -753,80 +861,39 @@ class OnlineDifficultyClassifier:
         unchanged. Raises ValueError for mismatched lengths, a uid repeated in one call,
         non-integer values, trials outside [1, 255] or successes outside [0, trials].
         """
-        u = _int_array("uids", uids)
-        s = _int_array("successes", successes)
-        t = _int_array("trials", trials)
-        if not (u.size == s.size == t.size):
-            raise ValueError(
-                f"uids, successes and trials must have equal lengths, got {u.size}, {s.size}, {t.size}"
-            )
-        if u.size == 0:
-            return
-        if _has_duplicates(u):
-            raise ValueError(
-                "uids must be distinct within one observe() call (one visit per prompt per step)"
-            )
-        if t.min() < 1 or t.max() > MAX_TRIALS_PER_VISIT:
-            raise ValueError(
-                f"trials must be in [1, {MAX_TRIALS_PER_VISIT}] per visit, got range [{t.min()}, {t.max()}]"
-            )
-        if s.min() < 0 or np.any(s > t):
-            raise ValueError("successes must be in [0, trials] for every prompt")
-        self.observe_prepared(u, s, t)
+        u, s, t = _checked_visits(uids, successes, trials)
+        if u.size:
+            self.observe_prepared(u, s, t)
 
     def observe_prepared(self, uids: np.ndarray, successes: np.ndarray, trials: np.ndarray) -> None:
         """:meth:`observe` on inputs already in shape, without its checks: int64 1-D arrays of one
         length >= 1, distinct ``uids``, 1 <= trials <= 255 and 0 <= successes <= trials.
 
-        ``GDROController.after_advantage`` builds exactly these every step (distinct uids in
-        ascending order, counts from bincounts of validated correctness, visits capped at the
-        per-visit maximum), so it skips the ~7 numpy calls of checking them again (part of GDRO's
-        per-step cost, benchmarks/overhead.py). Anything else goes through :meth:`observe`.
+        ``GDROController.after_advantage`` builds exactly these every step, so it skips the ~7
+        numpy calls of checking them again (benchmarks/overhead.py).
         """
-        u, s, t = uids, successes, trials
-        slots = self._slots(u)
-        new = slots < 0
-        n_new = int(new.sum())
-        old = slots[~new]
-        need_width = min(self._window, int(self._visits[old].max()) + 1) if old.size else 1
-        self._reserve(self._n + n_new, need_width)
-        if n_new:
-            new_slots = np.arange(self._n, self._n + n_new, dtype=np.int64)
-            self._uids[new_slots] = u[new]
-            self._index.insert(u[new], new_slots)
-            self._index_dense(u[new], new_slots)
-            slots[new] = new_slots
-            self._n += n_new
-        # Ring column of this visit; while the ring is narrower than the window no prompt has
-        # wrapped, so v % window == v < width.
-        col = self._visits[slots] % self._window
-        # the cell this visit overwrites (0 until the ring wraps) leaves the window sums
-        self._succ_sum[slots] += s - self._succ[slots, col]
-        self._trials_sum[slots] += t - self._trials[slots, col]
-        self._succ[slots, col] = s
-        self._trials[slots, col] = t
-        self._visits[slots] += 1
+        self._history.push(uids, successes, trials)
+
+    def _seen(self, uids: Any) -> tuple[np.ndarray, np.ndarray]:
+        """(the slots of the uids observed before, which uids those are)."""
+        slots = self._history.slots(_int_array("uids", uids))
+        seen = slots >= 0
+        return slots[seen], seen
 
     def _estimate_slots(self, slots: np.ndarray) -> np.ndarray:
-        """Estimate for existing slots (all with >= 1 visit)."""
+        """Estimate for existing slots (all with >= 1 visit), on the :func:`snap` grid."""
+        h = self._history
         if self._estimator == "pooled":
-            s_sum = self._succ_sum[slots]
-            t_sum = self._trials_sum[slots]
-            return snap(pooled_pass_at_k(s_sum, t_sum, self._k))
-        visits_in_window = np.minimum(self._visits[slots], self._window)
-        return snap(any_of_n_rate(self._succ[slots], visits_in_window))
+            return snap(pooled_pass_at_k(h.succ_sum[slots], h.trials_sum[slots], self._k))
+        return snap(any_of_n_rate(h.succ[slots], np.minimum(h.visits[slots], self._window)))
 
     def pass_at_k(self, uids: Any) -> np.ndarray:
-        """The spec-1 estimate per uid (``pooled`` or ``any_of_n``); NaN for a uid never observed.
-
-        Rounded to :data:`COMPARE_DECIMALS` decimals, the values the bins are computed from.
-        """
-        u = _int_array("uids", uids)
-        slots = self._slots(u)
-        out = np.full(u.size, np.nan, dtype=np.float64)
-        seen = slots >= 0
-        if seen.any():
-            out[seen] = self._estimate_slots(slots[seen])
+        """The section-1 estimate per uid on the :func:`snap` grid (the values the bins come from); NaN
+        for a uid never observed."""
+        sl, seen = self._seen(uids)
+        out = np.full(seen.size, np.nan, dtype=np.float64)
+        if sl.size:
+            out[seen] = self._estimate_slots(sl)
         return out
 
     def window_counts(self, uids: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -835,41 +902,29 @@ class OnlineDifficultyClassifier:
         What a per-prompt allocator estimates each prompt's own success rate from
         (:func:`verl_gdro.rollout_gdro.smoothed_rate`), beside the binned estimate.
         """
-        u = _int_array("uids", uids)
-        slots = self._slots(u)
-        s_out = np.zeros(u.size, dtype=np.int64)
-        t_out = np.zeros(u.size, dtype=np.int64)
-        seen = slots >= 0
-        if seen.any():
-            s_out[seen] = self._succ_sum[slots[seen]]
-            t_out[seen] = self._trials_sum[slots[seen]]
+        sl, seen = self._seen(uids)
+        s_out = np.zeros(seen.size, dtype=np.int64)
+        t_out = np.zeros(seen.size, dtype=np.int64)
+        if sl.size:
+            s_out[seen] = self._history.succ_sum[sl]
+            t_out[seen] = self._history.trials_sum[sl]
         return s_out, t_out
 
     def decayed_counts(self, uids: Any, decay: float) -> tuple[np.ndarray, np.ndarray]:
         """(successes, trials) per uid with each visit weighted by ``decay ** age`` (age 0 for the
         latest visit), over the window's visits; (0, 0) for a uid never observed.
 
-        Why: the window pools up to ``window`` visits, i.e. most of a run's history, so a prompt
-        the policy has just learned keeps its old failures for many visits. A per-visit decay
-        follows the policy; ``decay=1`` is :meth:`window_counts`. Read from the ring buffers the
-        classifier already keeps, so it adds no state and a resumed run reads the same counts.
+        The window pools most of a run's history, so a prompt the policy has just learned keeps
+        its old failures for many visits; a per-visit decay follows the policy (``decay=1`` is
+        :meth:`window_counts`). Read from the rings, so it adds no state and resumes exactly.
         """
         if not (isinstance(decay, (int, float, np.floating)) and 0.0 < float(decay) <= 1.0):
             raise ValueError(f"decay must be in (0, 1], got {decay!r}")
-        u = _int_array("uids", uids)
-        slots = self._slots(u)
-        s_out = np.zeros(u.size, dtype=np.float64)
-        t_out = np.zeros(u.size, dtype=np.float64)
-        seen = slots >= 0
-        if seen.any():
-            sl = slots[seen]
-            cols = np.arange(self._width, dtype=np.int64)[None, :]
-            # ring column c of a prompt with v visits holds visit v - 1 - age, age = (v - 1 - c) mod W;
-            # unfilled cells hold zeros and add nothing
-            age = (self._visits[sl][:, None] - 1 - cols) % self._window
-            w = float(decay) ** age
-            s_out[seen] = (w * self._succ[sl]).sum(axis=1)
-            t_out[seen] = (w * self._trials[sl]).sum(axis=1)
+        sl, seen = self._seen(uids)
+        s_out = np.zeros(seen.size, dtype=np.float64)
+        t_out = np.zeros(seen.size, dtype=np.float64)
+        if sl.size:
+            s_out[seen], t_out[seen] = self._history.decayed(sl, float(decay))
         return s_out, t_out
 
     def raw_bins(self, p: Any) -> np.ndarray:
@@ -887,7 +942,7 @@ class OnlineDifficultyClassifier:
         its raw bin. A uid may appear several times (e.g. once per response).
         """
         u = _int_array("uids", uids)
-        slots = self._slots(u)
+        slots = self._history.slots(u)
         if u.size and slots.min() >= 0:  # every uid seen before (the usual step): no masks
             return self._classify_slots(slots)
         out = np.full(u.size, self._unseen_bin, dtype=np.int64)
@@ -900,20 +955,18 @@ class OnlineDifficultyClassifier:
         """Bins of existing slots with hysteresis against their committed bins, committed."""
         p = self._estimate_slots(sl)  # on the snap grid: raw_bin(p, edges) without rounding p and the edges again
         raw = np.searchsorted(self._snapped_edges, p, side="right").astype(np.int64, copy=False)
-        committed = self._bin[sl]
+        committed = self._history.bin[sl]
         # every prompt has a bin (late in training), or some are classified for the first time
         has_bin = None if committed.size == 0 or committed.min() >= 0 else committed >= 0
         moved = _hysteresis_keep(committed, p, raw, self._thresholds, has_bin)
-        self._bin[sl] = moved
+        self._history.bin[sl] = moved
         return moved
 
     def committed_bins(self, uids: Any) -> np.ndarray:
         """The last committed bin per uid without classifying (-1 = none yet / never seen)."""
-        u = _int_array("uids", uids)
-        slots = self._slots(u)
-        out = np.full(u.size, _NO_BIN, dtype=np.int64)
-        seen = slots >= 0
-        out[seen] = self._bin[slots[seen]]
+        sl, seen = self._seen(uids)
+        out = np.full(seen.size, _NO_BIN, dtype=np.int64)
+        out[seen] = self._history.bin[sl]
         return out
 
     # -- checkpointing -----------------------------------------------------------------------
@@ -923,14 +976,10 @@ class OnlineDifficultyClassifier:
 
         Per prompt, in first-seen order: ``uids``, ``visits`` (visits ever pushed) and
         ``committed_bin`` (-1 = none yet). The history is packed: prompt i contributes its
-        ``min(visits_i, window)`` recorded ring cells (columns ``0..m_i-1`` of its ring row; visit
-        v lives in column ``v % window``) to the flat uint8 arrays ``successes`` and ``trials``.
-        Packing keeps the checkpoint proportional to the visits actually recorded: with a million
-        prompts most rings are nearly empty, and a dense ``[prompts, window]`` dump would write
-        ``2 * window`` bytes for each of them.
+        ``min(visits_i, window)`` recorded ring cells (columns ``0..m_i-1``; visit v lives in
+        column ``v % window``) to the flat uint8 arrays ``successes`` and ``trials``, so the
+        checkpoint grows with the visits recorded, not with ``prompts * window``.
         """
-        n = self._n
-        succ, trials = _pack_rows(self._succ, self._trials, np.minimum(self._visits[:n], self._window))
         return {
             "version": np.asarray(_STATE_VERSION, dtype=np.int64),
             "bin_edges": self._edges.copy(),
@@ -939,11 +988,7 @@ class OnlineDifficultyClassifier:
             "k": np.asarray(self._k, dtype=np.int64),
             "estimator": np.asarray(self._estimator),
             "unseen_bin": np.asarray(self._unseen_bin, dtype=np.int64),
-            "uids": self._uids[:n].copy(),
-            "visits": self._visits[:n].copy(),
-            "committed_bin": self._bin[:n].copy(),
-            "successes": succ,
-            "trials": trials,
+            **self._history.arrays(),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -953,104 +998,17 @@ class OnlineDifficultyClassifier:
         and state whose arrays have the wrong shapes, dtypes or inconsistent contents. Nothing is
         changed unless the whole state is valid.
         """
-        required = (
-            "version",
-            "bin_edges",
-            "window",
-            "hysteresis",
-            "k",
-            "estimator",
-            "unseen_bin",
-            "uids",
-            "visits",
-            "committed_bin",
-            "successes",
-            "trials",
-        )
-        missing = [key for key in required if key not in state]
-        if missing:
-            raise ValueError(f"classifier state is missing keys {missing}")
-        version = int(np.asarray(state["version"]))
-        if version != _STATE_VERSION:
-            raise ValueError(
-                f"classifier state has version {version}; this code reads version {_STATE_VERSION}"
-            )
-        saved = {
-            "bin_edges": np.asarray(state["bin_edges"], dtype=np.float64),
-            "window": int(np.asarray(state["window"])),
-            "hysteresis": float(np.asarray(state["hysteresis"])),
-            "k": int(np.asarray(state["k"])),
-            "estimator": str(np.asarray(state["estimator"])),
-            "unseen_bin": int(np.asarray(state["unseen_bin"])),
-        }
-        mine = self._config()
-        differ = []
-        for key, value in saved.items():
-            ours = mine[key]
-            same = np.array_equal(value, ours) if key == "bin_edges" else value == ours
-            if not same:
-                shown = value.tolist() if isinstance(value, np.ndarray) else value
-                ours_shown = ours.tolist() if isinstance(ours, np.ndarray) else ours
-                differ.append(f"{key}: saved {shown!r}, configured {ours_shown!r}")
+        differ = _config_differences(_saved_config(state), self._config())
         if differ:
-            raise ValueError(
-                "classifier state comes from a differently configured classifier: " + "; ".join(differ)
-            )
-
-        uids = np.asarray(state["uids"])
-        visits = np.asarray(state["visits"])
-        cbin = np.asarray(state["committed_bin"])
-        succ = np.asarray(state["successes"])
-        trials = np.asarray(state["trials"])
-        n = uids.shape[0] if uids.ndim == 1 else -1
-        for key, arr, dtype in (
-            ("uids", uids, np.int64),
-            ("visits", visits, np.int64),
-            ("committed_bin", cbin, np.int8),
-        ):
-            if n < 0 or arr.shape != (n,) or arr.dtype != dtype:
-                raise ValueError(
-                    f"classifier state {key!r} must be a 1-D {np.dtype(dtype).name} array with one entry "
-                    f"per prompt, got {arr.dtype} of shape {arr.shape}"
-                )
-        if n and visits.min() < 1:
-            raise ValueError("classifier state 'visits' must be >= 1 for every stored prompt")
-        recorded = np.minimum(visits, self._window)
-        total = int(recorded.sum())
-        for key, arr in (("successes", succ), ("trials", trials)):
-            if arr.shape != (total,) or arr.dtype != np.uint8:
-                raise ValueError(
-                    f"classifier state {key!r} must be a 1-D uint8 array of sum(min(visits, window)) = "
-                    f"{total} entries, got {arr.dtype} of shape {arr.shape}"
-                )
-        if n:
-            if cbin.min() < _NO_BIN or cbin.max() >= self._num_bins:
-                raise ValueError(f"classifier state 'committed_bin' must be in [-1, {self._num_bins - 1}]")
-            if trials.min() < 1:
-                raise ValueError("classifier state 'trials' must be >= 1 for every recorded visit")
-            if _any_greater(succ, trials):
-                raise ValueError("classifier state 'successes' exceeds 'trials'")
-
+            raise ValueError("classifier state comes from a differently configured classifier: " + "; ".join(differ))
+        uids, visits, cbin, succ, trials = _checked_arrays(state, self._window, self._num_bins)
         # Building the index is the duplicate check; it mutates nothing of ours until it succeeds.
-        if n > MAX_PROMPTS:
-            raise ValueError(f"classifier state holds {n} prompts; at most {MAX_PROMPTS} allowed")
-        index = _UidIndex.build(uids, 2 * n, check_duplicates=True)
-
-        self._allocate(n, max(1, int(recorded.max())) if n else 1, index)
-        self._n = n
-        self._uids[:] = uids
-        self._visits[:] = visits
-        self._bin[:] = cbin
-        self._index_dense(self._uids[:n], np.arange(n, dtype=np.int64))
-        _unpack_rows(succ, trials, recorded, self._succ, self._trials)
-        for ring, sums in ((self._succ, self._succ_sum), (self._trials, self._trials_sum)):
-            for start in range(0, n, _CHUNK_ROWS):  # chunks keep the int64 temporaries small
-                stop = min(n, start + _CHUNK_ROWS)
-                sums[start:stop] = ring[start:stop].sum(axis=1, dtype=np.int64)
+        index = _UidIndex.build(uids, 2 * uids.shape[0], check_duplicates=True)
+        self._history = _VisitHistory.restored(self._window, uids, visits, cbin, succ, trials, index)
 
     def __repr__(self) -> str:
         return (
             f"OnlineDifficultyClassifier(num_bins={self._num_bins}, window={self._window}, "
             f"hysteresis={self._hysteresis}, k={self._k}, estimator={self._estimator!r}, "
-            f"unseen_bin={self._unseen_bin}, num_seen={self._n})"
+            f"unseen_bin={self._unseen_bin}, num_seen={self.num_seen})"
         )

@@ -6,19 +6,10 @@ apart. All keys live under ``gdro/``; per-bin metrics are flattened as ``gdro/<n
 (e.g. ``gdro/prompt_share/bin_3``), which every logger (console, wandb, tensorboard, verl's
 ``file`` JSONL) accepts as a scalar.
 
-Every logged value is a finite float, always: loggers and the CPU end-to-end test check
-finiteness. Decisions for bins absent from a step (documented in docs/algorithm.md):
-
-- The per-step averages of a bin's prompts, :data:`PRESENT_ONLY_METRICS` (prompt_weight, loss,
-  acc, rollout_n), are **not logged** for an absent bin: there is nothing to average, and a
-  placeholder (the 0 or the unused multiplier logged before) made every mean over steps in
-  wandb / TensorBoard wrong unless the reader masked it with ``gdro/count``. A missing key is
-  what every logger skips; :func:`step_keys` lists the keys of one step.
-- share, count and budget_share are 0 for an absent bin: true values, whose mean over steps is
-  the bin's mean share.
-- Prompt-GDRO's state (q, score, omega) is defined for every bin and logged as is.
-- When an adversary is off, its inputs are omitted and the neutral values are logged: weight 1,
-  q = 1/B, score 0, omega 1, loss 0, shadow price 0.
+Every logged value is a finite float, always. A bin absent from a step logs no
+:data:`PRESENT_ONLY_METRICS` (nothing to average; :func:`step_keys` lists a step's keys), true
+zeros for share, count and budget share, and Prompt-GDRO's state as is; an adversary that is off
+logs neutral values. The reasons: docs/algorithm.md, "Metrics (section 4)".
 
 numpy only: no verl, no torch.
 """
@@ -295,21 +286,9 @@ def step_metrics(
     Raises ValueError naming the argument for malformed input (non-finite values included: the
     caller drops bad rewards before, and a metric must never be NaN).
     """
-    if isinstance(num_bins, bool) or not isinstance(num_bins, (int, np.integer)) or num_bins < 1:
-        raise ValueError(f"num_bins must be an integer >= 1, got {num_bins!r}")
-    B = int(num_bins)
-    b = _int_array("bins", bins)
-    if b.size and (b.min() < 0 or b.max() >= B):
-        raise ValueError(f"bins must lie in [0, num_bins={B}), got values in [{b.min()}, {b.max()}]")
-    s = _finite_array("successes", successes, b.shape[0])
-    nn = _finite_array("n", n, b.shape[0])
-    if nn.size and nn.min() < 1:
-        raise ValueError(f"n (rollouts per prompt) must be >= 1, got min {nn.min()}")
-    if s.size and (s.min() < 0 or np.any(s > nn)):
-        raise ValueError("successes must lie in [0, n] for every prompt")
-
+    B, b, s, nn = _checked_prompts(num_bins, bins, successes, n)
     given = {"prompt_weights": prompt_weights, "q": q, "scores": scores, "omega": omega, "bin_losses": bin_losses}
-    w, qq, sc, om, loss = per_bin_inputs = [
+    per_bin_inputs = [
         _per_bin(name, given[name], B, default, check_finite=False)
         for name, default in zip(given, _NEUTRAL_PER_BIN(B), strict=True)
     ]
@@ -319,9 +298,8 @@ def step_metrics(
     for name, value in (("shadow_price", shadow_price), ("controller_time_s", controller_time_s)):
         if not math.isfinite(float(value)):
             raise ValueError(f"{name} must be finite, got {value!r}")
-
     return step_metrics_prepared(
-        B, b, s, nn, n_mean=n_mean, per_bin=(w, qq, sc, om, loss), shadow_price=shadow_price,
+        B, b, s, nn, n_mean=n_mean, per_bin=tuple(per_bin_inputs), shadow_price=shadow_price,
         controller_time_s=controller_time_s, dropped_nonfinite=dropped_nonfinite,
         dropped_nonfinite_total=dropped_nonfinite_total,
     )
@@ -350,11 +328,45 @@ def step_metrics_prepared(
     the first non-finite metric.
     """
     B, b, s, nn = int(num_bins), bins, successes, n
-    w, qq, sc, om, loss = (
+    given = tuple(
         np.full(B, default) if values is None else values
         for values, default in zip(per_bin, _NEUTRAL_PER_BIN(B), strict=True)
     )
-    # bin_shares, bin_accuracy and bin_rollouts with their three bincounts shared (same arithmetic)
+    table, zero = _per_bin_metrics(B, b, s, nn, given)
+    mean_n = float(nn.sum() / nn.size) if nn.size else 0.0  # np.mean's own sum and division, without its wrapper
+    nbar = mean_n if n_mean is None else float(n_mean)
+    if not (np.isfinite(nbar) and (nbar > 0 or nn.size == 0)):
+        raise ValueError(f"n_mean must be a positive finite number, got {n_mean!r}")
+    mu_data, mu_weight, lag = lead_lag(table["prompt_share"], table["prompt_weight"])
+    present_bins, wse_terms = _wse_terms(table["prompt_share"], table["acc"])
+    scalars = {
+        "mu_data": mu_data,
+        "mu_weight": mu_weight,
+        "lead_lag": lag,
+        "weight_entropy": weight_entropy(table["q"]),
+        "mean_n": mean_n,
+        "shadow_price": float(shadow_price),
+        "wse": float((wse_terms / np.sqrt(table["rollout_n"][present_bins])).sum()),  # wse_proxy, sharing its numerators
+        "wse_uniform": float((wse_terms / np.sqrt(nbar)).sum()) if nn.size else 0.0,  # wse_uniform, likewise
+        "zero_adv_share": float(zero.sum() / zero.size) if zero.size else 0.0,
+        "controller_time_s": float(controller_time_s),
+        "num_prompts": float(b.shape[0]),
+        "num_rollouts": float(nn.sum()),
+        "dropped_nonfinite": float(dropped_nonfinite),
+        "dropped_nonfinite_total": float(dropped_nonfinite_total),
+    }
+    return _logged(B, table, scalars)
+
+
+def _per_bin_metrics(
+    B: int, b: NDArray[np.int64], s: NDArray[np.float64], nn: NDArray[np.float64],  # noqa: N803 - B as in the docs
+    given: tuple[NDArray[np.float64], ...],
+) -> tuple[dict[str, NDArray[np.float64]], NDArray[np.float64]]:
+    """The :data:`PER_BIN_METRICS` of one step by name, and each prompt's zero-advantage flag.
+
+    bin_shares, bin_accuracy and bin_rollouts with their three bincounts shared (same arithmetic).
+    """
+    w, qq, sc, om, loss = given
     counts = np.bincount(b, minlength=B).astype(np.int64)
     total = counts.sum()
     shares = counts / total if total > 0 else np.zeros(B)
@@ -363,17 +375,10 @@ def step_metrics_prepared(
     n_b = np.divide(trials_b, counts, out=np.zeros(B), where=counts > 0)
     total_n = trials_b.sum()
     budget_share = trials_b / total_n if total_n > 0 else np.zeros(B)
-    mean_n = float(nn.sum() / nn.size) if nn.size else 0.0  # np.mean's own sum and division, without its wrapper
-    nbar = mean_n if n_mean is None else float(n_mean)
-    if not (np.isfinite(nbar) and (nbar > 0 or nn.size == 0)):
-        raise ValueError(f"n_mean must be a positive finite number, got {n_mean!r}")
-    mu_data, mu_weight, lag = lead_lag(shares, w)
-    present_bins, wse_terms = _wse_terms(shares, acc)
     # a group whose rollouts all agree has GRPO advantage 0 for every rollout (no gradient)
     zero = ((s == 0) | (s == nn)).astype(np.float64)
     zero_b = np.divide(np.bincount(b, weights=zero, minlength=B), counts, out=np.zeros(B), where=counts > 0)
-
-    per_bin = {
+    table = {
         "prompt_share": shares,
         "count": counts.astype(np.float64),
         "prompt_weight": w,
@@ -386,22 +391,12 @@ def step_metrics_prepared(
         "budget_share": budget_share,
         "zero_adv": zero_b,
     }
-    scalars = {
-        "mu_data": mu_data,
-        "mu_weight": mu_weight,
-        "lead_lag": lag,
-        "weight_entropy": weight_entropy(qq),
-        "mean_n": mean_n,
-        "shadow_price": float(shadow_price),
-        "wse": float((wse_terms / np.sqrt(n_b[present_bins])).sum()),  # wse_proxy, sharing its numerators
-        "wse_uniform": float((wse_terms / np.sqrt(nbar)).sum()) if nn.size else 0.0,  # wse_uniform, likewise
-        "zero_adv_share": float(zero.sum() / zero.size) if zero.size else 0.0,
-        "controller_time_s": float(controller_time_s),
-        "num_prompts": float(b.shape[0]),
-        "num_rollouts": float(nn.sum()),
-        "dropped_nonfinite": float(dropped_nonfinite),
-        "dropped_nonfinite_total": float(dropped_nonfinite_total),
-    }
+    return table, zero
+
+
+def _logged(B: int, per_bin: dict[str, NDArray[np.float64]], scalars: dict[str, float]) -> dict[str, float]:  # noqa: N803
+    """The logged row: per-bin values flattened to their keys (absent bins' PRESENT_ONLY_METRICS
+    left out), then the scalars; a ValueError naming the first value that is not finite."""
     # One array and one tolist() for the B x |PER_BIN_METRICS| values, with the keys built once per
     # B: the same floats as converting each value on its own, without ~100 f-strings per step.
     per_bin_keys, scalar_keys = _key_table(B)
@@ -412,7 +407,7 @@ def step_metrics_prepared(
                    if not math.isfinite(v))
         raise ValueError(f"metric {bad} is not finite: an input of step_metrics is (drop non-finite values first)")
     values = stacked.tolist()
-    present = counts > 0
+    present = per_bin["count"] > 0
     if present.all():
         out = dict(zip(per_bin_keys, values))
     else:
@@ -422,6 +417,25 @@ def step_metrics_prepared(
         out = {k: v for k, v, ok in zip(per_bin_keys, values, keep) if ok}
     out.update(zip(scalar_keys, scalar_values))
     return out
+
+
+def _checked_prompts(
+    num_bins: int, bins: ArrayLike, successes: ArrayLike, n: ArrayLike
+) -> tuple[int, NDArray[np.int64], NDArray[np.float64], NDArray[np.float64]]:
+    """(B, bins, successes, n) of :func:`step_metrics`, checked: a ValueError naming the argument."""
+    if isinstance(num_bins, bool) or not isinstance(num_bins, (int, np.integer)) or num_bins < 1:
+        raise ValueError(f"num_bins must be an integer >= 1, got {num_bins!r}")
+    B = int(num_bins)
+    b = _int_array("bins", bins)
+    if b.size and (b.min() < 0 or b.max() >= B):
+        raise ValueError(f"bins must lie in [0, num_bins={B}), got values in [{b.min()}, {b.max()}]")
+    s = _finite_array("successes", successes, b.shape[0])
+    nn = _finite_array("n", n, b.shape[0])
+    if nn.size and nn.min() < 1:
+        raise ValueError(f"n (rollouts per prompt) must be >= 1, got min {nn.min()}")
+    if s.size and (s.min() < 0 or np.any(s > nn)):
+        raise ValueError("successes must lie in [0, n] for every prompt")
+    return B, b, s, nn
 
 
 def _int_array(name: str, values: ArrayLike) -> NDArray[np.int64]:

@@ -170,39 +170,14 @@ def draw_all(series: Mapping[str, Sequence[Mapping[str, Any]]], out_dir: str | P
     import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    written: list[Path] = []
-    for name, rows in series.items():
-        if not rows:
-            continue
-        nb = num_bins_of(rows)
-        steps = [int(r["step"]) for r in rows]
-        for stem, (metric, title, label) in HEATMAPS.items():
-            mat = series_matrix(rows, metric, nb)
-            fig, ax = plt.subplots(figsize=(7, 3.6))
-            cmap = matplotlib.colormaps["viridis"].copy()
-            cmap.set_bad("#dddddd")
-            im = ax.imshow(
-                np.ma.masked_invalid(mat),
-                aspect="auto",
-                origin="lower",
-                interpolation="nearest",
-                cmap=cmap,
-                extent=(steps[0] - 0.5, steps[-1] + 0.5, -0.5, nb - 0.5),
-            )
-            ax.set_xlabel("step")
-            ax.set_ylabel("bin (0 = hardest)")
-            ax.set_title(f"{name}: {title}")
-            fig.colorbar(im, ax=ax, label=label)
-            fig.tight_layout()
-            path = out / f"{_safe(name)}_{stem}.png"
-            fig.savefig(path, dpi=90)
-            plt.close(fig)
-            written.append(path)
-
+    written = [
+        _heatmap(rows, metric, f"{name}: {title}", label, out / f"{_safe(name)}_{stem}.png")
+        for name, rows in series.items()
+        if rows
+        for stem, (metric, title, label) in HEATMAPS.items()
+    ]
     written.append(
         _scalar_figure(
             series, "gdro/lead_lag", "mu_weight - mu_data", "lead-lag of the weighted bin index (Eq. 32)",
@@ -215,6 +190,41 @@ def draw_all(series: Mapping[str, Sequence[Mapping[str, Any]]], out_dir: str | P
             "zero-advantage groups (all correct or all wrong)", out / "zero_adv_share.png", ylim=(0.0, 1.0),
         )
     )
+    written.append(_wse_figure(series, out / "wse.png"))
+    return written
+
+
+def _heatmap(rows: Sequence[Mapping[str, Any]], metric: str, title: str, label: str, path: Path) -> Path:
+    """One per-bin metric of one series as a bins x steps heat map (grey where a bin is absent)."""
+    import matplotlib
+    import matplotlib.pyplot as plt
+
+    nb = num_bins_of(rows)
+    steps = [int(r["step"]) for r in rows]
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    cmap = matplotlib.colormaps["viridis"].copy()
+    cmap.set_bad("#dddddd")
+    im = ax.imshow(
+        np.ma.masked_invalid(series_matrix(rows, metric, nb)),
+        aspect="auto",
+        origin="lower",
+        interpolation="nearest",
+        cmap=cmap,
+        extent=(steps[0] - 0.5, steps[-1] + 0.5, -0.5, nb - 0.5),
+    )
+    ax.set_xlabel("step")
+    ax.set_ylabel("bin (0 = hardest)")
+    ax.set_title(title)
+    fig.colorbar(im, ax=ax, label=label)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def _wse_figure(series: Mapping[str, Sequence[Mapping[str, Any]]], path: Path) -> Path:
+    """Eq. 33's proxy beside its compute-matched uniform baseline, one colour per series."""
+    import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 3.6))
     for i, (name, rows) in enumerate(series.items()):
@@ -227,11 +237,9 @@ def draw_all(series: Mapping[str, Sequence[Mapping[str, Any]]], out_dir: str | P
     ax.set_title("weighted standard error proxy vs uniform allocation (Eq. 33)")
     ax.legend(fontsize=6)
     fig.tight_layout()
-    path = out / "wse.png"
     fig.savefig(path, dpi=90)
     plt.close(fig)
-    written.append(path)
-    return written
+    return path
 
 
 def _scalar_figure(

@@ -58,6 +58,9 @@ WEIGHT_NORMALIZATIONS = ("mean_one", "raw")
 _MAX_EXPONENT = 600.0
 
 _STATE_VERSION = 1
+#: PromptGDRO's constructor arguments in order: what config() returns and a saved state's "config" holds
+_CONFIG_NAMES = ("num_bins", "eta", "beta", "gamma", "max_weight", "score_clip", "normalize_by_share", "share_floor",
+                 "weight_normalization", "min_ess", "mix_support")
 
 # Same clamps as verl's kl_penalty("low_var_kl") and compute_policy_loss_vanilla, so the driver-side
 # loss signal measures the same quantity the actor optimises.
@@ -124,9 +127,6 @@ def failure_rate_loss(
     acc: ArrayLike, group_index: ArrayLike | None = None, num_groups: int | None = None
 ) -> NDArray[np.float64]:
     """Failure rate ``l(x) = 1 - mean_j r_ij`` (loss signal ``failure_rate``, preset ``robust``).
-
-    The 0/1 loss of Group DRO's worst-group objective: it carries difficulty directly, which the
-    Eq. 6 signal does not at the on-policy point (see :func:`surrogate_loss`).
 
     ``acc`` is the binary correctness of every response (``r_ij`` in {0, 1}, read from the reward's
     ``acc``, never the shaped score) with ``group_index`` the prompt index of each response; or,
@@ -283,12 +283,8 @@ def surrogate_loss(
     """Loss signal ``surrogate`` (the released patch): mean over a prompt's responses of -J^CLIP_ij.
 
     Inputs are per response (rows) and token (columns) with verl's ``response_mask``, plus the
-    prompt index of every response, so any group sizes work in one vectorised pass.
-
-    Note (docs/algorithm.md section 2): at the on-policy point, where the driver evaluates it, ratio = 1 and
-    each response's token-mean is -A_ij; GRPO advantages sum to zero within a group, so for equal
-    response weights this signal is exactly zero for every prompt (up to rounding). It carries no
-    difficulty information there; the ``failure_rate`` signal does.
+    prompt index of every response. At the on-policy point, where the driver evaluates it, it is
+    zero for every prompt (GRPO advantages sum to zero in a group; docs/algorithm.md section 2).
     """
     per_response = clipped_surrogate_response_loss(
         log_prob, old_log_prob, advantages, response_mask, clip_ratio_low, clip_ratio_high, clip_ratio_c
@@ -312,10 +308,8 @@ def surrogate_kl_loss(
     """Loss signal ``surrogate_kl`` (Eqs. 6-7, preset ``paper``): mean_j (-J^CLIP_ij + beta_KL KL_ij).
 
     KL_ij is the token-mean of :func:`low_var_kl` between ``log_prob`` (the current = old policy at
-    the driver) and ``ref_log_prob``. At ratio = 1 the surrogate part of a prompt is exactly zero
-    (GRPO advantages sum to zero in a group), so this equals ``kl_coef * mean_j KL_ij``: with share
-    normalisation the weights are driven mostly by inverse bin share, modulated by KL. That is the
-    paper's definition, kept and logged per bin rather than hidden (docs/algorithm.md section 2).
+    the driver) and ``ref_log_prob``; on-policy the surrogate part is zero, so this is
+    ``kl_coef * mean_j KL_ij`` (kept and logged per bin, docs/algorithm.md section 2).
     """
     mask, arr = _token_arrays(response_mask, log_prob=log_prob, ref_log_prob=ref_log_prob)
     lp, ref = arr["log_prob"], arr["ref_log_prob"]
@@ -483,10 +477,8 @@ def ess_floor_multipliers(
     ``s * eta``, s in [0, 1], that does is found by bisection on the one scalar s (the ESS share
     falls monotonically in s for these tilts; at s = 0 every weight is 1 and the share is 1).
 
-    Why: with share normalisation, bins holding 1-3 prompts score highest, and a fixed ``eta``
-    gave them 8-15x while the majority bin fell to 0.02-0.24, so one prompt carried half a step's
-    advantage mass (measured; docs/benchmarks.md). The floor lets the step adapt to the batch: as
-    adversarial as the batch can bear, never more. Beyond the paper; ``min_ess = 0`` is off.
+    Beyond the paper (``min_ess = 0`` is off); why: docs/algorithm.md, "Prompt-GDRO's
+    effective-sample-size floor".
 
     Returns (the multiplier of every bin [B], the scale s used).
     """
@@ -527,19 +519,11 @@ def _largest_scale(holds: Callable[[float], bool], iterations: int) -> float:
 
 
 #: Relative distance from the ESS floor beyond which the per-bin share decides a bisection step.
-#: The per-bin share equals the per-element one up to rounding: sums of at most B terms instead
-#: of numpy's pairwise sums of up to a few thousand (linear blocks of 128, then pairs: ~20 ulp at
-#: worst), ``math.exp`` for numpy's ``exp`` (each within a few ulp), and the mean-one
-#: normalisation cancelled algebraically when no weight reaches the cap. Every term is positive
-#: (no cancellation) and the share's relative sensitivity to any one weight is at most 2, so the
-#: two differ by ~1e-16 relative typically and below 1e-14 in the worst case of these bounds;
-#: measured, 1.6e-15 at most over 20,000 random cases (up to 16 bins and 4,096 elements, caps
-#: hit and not). ``test_ess_share_by_bin_matches_the_per_element_share`` keeps that below
-#: ``_ESS_MARGIN / 20``. A comparison decided 1e-13 away from the floor therefore has the
-#: per-element share's answer, so every bisection step is decided as by the per-element share.
-#: Only steps that land within 1e-13 of the floor pay the per-element evaluation (~25 us over
-#: 1,024 elements): 0.4 per bisection on average, where the first margin, 1e-12, left 2.6
-#: (issue 13; the scale resolves to 2^-40, so the last few steps always land near the floor).
+#: The per-bin share equals the per-element one up to rounding (sums of positive terms in another
+#: order, ``math.exp`` for numpy's): below 1e-14 relative in the worst case, 1.6e-15 measured, and
+#: ``test_ess_share_by_bin_matches_the_per_element_share`` keeps it below ``_ESS_MARGIN / 20``; so
+#: every step decided outside the margin has the per-element share's answer, and only steps that
+#: land within it pay the per-element evaluation (0.4 per bisection on average; docs/history.md).
 _ESS_MARGIN = 1e-13
 
 
@@ -641,12 +625,8 @@ def resample_bin_masses(
     at s = 0, the uniform draw, so the share falls monotonically in s). The cap: no prompt's ratio
     above ``max_weight`` (:func:`cap_bin_masses`), applied last.
 
-    Why a mixture toward the uniform draw and not a lower eta as in
-    :func:`ess_floor_multipliers`: reweighting tilts a uniformly drawn batch, so eta -> 0 is the
-    uniform draw; q_t at eta -> 0 is uniform over *bins*, which still draws a bin of 5 prompts as
-    often as one of 500, so no eta keeps the floor there. s is the share of the step's draws the
-    adversary directs. Why at all: drawing from q at full eta put 79 % of the draws on 5 prompts
-    after 30 steps (ESS share 0.008 with ``min_ess`` 0.8 set), the starvation the floor prevents.
+    Why a mixture toward the uniform draw (s is the share of the draws the adversary directs)
+    rather than a lower eta, and why a floor at all: docs/algorithm.md, "Bin-level ``resample``".
 
     Returns (m over all B bins, 0 where a bin is empty; the share s used).
     """
@@ -672,6 +652,66 @@ def resample_bin_masses(
 # --------------------------------------------------------------------------------------------
 # The controller
 # --------------------------------------------------------------------------------------------
+
+
+def _checked_settings(
+    num_bins: Any, eta: float, beta: float, gamma: float, max_weight: float, score_clip: float,
+    share_floor: float | None, weight_normalization: str, min_ess: float, mix_support: str,
+) -> float:
+    """Check :class:`PromptGDRO`'s arguments (a ValueError naming the first bad one); the share floor."""
+    if isinstance(num_bins, bool) or not isinstance(num_bins, (int, np.integer)) or num_bins < 1:
+        raise ValueError(f"num_bins must be an integer >= 1, got {num_bins!r}")
+    _check_range("eta", eta, low=0.0, low_open=True)
+    _check_range("beta", beta, low=0.0, high=1.0, low_open=True)
+    _check_range("gamma", gamma, low=0.0, high=1.0, high_open=True)
+    _check_range("max_weight", max_weight, low=0.0, low_open=True)
+    if not (isinstance(score_clip, (int, float)) and math.isinf(score_clip) and score_clip > 0):
+        _check_range("score_clip", score_clip, low=0.0, low_open=True)
+    if math.isfinite(score_clip) and eta * score_clip > _MAX_EXPONENT:
+        raise ValueError(
+            f"eta * score_clip must be <= {_MAX_EXPONENT} so that exp(eta * S) is finite, "
+            f"got eta={eta} * score_clip={score_clip} = {eta * score_clip}"
+        )
+    if share_floor is None:
+        share_floor = 1.0 / (2 * int(num_bins))
+    _check_range("share_floor", share_floor, low=0.0, high=1.0, low_open=True)
+    if weight_normalization not in WEIGHT_NORMALIZATIONS:
+        raise ValueError(
+            f"weight_normalization={weight_normalization!r} is unknown; allowed: {list(WEIGHT_NORMALIZATIONS)}"
+        )
+    _check_range("min_ess", min_ess, low=0.0, high=1.0, high_open=True)
+    if min_ess > 0 and str(weight_normalization) != "mean_one":
+        raise ValueError("min_ess needs weight_normalization='mean_one' (the floor is on normalised multipliers)")
+    if mix_support not in ("all", "present"):
+        raise ValueError(f"mix_support={mix_support!r} is unknown; allowed: ['all', 'present']")
+    if (math.isinf(float(score_clip)) or mix_support == "present") and (
+        float(min_ess) > 0 or str(weight_normalization) != "mean_one"
+    ):
+        raise ValueError(
+            "score_clip=inf and mix_support='present' need weight_normalization='mean_one' and min_ess=0 "
+            "(the release's multipliers)"
+        )
+    return share_floor
+
+
+def _checked_bins(bins: ArrayLike, num_bins: int) -> NDArray[np.int64]:
+    """``bins`` as a 1-D int64 array in [0, num_bins), or a ValueError saying what is wrong."""
+    b = bins if type(bins) is np.ndarray and bins.dtype == np.int64 else np.asarray(bins)
+    if b.dtype == np.int64 and b.ndim == 1 and b.size:  # the controller's bins, every step: range only
+        if b.min() < 0 or b.max() >= num_bins:
+            raise ValueError(f"bins must lie in [0, num_bins={num_bins}), got values in [{b.min()}, {b.max()}]")
+        return b
+    if b.ndim != 1:
+        raise ValueError(f"bins must be a 1-D integer array, got shape {b.shape}")
+    if b.size == 0:
+        return b.astype(np.int64)
+    if not np.issubdtype(b.dtype, np.integer):
+        if b.dtype == bool or not np.all(np.isfinite(b)) or np.any(b != np.round(b)):
+            raise ValueError(f"bins must be integers in [0, {num_bins}), got dtype {b.dtype}")
+    b = b.astype(np.int64)
+    if b.min() < 0 or b.max() >= num_bins:
+        raise ValueError(f"bins must lie in [0, num_bins={num_bins}), got values in [{b.min()}, {b.max()}]")
+    return b
 
 
 class PromptGDRO:
@@ -710,48 +750,16 @@ class PromptGDRO:
         min_ess: float = 0.0,
         mix_support: str = "all",
     ) -> None:
-        if isinstance(num_bins, bool) or not isinstance(num_bins, (int, np.integer)) or num_bins < 1:
-            raise ValueError(f"num_bins must be an integer >= 1, got {num_bins!r}")
-        _check_range("eta", eta, low=0.0, low_open=True)
-        _check_range("beta", beta, low=0.0, high=1.0, low_open=True)
-        _check_range("gamma", gamma, low=0.0, high=1.0, high_open=True)
-        _check_range("max_weight", max_weight, low=0.0, low_open=True)
-        if not (isinstance(score_clip, (int, float)) and math.isinf(score_clip) and score_clip > 0):
-            _check_range("score_clip", score_clip, low=0.0, low_open=True)
-        if math.isfinite(score_clip) and eta * score_clip > _MAX_EXPONENT:
-            raise ValueError(
-                f"eta * score_clip must be <= {_MAX_EXPONENT} so that exp(eta * S) is finite, "
-                f"got eta={eta} * score_clip={score_clip} = {eta * score_clip}"
-            )
-        if share_floor is None:
-            share_floor = 1.0 / (2 * int(num_bins))
-        _check_range("share_floor", share_floor, low=0.0, high=1.0, low_open=True)
-        if weight_normalization not in WEIGHT_NORMALIZATIONS:
-            raise ValueError(
-                f"weight_normalization={weight_normalization!r} is unknown; allowed: {list(WEIGHT_NORMALIZATIONS)}"
-            )
+        share_floor = _checked_settings(
+            num_bins, eta, beta, gamma, max_weight, score_clip, share_floor, weight_normalization, min_ess, mix_support
+        )
         self.num_bins = int(num_bins)
-        self.eta = float(eta)
-        self.beta = float(beta)
-        self.gamma = float(gamma)
-        self.max_weight = float(max_weight)
-        self.score_clip = float(score_clip)
+        self.eta, self.beta, self.gamma = float(eta), float(beta), float(gamma)
+        self.max_weight, self.score_clip = float(max_weight), float(score_clip)
         self.normalize_by_share = bool(normalize_by_share)
         self.share_floor = float(share_floor)
         self.weight_normalization = str(weight_normalization)
-        _check_range("min_ess", min_ess, low=0.0, high=1.0, high_open=True)
-        if min_ess > 0 and self.weight_normalization != "mean_one":
-            raise ValueError("min_ess needs weight_normalization='mean_one' (the floor is on normalised multipliers)")
         self.min_ess = float(min_ess)
-        if mix_support not in ("all", "present"):
-            raise ValueError(f"mix_support={mix_support!r} is unknown; allowed: ['all', 'present']")
-        if (math.isinf(self.score_clip) or mix_support == "present") and (
-            self.min_ess > 0 or self.weight_normalization != "mean_one"
-        ):
-            raise ValueError(
-                "score_clip=inf and mix_support='present' need weight_normalization='mean_one' and min_ess=0 "
-                "(the release's multipliers)"
-            )
         self.mix_support = str(mix_support)
         #: step-size scale the last bin_multipliers() call used (1.0 unless min_ess lowered it)
         self.last_eta_scale = 1.0
@@ -788,7 +796,7 @@ class PromptGDRO:
 
         What :meth:`multipliers` indexes; also what the metrics log as ``prompt_weight``.
         """
-        b = self._check_bins(bins)
+        b = _checked_bins(bins, self.num_bins)
         if self.min_ess > 0:
             w, self.last_eta_scale = ess_floor_multipliers(
                 self._scores, b, self.eta, self.score_clip, self.gamma, self.max_weight, self.min_ess
@@ -803,7 +811,7 @@ class PromptGDRO:
 
     def multipliers(self, bins: ArrayLike) -> NDArray[np.float64]:
         """Eq. 16 multiplier of each given element (pass every response's bin for ``mean_one``)."""
-        b = self._check_bins(bins)
+        b = _checked_bins(bins, self.num_bins)
         return self.bin_multipliers(b)[b]
 
     # -- Eqs. 12-13 ---------------------------------------------------------------------------
@@ -819,7 +827,7 @@ class PromptGDRO:
         per bin), ``shares`` (qhat_t), ``mean_losses`` (lbar_t before share normalisation, 0 for
         absent bins) and ``normalized_losses`` (what entered the EMA, 0 for absent bins).
         """
-        b = self._check_bins(bins)
+        b = _checked_bins(bins, self.num_bins)
         loss = np.asarray(losses, dtype=np.float64)
         if loss.ndim != 1 or loss.shape[0] != b.shape[0]:
             raise ValueError(f"losses must be 1-D with one entry per prompt (len(bins) = {b.shape[0]}), got shape {loss.shape}")
@@ -859,19 +867,7 @@ class PromptGDRO:
 
     def config(self) -> dict[str, Any]:
         """The constructor arguments (state from a differently configured controller is refused)."""
-        return {
-            "num_bins": self.num_bins,
-            "eta": self.eta,
-            "beta": self.beta,
-            "gamma": self.gamma,
-            "max_weight": self.max_weight,
-            "score_clip": self.score_clip,
-            "normalize_by_share": self.normalize_by_share,
-            "share_floor": self.share_floor,
-            "weight_normalization": self.weight_normalization,
-            "min_ess": self.min_ess,
-            "mix_support": self.mix_support,
-        }
+        return {name: getattr(self, name) for name in _CONFIG_NAMES}
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue bit-identically: config, S, observed mask, counters."""
@@ -924,26 +920,6 @@ class PromptGDRO:
         self._observed = observed
         self.num_updates = int(state["num_updates"])
         self.dropped_nonfinite = int(state["dropped_nonfinite"])
-
-    # -- helpers ------------------------------------------------------------------------------
-
-    def _check_bins(self, bins: ArrayLike) -> NDArray[np.int64]:
-        b = bins if type(bins) is np.ndarray and bins.dtype == np.int64 else np.asarray(bins)
-        if b.dtype == np.int64 and b.ndim == 1 and b.size:  # the controller's bins, every step: range only
-            if b.min() < 0 or b.max() >= self.num_bins:
-                raise ValueError(f"bins must lie in [0, num_bins={self.num_bins}), got values in [{b.min()}, {b.max()}]")
-            return b
-        if b.ndim != 1:
-            raise ValueError(f"bins must be a 1-D integer array, got shape {b.shape}")
-        if b.size == 0:
-            return b.astype(np.int64)
-        if not np.issubdtype(b.dtype, np.integer):
-            if b.dtype == bool or not np.all(np.isfinite(b)) or np.any(b != np.round(b)):
-                raise ValueError(f"bins must be integers in [0, {self.num_bins}), got dtype {b.dtype}")
-        b = b.astype(np.int64)
-        if b.min() < 0 or b.max() >= self.num_bins:
-            raise ValueError(f"bins must lie in [0, num_bins={self.num_bins}), got values in [{b.min()}, {b.max()}]")
-        return b
 
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.config().items())

@@ -120,42 +120,14 @@ def decide(
             raise UsageError(f"--arms {unknown} are not arms of the development study; it has {sorted(paired)}")
         keep = set(arms_only)
         paired = {k: v for k, v in paired.items() if k in keep}
-    arms: list[ArmVerdict] = []
-    for label, p in paired.items():
-        ok, why = _qualify(p)
-        verdict = ArmVerdict(
-            label=label,
-            spec=str(dev["methods"][label]["spec"]).removeprefix(f"{label}="),
-            worst_gain=float(p["worst_level_acc"]["mean"]),
-            worst_ci=tuple(p["worst_level_acc"]["ci95"]),  # type: ignore[arg-type]
-            mean_gain=float(p["mean@8"]["mean"]),
-            mean_ci=tuple(p["mean@8"]["ci95"]),  # type: ignore[arg-type]
-            qualifies=ok,
-            why=why,
-        )
-        for task, summary in confirm.items():
-            cp = (summary.get("paired") or {}).get(label)
-            verdict.confirm[task] = None if cp is None else float(cp["mean@8"]["mean"])
-        if saturating is not None:
-            sp = (saturating.get("paired") or {}).get(label)
-            verdict.saturating = None if sp is None else dict(sp["compute_to_grpo_final"])
-        arms.append(verdict)
+    arms = [_verdict(label, p, dev, confirm, saturating) for label, p in paired.items()]
     if saturating is None:
         # qualified first, best worst-level gain first; the rest in the same order after them
         arms.sort(key=lambda a: (not a.qualifies, -a.worst_gain))
     else:
         # qualified first, least compute to GRPO's final mean@8 first, ties by worst-level gain
         arms.sort(key=lambda a: (not a.qualifies, a.rank_value, -a.worst_gain))
-    chosen, status = None, "default stays"
-    for a in arms:
-        if not a.qualifies:
-            break
-        if a.confirmed is None:
-            status = "pending"
-            break
-        if a.confirmed:
-            chosen, status = a.label, "chosen"
-            break
+    chosen, status = _outcome(arms)
     return Decision(
         task=str(dev["task"]),
         seeds=int(dev["num_seeds"]),
@@ -165,6 +137,43 @@ def decide(
         status=status,
         saturating_task=None if saturating is None else str(saturating["task"]),
     )
+
+
+def _verdict(
+    label: str, p: Mapping[str, Any], dev: Mapping[str, Any], confirm: Mapping[str, Mapping[str, Any]],
+    saturating: Mapping[str, Any] | None,
+) -> ArmVerdict:
+    """One arm's reading: qualification on the development study, its confirmations and compute figures."""
+    ok, why = _qualify(p)
+    verdict = ArmVerdict(
+        label=label,
+        spec=str(dev["methods"][label]["spec"]).removeprefix(f"{label}="),
+        worst_gain=float(p["worst_level_acc"]["mean"]),
+        worst_ci=tuple(p["worst_level_acc"]["ci95"]),  # type: ignore[arg-type]
+        mean_gain=float(p["mean@8"]["mean"]),
+        mean_ci=tuple(p["mean@8"]["ci95"]),  # type: ignore[arg-type]
+        qualifies=ok,
+        why=why,
+    )
+    for task, summary in confirm.items():
+        cp = (summary.get("paired") or {}).get(label)
+        verdict.confirm[task] = None if cp is None else float(cp["mean@8"]["mean"])
+    if saturating is not None:
+        sp = (saturating.get("paired") or {}).get(label)
+        verdict.saturating = None if sp is None else dict(sp["compute_to_grpo_final"])
+    return verdict
+
+
+def _outcome(arms: Sequence[ArmVerdict]) -> tuple[str | None, str]:
+    """Rule 3 down the ranking: (the chosen label or None, the status)."""
+    for a in arms:
+        if not a.qualifies:
+            break
+        if a.confirmed is None:
+            return None, "pending"
+        if a.confirmed:
+            return a.label, "chosen"
+    return None, "default stays"
 
 
 def _share(c: Mapping[str, Any] | None, key: str) -> str:

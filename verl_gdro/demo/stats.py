@@ -156,40 +156,9 @@ def summarise(
     for (m, s), r in results.items():
         by[m][s] = r
     levels = sorted(ws_eval["level_acc"], key=int)
-    methods: dict[str, Any] = {}
-    for m in labels:
-        rs = [by[m][s] for s in sorted(by[m])]
-        entry: dict[str, Any] = {"spec": rs[0].get("spec", m), "rollouts": int(rs[0]["rollouts"])}
-        for key in (*_KEYS, "wall_s"):
-            vals = np.array([r[key] for r in rs], dtype=float)
-            entry[key] = float(vals.mean())
-            entry[key + "_std"] = float(vals.std(ddof=1)) if len(vals) > 1 else 0.0
-        entry["level_acc"] = {lv: float(np.mean([r["level_acc"][lv] for r in rs])) for lv in levels}
-        entry["level_acc_std"] = {
-            lv: float(np.std([r["level_acc"][lv] for r in rs], ddof=1)) if len(rs) > 1 else 0.0 for lv in levels
-        }
-        # the learning curve, averaged over seeds at each evaluation step
-        steps = [p["step"] for p in rs[0]["curve"]]
-        entry["curve"] = [
-            {
-                "step": st,
-                "rollouts": rs[0]["curve"][i]["rollouts"],
-                **{k: float(np.mean([r["curve"][i][k] for r in rs])) for k in _KEYS},
-            }
-            for i, st in enumerate(steps)
-        ]
-        entry["seeds"] = [
-            {k: r[k] for k in ("seed", "pass@8", "mean@8", "worst_level_acc", "worst_level", "level_acc", "wall_s")}
-            for r in rs
-        ]
-        stats = [r["train_stats"] for r in rs if "train_stats" in r]
-        if stats:
-            entry["train_stats"] = {k: float(np.mean([x[k] for x in stats])) for k in stats[0]}
-        methods[m] = entry
-
     summary: dict[str, Any] = {
         "task": cfg.task,
-        "methods": methods,
+        "methods": {m: _method_entry(m, [by[m][s] for s in sorted(by[m])], levels) for m in labels},
         "warm_start": dict(ws_eval),
         "config": cfg.to_dict(),
         "wall_s": wall,
@@ -203,21 +172,51 @@ def summarise(
             "warm_start_pass@8": ws_eval["pass@8"],
             "warm_start_hardest_level_acc": ws_eval["level_acc"][levels[-1]],
         }
-        paired: dict[str, Any] = {}
-        for m in labels:
-            if m == BASELINE:
-                continue
-            entry = {k: _paired(base, by[m], lambda r, k=k: r[k]) for k in _KEYS}
-            entry["level_acc"] = {lv: _paired(base, by[m], lambda r, lv=lv: r["level_acc"][lv]) for lv in levels}
-            # compute: the share of GRPO's rollouts at which the method first reaches GRPO's final
-            # accuracy of the same seed, on the hardest level and on mean@8
-            entry["compute_to_grpo_final"] = {
-                "hardest_level_acc": _compute_figure(base, by[m], "hardest_level_acc"),
-                "mean@8": _compute_figure(base, by[m], "mean@8"),
-            }
-            paired[m] = entry
-        summary["paired"] = paired
+        summary["paired"] = {m: _paired_entry(base, by[m], levels) for m in labels if m != BASELINE}
     return summary
+
+
+def _method_entry(m: str, rs: Sequence[Mapping], levels: Sequence[str]) -> dict[str, Any]:
+    """One method's finals (mean and sample std over seeds), its seed-mean curve and its seeds."""
+    entry: dict[str, Any] = {"spec": rs[0].get("spec", m), "rollouts": int(rs[0]["rollouts"])}
+    for key in (*_KEYS, "wall_s"):
+        vals = np.array([r[key] for r in rs], dtype=float)
+        entry[key] = float(vals.mean())
+        entry[key + "_std"] = float(vals.std(ddof=1)) if len(vals) > 1 else 0.0
+    entry["level_acc"] = {lv: float(np.mean([r["level_acc"][lv] for r in rs])) for lv in levels}
+    entry["level_acc_std"] = {
+        lv: float(np.std([r["level_acc"][lv] for r in rs], ddof=1)) if len(rs) > 1 else 0.0 for lv in levels
+    }
+    # the learning curve, averaged over seeds at each evaluation step
+    steps = [p["step"] for p in rs[0]["curve"]]
+    entry["curve"] = [
+        {
+            "step": st,
+            "rollouts": rs[0]["curve"][i]["rollouts"],
+            **{k: float(np.mean([r["curve"][i][k] for r in rs])) for k in _KEYS},
+        }
+        for i, st in enumerate(steps)
+    ]
+    entry["seeds"] = [
+        {k: r[k] for k in ("seed", "pass@8", "mean@8", "worst_level_acc", "worst_level", "level_acc", "wall_s")}
+        for r in rs
+    ]
+    stats = [r["train_stats"] for r in rs if "train_stats" in r]
+    if stats:
+        entry["train_stats"] = {k: float(np.mean([x[k] for x in stats])) for k in stats[0]}
+    return entry
+
+
+def _paired_entry(base: Mapping[int, Mapping], other: Mapping[int, Mapping], levels: Sequence[str]) -> dict[str, Any]:
+    """One method's paired differences to GRPO and its compute figures: the share of GRPO's rollouts
+    at which it first reaches GRPO's final accuracy of the same seed (hardest level; mean@8)."""
+    entry = {k: _paired(base, other, lambda r, k=k: r[k]) for k in _KEYS}
+    entry["level_acc"] = {lv: _paired(base, other, lambda r, lv=lv: r["level_acc"][lv]) for lv in levels}
+    entry["compute_to_grpo_final"] = {
+        "hardest_level_acc": _compute_figure(base, other, "hardest_level_acc"),
+        "mean@8": _compute_figure(base, other, "mean@8"),
+    }
+    return entry
 
 
 def _fmt_ci(p: Mapping[str, Any]) -> str:
@@ -265,6 +264,19 @@ def markdown(summary: Mapping[str, Any]) -> str:
             + " | ".join(f"{e['level_acc'][lv]:.3f}" for lv in levels)
             + f" | {e['rollouts']} |"
         )
+    lines += _paired_lines(summary, levels) + _train_stats_lines(ms)
+    specs = {m: e["spec"] for m, e in ms.items() if e["spec"] != m}
+    if specs:
+        lines += ["", "Variants: " + "; ".join(f"`{m}` = `{s.removeprefix(m + '=')}`" for m, s in specs.items())]
+    lines.append("")
+    return "\n".join(lines)
+
+
+def _paired_lines(summary: Mapping[str, Any], levels: Sequence[str]) -> list[str]:
+    """The testbed check and the paired tables of ``results.md`` (per seed only below
+    :data:`MIN_SEEDS_FOR_INTERVALS` seeds)."""
+    lines: list[str] = []
+    seeds = summary["num_seeds"]
     tb = summary.get("testbed")
     if tb:
         gains = tb["grpo_gain_mean@8_per_seed"]
@@ -276,74 +288,78 @@ def markdown(summary: Mapping[str, Any]) -> str:
             f"{tb['warm_start_hardest_level_acc']:.3f}.",
         ]
     paired = summary.get("paired") or {}
-    if paired:
-        few = seeds < MIN_SEEDS_FOR_INTERVALS
-        lines += [""]
-        if few:
-            lines += [
-                f"**{seeds} seed{'s' if seeds > 1 else ''} decide{'' if seeds > 1 else 's'} nothing**: the differences "
-                f"below are per seed, with no interval or median; `verl-gdro study --task {summary['task']}` (5 paired "
-                "seeds) is the comparison that decides.",
-                "",
-                "## Paired difference to GRPO (same seed), per seed",
-            ]
-        else:
-            lines += [
-                "## Paired difference to GRPO (same seed), mean [95 % bootstrap interval] (seeds better)",
-                "",
-                "`*`: the interval excludes 0.",
-            ]
+    if not paired:
+        return lines
+    few = seeds < MIN_SEEDS_FOR_INTERVALS
+    lines += [""]
+    if few:
         lines += [
+            f"**{seeds} seed{'s' if seeds > 1 else ''} decide{'' if seeds > 1 else 's'} nothing**: the differences "
+            f"below are per seed, with no interval or median; `verl-gdro study --task {summary['task']}` (5 paired "
+            "seeds) is the comparison that decides.",
             "",
-            "Compute to GRPO's final: the share of GRPO's rollouts at which the method first reaches GRPO's final "
-            "accuracy of the same seed (hardest level; mean@8) at an evaluation (in brackets: where the line between "
-            "evaluations crosses it, interpolated), counted only on seeds where GRPO lifts that figure "
-            f"by >= {MIN_LIFT:.2f} over the run ('-' not counted); "
-            + ("per seed." if few else "median over seeds when every counted seed reached it, else per seed."),
-            "",
-            "| method | Δ mean@8 | Δ pass@8 | Δ worst level | "
-            + " | ".join(f"Δ L{lv}" for lv in levels)
-            + " | compute to GRPO's final hardest level | compute to GRPO's final mean@8 |",
-            "|---|---|---|---|" + "---|" * len(levels) + "---|---|",
+            "## Paired difference to GRPO (same seed), per seed",
         ]
-        for m, p in paired.items():
-            c = p["compute_to_grpo_final"]
+    else:
+        lines += [
+            "## Paired difference to GRPO (same seed), mean [95 % bootstrap interval] (seeds better)",
+            "",
+            "`*`: the interval excludes 0.",
+        ]
+    lines += [
+        "",
+        "Compute to GRPO's final: the share of GRPO's rollouts at which the method first reaches GRPO's final "
+        "accuracy of the same seed (hardest level; mean@8) at an evaluation (in brackets: where the line between "
+        "evaluations crosses it, interpolated), counted only on seeds where GRPO lifts that figure "
+        f"by >= {MIN_LIFT:.2f} over the run ('-' not counted); "
+        + ("per seed." if few else "median over seeds when every counted seed reached it, else per seed."),
+        "",
+        "| method | Δ mean@8 | Δ pass@8 | Δ worst level | "
+        + " | ".join(f"Δ L{lv}" for lv in levels)
+        + " | compute to GRPO's final hardest level | compute to GRPO's final mean@8 |",
+        "|---|---|---|---|" + "---|" * len(levels) + "---|---|",
+    ]
+    for m, p in paired.items():
+        c = p["compute_to_grpo_final"]
+        lines.append(
+            f"| {m} | {_fmt_ci(p['mean@8'])} | {_fmt_ci(p['pass@8'])} | {_fmt_ci(p['worst_level_acc'])} | "
+            + " | ".join(f"{p['level_acc'][lv]['mean']:+.3f}" for lv in levels)
+            + f" | {_fmt_compute(c['hardest_level_acc'])} | {_fmt_compute(c['mean@8'])} |"
+        )
+    return lines if few else lines + _per_level_lines(paired, levels)
+
+
+def _per_level_lines(paired: Mapping[str, Any], levels: Sequence[str]) -> list[str]:
+    """Per level with intervals: where a method's gain sits (hard tail or easy head)."""
+    return [
+        "",
+        "### Per level: paired difference to GRPO, mean [95 % bootstrap interval]",
+        "",
+        "| method | " + " | ".join(f"Δ L{lv}" for lv in levels) + " |",
+        "|---|" + "---|" * len(levels),
+        *(f"| {m} | " + " | ".join(_fmt_ci(p["level_acc"][lv]) for lv in levels) + " |" for m, p in paired.items()),
+    ]
+
+
+def _train_stats_lines(ms: Mapping[str, Any]) -> list[str]:
+    """``results.md``'s table of what the rollouts were spent on (when the runs recorded it)."""
+    if not any("train_stats" in e for e in ms.values()):
+        return []
+    lines = [
+        "",
+        "## What the rollouts were spent on (mean over seeds)",
+        "",
+        "Zero-advantage share: groups whose rollouts all agree (all correct or all wrong), over the run and its "
+        "last quarter; distinct prompts trained on; generated response tokens.",
+        "",
+        "| method | zero-adv share | last quarter | distinct prompts | response tokens |",
+        "|---|---|---|---|---|",
+    ]
+    for m, e in ms.items():
+        t = e.get("train_stats")
+        if t:
             lines.append(
-                f"| {m} | {_fmt_ci(p['mean@8'])} | {_fmt_ci(p['pass@8'])} | {_fmt_ci(p['worst_level_acc'])} | "
-                + " | ".join(f"{p['level_acc'][lv]['mean']:+.3f}" for lv in levels)
-                + f" | {_fmt_compute(c['hardest_level_acc'])} | {_fmt_compute(c['mean@8'])} |"
+                f"| {m} | {t['zero_adv_share']:.3f} | {t['zero_adv_share_last_quarter']:.3f} | "
+                f"{t['distinct_prompts']:.0f} | {t['response_tokens']:.0f} |"
             )
-        if not few:
-            # per level with intervals: where a method's gain sits (hard tail or easy head)
-            lines += [
-                "",
-                "### Per level: paired difference to GRPO, mean [95 % bootstrap interval]",
-                "",
-                "| method | " + " | ".join(f"Δ L{lv}" for lv in levels) + " |",
-                "|---|" + "---|" * len(levels),
-            ]
-            for m, p in paired.items():
-                lines.append(f"| {m} | " + " | ".join(_fmt_ci(p["level_acc"][lv]) for lv in levels) + " |")
-    if any("train_stats" in e for e in ms.values()):
-        lines += [
-            "",
-            "## What the rollouts were spent on (mean over seeds)",
-            "",
-            "Zero-advantage share: groups whose rollouts all agree (all correct or all wrong), over the run and its "
-            "last quarter; distinct prompts trained on; generated response tokens.",
-            "",
-            "| method | zero-adv share | last quarter | distinct prompts | response tokens |",
-            "|---|---|---|---|---|",
-        ]
-        for m, e in ms.items():
-            t = e.get("train_stats")
-            if t:
-                lines.append(
-                    f"| {m} | {t['zero_adv_share']:.3f} | {t['zero_adv_share_last_quarter']:.3f} | "
-                    f"{t['distinct_prompts']:.0f} | {t['response_tokens']:.0f} |"
-                )
-    specs = {m: e["spec"] for m, e in ms.items() if e["spec"] != m}
-    if specs:
-        lines += ["", "Variants: " + "; ".join(f"`{m}` = `{s.removeprefix(m + '=')}`" for m, s in specs.items())]
-    lines.append("")
-    return "\n".join(lines)
+    return lines
