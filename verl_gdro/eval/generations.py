@@ -85,9 +85,7 @@ class PromptIndex:
 
 
 def read_dump(
-    path: str | Path,
-    step: int | str | None = "latest",
-    val_files: Sequence[str | Path] | None = None,
+    path: str | Path, step: int | str | None = "latest", val_files: Sequence[str | Path] | None = None,
     acc_key: str = "acc",
 ) -> list[Sample]:
     """Samples of one dump file. Correctness is ``acc`` (never the shaped ``score``)."""
@@ -109,15 +107,9 @@ def read_dump(
                 if index is None:
                     raise ValueError(f"{file}:{line_no}: no data_source field; pass val_files to map prompts")
                 ds = index.lookup(str(rec.get("input", "")), rec.get("gts"))
-            prompt_id, session = (
-                _split_key(rec["uid"]) if "uid" in rec else (str(rec.get("input")), str(line_no))
-            )
-            acc = float(rec[acc_key])
-            samples.append(
-                Sample(
-                    prompt_id=prompt_id, data_source=str(ds), acc=1.0 if acc > 0.5 else 0.0, session=session
-                )
-            )
+            prompt_id, session = _split_key(rec["uid"]) if "uid" in rec else (str(rec.get("input")), str(line_no))
+            acc = 1.0 if float(rec[acc_key]) > 0.5 else 0.0
+            samples.append(Sample(prompt_id=prompt_id, data_source=str(ds), acc=acc, session=session))
     return samples
 
 
