@@ -154,7 +154,7 @@ _MIX2 = np.uint64(0x94D049BB133111EB)
 # Vectorised probe rounds before the few keys still probing finish in a scalar loop: a batch's
 # cost would otherwise be set by its longest probe sequence (~log n at 1e7 keys).
 _VECTOR_ROUNDS = 6
-# Slots remembered from recent lookups (OnlineDifficultyClassifier._slots): a few MB at most.
+# Slots remembered from recent lookups (_VisitHistory.slots): a few MB at most.
 _SLOT_CACHE_MAX = 1 << 16
 # uids below this are also addressed directly (4 bytes per uid up to the largest stored: 16 MB at most)
 _DENSE_UIDS = 1 << 22
@@ -222,9 +222,7 @@ class _UidIndex:
         if 2 * (self.size + keys.size) > self.table.size:
             raise AssertionError("_UidIndex.insert needs reserve() first")
         for start in range(0, keys.size, _INSERT_CHUNK):
-            self._insert_chunk(
-                keys[start : start + _INSERT_CHUNK], slots[start : start + _INSERT_CHUNK], slot_uids
-            )
+            self._insert_chunk(keys[start : start + _INSERT_CHUNK], slots[start : start + _INSERT_CHUNK], slot_uids)
         self.size += keys.size
 
     def _insert_chunk(self, keys: np.ndarray, slots: np.ndarray, slot_uids: np.ndarray | None) -> None:

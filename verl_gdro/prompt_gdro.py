@@ -174,13 +174,8 @@ def _token_arrays(
 
 
 def clipped_surrogate_response_loss(
-    log_prob: ArrayLike,
-    old_log_prob: ArrayLike,
-    advantages: ArrayLike,
-    response_mask: ArrayLike,
-    clip_ratio_low: float = 0.2,
-    clip_ratio_high: float = 0.28,
-    clip_ratio_c: float = 3.0,
+    log_prob: ArrayLike, old_log_prob: ArrayLike, advantages: ArrayLike, response_mask: ArrayLike,
+    clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.28, clip_ratio_c: float = 3.0,
 ) -> NDArray[np.float64]:
     """Per-response token-mean of ``-J^CLIP`` (Eq. 7), verl's ``compute_policy_loss_vanilla``
     (clamped log-ratio, clip, dual clip for A < 0). Per-response ``advantages`` [N] (GRPO's) save
@@ -284,11 +279,8 @@ def share_normalize(
 
 
 def ema_scores(
-    scores: NDArray[np.float64],
-    observed: NDArray[np.bool_],
-    bin_losses: NDArray[np.float64],
-    present: NDArray[np.bool_],
-    beta: float,
+    scores: NDArray[np.float64], observed: NDArray[np.bool_], bin_losses: NDArray[np.float64],
+    present: NDArray[np.bool_], beta: float,
 ) -> tuple[NDArray[np.float64], NDArray[np.bool_]]:
     """Eq. 12 for the bins present in the step: absent bins keep S, a first observation sets it
     (docs/algorithm.md, "Prompt-GDRO (section 2)"). Returns new arrays."""
@@ -542,18 +534,9 @@ class PromptGDRO:
     """
 
     def __init__(
-        self,
-        num_bins: int,
-        eta: float = 0.65,
-        beta: float = 0.12,
-        gamma: float = 0.01,
-        max_weight: float = 15.0,
-        score_clip: float = 10.0,
-        normalize_by_share: bool = True,
-        share_floor: float | None = None,
-        weight_normalization: str = "mean_one",
-        min_ess: float = 0.0,
-        mix_support: str = "all",
+        self, num_bins: int, eta: float = 0.65, beta: float = 0.12, gamma: float = 0.01, max_weight: float = 15.0,
+        score_clip: float = 10.0, normalize_by_share: bool = True, share_floor: float | None = None,
+        weight_normalization: str = "mean_one", min_ess: float = 0.0, mix_support: str = "all",
     ) -> None:
         share_floor = _checked_settings(
             num_bins, eta, beta, gamma, max_weight, score_clip, share_floor, weight_normalization, min_ess, mix_support
@@ -651,13 +634,8 @@ class PromptGDRO:
         self._scores, self._observed = scores, observed
         self.num_updates += 1
         self.dropped_nonfinite += dropped
-        return {
-            "dropped_nonfinite": dropped,
-            "counts": counts,
-            "shares": shares,
-            "mean_losses": lbar,
-            "normalized_losses": normalized,
-        }
+        return {"dropped_nonfinite": dropped, "counts": counts, "shares": shares, "mean_losses": lbar,
+                "normalized_losses": normalized}
 
     # -- checkpointing ------------------------------------------------------------------------
 
@@ -720,11 +698,7 @@ class PromptGDRO:
 
 
 def _check_range(
-    name: str,
-    value: float,
-    low: float | None = None,
-    high: float | None = None,
-    low_open: bool = False,
+    name: str, value: float, low: float | None = None, high: float | None = None, low_open: bool = False,
     high_open: bool = False,
 ) -> None:
     """Raise a ValueError naming ``name`` and the allowed interval if ``value`` is outside it."""

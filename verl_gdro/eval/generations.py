@@ -1,12 +1,9 @@
 """Read verl 0.9.1 validation dumps (``trainer.validation_data_dir``) into per-prompt correctness.
 
-verl's V1 trainer writes ``<validation_data_dir>/<global_step>.jsonl`` at every validation, one
-line per generated sample with ``input``, ``output``, ``gts``, ``score``, ``step``, every key of
-the reward's extra info (``acc``, ``pred`` and, with :mod:`verl_gdro.data.reward`,
-``data_source``) and ``uid`` = the TransferQueue key ``<prompt uuid>_<session>_<turn>``. The
-prompt uuid groups the samples of one prompt; the reward's ``data_source`` names the benchmark.
-For dumps made with another reward function, ``val_files`` maps each prompt back to its benchmark
-through the validation parquet (ground truth plus prompt text).
+verl writes ``<global_step>.jsonl``, one line per sample with ``input``, ``gts``, ``score``, the
+reward's extra info (``acc``, ``data_source`` from :mod:`verl_gdro.data.reward`) and ``uid`` =
+``<prompt uuid>_<session>_<turn>``, which groups a prompt's samples. Without ``data_source``,
+``val_files`` maps each prompt to its benchmark through the validation parquet.
 """
 
 from __future__ import annotations
