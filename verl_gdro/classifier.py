@@ -20,16 +20,8 @@ from typing import Any
 import numpy as np
 
 __all__ = [
-    "ESTIMATORS",
-    "MAX_TRIALS_PER_VISIT",
-    "OnlineDifficultyClassifier",
-    "COMPARE_DECIMALS",
-    "any_of_n_rate",
-    "hysteresis_move",
-    "hysteresis_thresholds",
-    "pooled_pass_at_k",
-    "raw_bin",
-    "snap",
+    "ESTIMATORS", "MAX_TRIALS_PER_VISIT", "OnlineDifficultyClassifier", "COMPARE_DECIMALS", "any_of_n_rate",
+    "hysteresis_move", "hysteresis_thresholds", "pooled_pass_at_k", "raw_bin", "snap"
 ]
 
 ESTIMATORS = ("pooled", "any_of_n")

@@ -21,15 +21,8 @@ from typing import Any
 import numpy as np
 
 __all__ = [
-    "HEATMAPS",
-    "STATE_METRICS",
-    "add_arguments",
-    "draw_all",
-    "load_series",
-    "main",
-    "num_bins_of",
-    "series_from_rows",
-    "series_matrix",
+    "HEATMAPS", "STATE_METRICS", "add_arguments", "draw_all", "load_series", "main", "num_bins_of",
+    "series_from_rows", "series_matrix"
 ]
 
 #: heatmap file stem -> (per-bin metric name, title, colour-bar label)

@@ -19,25 +19,10 @@ from numpy.typing import ArrayLike, NDArray
 from verl_gdro.classifier import int_array
 
 __all__ = [
-    "WEIGHT_NORMALIZATIONS",
-    "PromptGDRO",
-    "advantage_multipliers",
-    "bin_mean_losses",
-    "cap_bin_masses",
-    "clipped_surrogate_response_loss",
-    "ema_scores",
-    "exp_weights",
-    "failure_rate_loss",
-    "group_mean",
-    "group_mean_from_sums",
-    "low_var_kl",
-    "masked_token_mean",
-    "mix_probs",
-    "mix_probs_present",
-    "resample_bin_masses",
-    "share_normalize",
-    "surrogate_kl_loss",
-    "surrogate_loss",
+    "WEIGHT_NORMALIZATIONS", "PromptGDRO", "advantage_multipliers", "bin_mean_losses", "cap_bin_masses",
+    "clipped_surrogate_response_loss", "ema_scores", "exp_weights", "failure_rate_loss", "group_mean",
+    "group_mean_from_sums", "low_var_kl", "masked_token_mean", "mix_probs", "mix_probs_present",
+    "resample_bin_masses", "share_normalize", "surrogate_kl_loss", "surrogate_loss"
 ]
 
 WEIGHT_NORMALIZATIONS = ("mean_one", "raw")

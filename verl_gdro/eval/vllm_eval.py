@@ -4,10 +4,8 @@
         --val-files $DATA_DIR/answer/val.parquet --out evals/pgdro_4b/0.jsonl
     verl-gdro eval --run Prompt-GDRO=evals/pgdro_4b/0.jsonl ...
 
-Sampling follows the paper's validation (8 samples, temperature 0.6, top-p 0.8, top-k 20, 4096
-new tokens). vLLM is imported only when generating (it is not installed on CPU machines); the
-scoring and the dump layout are shared with training (:mod:`verl_gdro.data.reward`,
-:mod:`verl_gdro.eval.generations`) and tested with an injected generator.
+Sampling is the paper's validation (:class:`Sampling`); vLLM is imported only to generate, and the
+scoring and dump layout are training's (tested with an injected generator).
 """
 
 from __future__ import annotations

@@ -17,14 +17,8 @@ import numpy as np
 import torch
 
 __all__ = [
-    "LOSS_METRIC",
-    "RAW_ADV_FIELD",
-    "ROW_FIELD",
-    "ROW_METRIC",
-    "gdro_ppo_loss",
-    "pop_update_losses",
-    "raw_grpo_advantages",
-    "update_surrogate_per_response",
+    "LOSS_METRIC", "RAW_ADV_FIELD", "ROW_FIELD", "ROW_METRIC", "gdro_ppo_loss", "pop_update_losses",
+    "raw_grpo_advantages", "update_surrogate_per_response"
 ]
 
 #: per-response raw GRPO advantage written next to verl's ``advantages`` for the actor
