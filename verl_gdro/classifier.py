@@ -612,8 +612,10 @@ class _VisitHistory:
         return h
 
 
-_CONFIG_KEYS = ("bin_edges", "window", "hysteresis", "k", "estimator", "unseen_bin")
-_STATE_KEYS = ("version", *_CONFIG_KEYS, "uids", "visits", "committed_bin", "successes", "trials")
+#: each setting a state is saved under: (its type in the classifier, its dtype in the state; None: numpy's)
+_CONFIG = {"bin_edges": (np.asarray, np.float64), "window": (int, np.int64), "hysteresis": (float, np.float64),
+           "k": (int, np.int64), "estimator": (str, None), "unseen_bin": (int, np.int64)}
+_STATE_KEYS = ("version", *_CONFIG, "uids", "visits", "committed_bin", "successes", "trials")
 
 
 def _saved_config(state: Mapping[str, Any]) -> dict[str, Any]:
@@ -624,14 +626,8 @@ def _saved_config(state: Mapping[str, Any]) -> dict[str, Any]:
     version = int(np.asarray(state["version"]))
     if version != _STATE_VERSION:
         raise ValueError(f"classifier state has version {version}; this code reads version {_STATE_VERSION}")
-    return {
-        "bin_edges": np.asarray(state["bin_edges"], dtype=np.float64),
-        "window": int(np.asarray(state["window"])),
-        "hysteresis": float(np.asarray(state["hysteresis"])),
-        "k": int(np.asarray(state["k"])),
-        "estimator": str(np.asarray(state["estimator"])),
-        "unseen_bin": int(np.asarray(state["unseen_bin"])),
-    }
+    return {key: read(np.asarray(state[key], dtype=np.float64) if key == "bin_edges" else np.asarray(state[key]))
+            for key, (read, _) in _CONFIG.items()}
 
 
 def _config_differences(saved: Mapping[str, Any], mine: Mapping[str, Any]) -> list[str]:
@@ -682,8 +678,8 @@ def _checked_arrays(state: Mapping[str, Any], window: int, num_bins: int) -> tup
 class OnlineDifficultyClassifier:
     """Per-prompt sliding-window pass@k estimate and hysteresis bins (docs/algorithm.md section 1).
 
-    ``bin_edges``: inner edges strictly inside (0, 1), or None for ``num_bins`` equal bins;
-    ``num_bins`` must then agree or stay at its default (defect 6 of docs/algorithm.md). ``window``
+    ``bin_edges``: inner edges strictly inside (0, 1), or None for ``num_bins`` equal bins; with
+    edges, ``num_bins`` must agree or stay at its default (defect 6 of docs/algorithm.md). ``window``
     H, ``hysteresis`` delta (below the narrowest bin), ``k``, ``estimator`` (:data:`ESTIMATORS`)
     and ``unseen_bin`` (reported, not committed, for a prompt never observed).
     """
@@ -863,12 +859,7 @@ class OnlineDifficultyClassifier:
         prompt i's first ``min(visits_i, window)`` ring columns in flat uint8 ``successes``/``trials``."""
         return {
             "version": np.asarray(_STATE_VERSION, dtype=np.int64),
-            "bin_edges": self._edges.copy(),
-            "window": np.asarray(self._window, dtype=np.int64),
-            "hysteresis": np.asarray(self._hysteresis, dtype=np.float64),
-            "k": np.asarray(self._k, dtype=np.int64),
-            "estimator": np.asarray(self._estimator),
-            "unseen_bin": np.asarray(self._unseen_bin, dtype=np.int64),
+            **{key: np.array(value, dtype=_CONFIG[key][1]) for key, value in self._config().items()},
             **self._history.arrays(),
         }
 
