@@ -1,19 +1,10 @@
 """verl-gdro: Multi-Adversary Group DRO for LLM reasoning RL (arXiv 2601.19280) on verl 0.9.1.
 
-The package reads bottom-up, each floor importing only the floors below it
-(``tests/test_layering.py`` enforces it):
-
-1. the math: :mod:`verl_gdro.classifier`, :mod:`verl_gdro.prompt_gdro`,
-   :mod:`verl_gdro.rollout_gdro`, :mod:`verl_gdro.metrics`, :mod:`verl_gdro.presets`: plain numpy;
-2. the step API, :mod:`verl_gdro.step`: :class:`GDROController`, the ``gdro`` config's resolution
-   and validation, and the estimator hand-over :func:`gdro_step`; still neither verl nor torch;
-3. the verl 0.9.1 glue, :mod:`verl_gdro.integration`: the ``gdro_grpo`` estimator, the trainer
-   modes, sampler, dataset and the plugin entry point; the only floor that imports verl;
-4. the tools: the CPU demo, evaluation, the recipes' dry run, plots and the CLI.
-
-``from verl_gdro import GDROController`` (and the other names of :data:`__all__`) loads the step
-API on first use only (PEP 562), so ``import verl_gdro`` itself, which verl's plugin entry point
-triggers on every ``import verl``, imports nothing.
+Floors, each importing only those below (docs/development.md, ``tests/test_layering.py``): the
+numpy math (classifier, prompt_gdro, rollout_gdro, metrics, presets), the step API
+(:mod:`verl_gdro.step`, no verl or torch), the verl glue (:mod:`verl_gdro.integration`), the tools.
+The names of :data:`__all__` load on first use (PEP 562): verl's plugin entry point imports this
+package on every ``import verl``, so ``import verl_gdro`` imports nothing.
 """
 
 from __future__ import annotations

@@ -1,26 +1,12 @@
-"""Online difficulty classifier (docs/algorithm.md section 1, paper section 3.1).
+"""Online difficulty classifier (docs/algorithm.md section 1, paper section 3.1): per prompt (a
+stable int64 uid) the last ``window`` visits' (successes, trials), a pass@k estimate and a
+difficulty bin with hysteresis (bin 0 = hardest). Classify before step t, observe after it.
 
-Every prompt (a stable int64 uid: the dataset row index) keeps its last ``window`` visits, each
-visit being (successes, trials) of that step's training rollouts. From them the classifier
-estimates pass@k and sorts the prompt into one of ``num_bins`` difficulty bins (bin 0 = hardest),
-with hysteresis so that a prompt near an edge does not flip back and forth every step.
-
-Why the data structures look like this (issue 2 / issue 6 scale targets):
-
-- Cost per step is O(batch * window) and independent of how many prompts were ever seen. uids are
-  sparse, so they are mapped to dense *slots* by an open-addressing hash table held in one numpy
-  array (:class:`_UidIndex`), probed vectorised over the batch; a Python dict of ten million
-  entries would cost ~100 bytes per prompt and seconds to rebuild on every resume.
-- Memory is at most ``2 * window`` bytes of history per seen prompt (uint8 successes and trials
-  in a ring buffer ``[slots, width]``), plus an 8-byte uid, an 8-byte visit counter, a 1-byte
-  committed bin and the hash table. Rows grow by amortised doubling, and so does the ring width,
-  from 1 up to ``window`` as prompts accumulate visits: a million prompts seen once cost a few
-  bytes of history each. Unvisited ring cells are zero, so sums over a row are window sums.
-- ``state_dict`` is a flat dict of numpy arrays (``np.savez(path, **state)`` works as is); the
-  hash table is not saved but rebuilt on load, so the saved state does not depend on it.
-
-Order within step t (docs/algorithm.md section 1): ``bins(uids)`` with the history up to t-1, use those bins for
-every decision of step t, then ``observe(...)`` step t's visit.
+Why the storage looks like this (issue 2 / issue 6 scale targets): a step costs O(batch * window)
+whatever the number of prompts ever seen (uids map to dense slots through a numpy hash table,
+:class:`_UidIndex`, not a dict of ~100 bytes per entry); history is at most ``2 * window`` uint8
+bytes per prompt in rings that grow with the visits (:class:`_VisitHistory`); the state is a flat
+dict of numpy arrays and the hash table is rebuilt on load.
 """
 
 from __future__ import annotations
@@ -34,16 +20,8 @@ from typing import Any
 import numpy as np
 
 __all__ = [
-    "ESTIMATORS",
-    "MAX_TRIALS_PER_VISIT",
-    "OnlineDifficultyClassifier",
-    "COMPARE_DECIMALS",
-    "any_of_n_rate",
-    "hysteresis_move",
-    "hysteresis_thresholds",
-    "pooled_pass_at_k",
-    "raw_bin",
-    "snap",
+    "ESTIMATORS", "MAX_TRIALS_PER_VISIT", "OnlineDifficultyClassifier", "COMPARE_DECIMALS", "any_of_n_rate",
+    "hysteresis_move", "hysteresis_thresholds", "pooled_pass_at_k", "raw_bin", "snap"
 ]
 
 ESTIMATORS = ("pooled", "any_of_n")
@@ -69,13 +47,8 @@ def _factor_offsets(k: int, ndim: int) -> np.ndarray:
 
 
 def pooled_pass_at_k(successes: np.ndarray, trials: np.ndarray, k: int) -> np.ndarray:
-    """Pooled pass@k of docs/algorithm.md section 1 (``passk_estimator: pooled``): with S successes
-    out of T trials summed over the window, ``1 - C(T-S, k) / C(T, k)`` when T >= k, else
-    ``1 - (1 - S/T)^k``.
-
-    The binomial ratio is evaluated as ``prod_{j<k} (T-S-j) / (T-j)``: every factor is in [0, 1],    so there is no overflow, and a zero factor appears exactly when T-S < k (estimate 1).
-    T must be >= 1 (callers return NaN for prompts without a visit).
-    """
+    """Pooled pass@k of docs/algorithm.md section 1, for T >= 1. The binomial ratio is
+    ``prod_{j<k} (T-S-j) / (T-j)``: factors in [0, 1], so no overflow, and 0 exactly when T-S < k."""
     s = np.asarray(successes, dtype=np.float64)
     t = np.asarray(trials, dtype=np.float64)
     if k == 1:
@@ -84,10 +57,8 @@ def pooled_pass_at_k(successes: np.ndarray, trials: np.ndarray, k: int) -> np.nd
         return s / t
     if s.shape != t.shape:
         s, t = np.broadcast_arrays(s, t)
-    # All k factors at once, [k, prompts], clamped at 0 so factors past a zero stay 0 (rows with
-    # T < k are handled below). A reduction over the leading axis multiplies whole rows in index
-    # order: the running product's bits in one call instead of k - 1
-    # (test_pooled_factor_table_is_bit_identical_to_the_running_product).
+    # All k factors at once [k, prompts], clamped at 0 (rows with T < k are handled below); one
+    # reduction gives the running product's bits (test_pooled_factor_table_is_bit_identical_to_the_running_product).
     j = _factor_offsets(int(k), t.ndim)
     factors = np.maximum((t - s) - j, 0.0)
     factors /= np.maximum(t - j, 1.0)
@@ -101,12 +72,8 @@ def pooled_pass_at_k(successes: np.ndarray, trials: np.ndarray, k: int) -> np.nd
 
 
 def any_of_n_rate(visit_successes: np.ndarray, num_visits: np.ndarray) -> np.ndarray:
-    """``any_of_n`` estimate of docs/algorithm.md section 1 (the released patch's behaviour).
-
-    The mean over the window of 1[the visit had at least one success]. ``visit_successes`` is
-    ``[prompts, window]`` with unvisited cells equal to 0 (they count as no success, and are
-    excluded by dividing by ``num_visits``, the number of visits inside the window).
-    """
+    """``any_of_n`` of docs/algorithm.md section 1: the window's share of visits with a success.
+    Unvisited cells of ``visit_successes`` [prompts, window] are 0 and ``num_visits`` excludes them."""
     hits = np.count_nonzero(np.asarray(visit_successes) >= 1, axis=-1)
     with np.errstate(divide="ignore", invalid="ignore"):
         return hits / np.asarray(num_visits, dtype=np.float64)
@@ -123,12 +90,8 @@ def snap(x: Any) -> np.ndarray:
 
 
 def raw_bin(p: np.ndarray, inner_edges: np.ndarray) -> np.ndarray:
-    """Raw bin of an estimate (docs/algorithm.md section 1): the number of inner edges <= p.
-
-    Bin b holds estimates in [a_b, a_{b+1}); 1.0 falls in the last bin because it is >= every
-    inner edge. Estimates must lie in [0, 1] (checked by the caller). Compared on the
-    :func:`snap` grid.
-    """
+    """Raw bin of estimates in [0, 1] (docs/algorithm.md section 1): the number of inner edges <= p,
+    on the :func:`snap` grid."""
     return np.searchsorted(snap(inner_edges), snap(p), side="right").astype(np.int64)
 
 
@@ -143,22 +106,10 @@ def hysteresis_move(
     committed: np.ndarray, p: np.ndarray, raw: np.ndarray, full_edges: np.ndarray, delta: float,
     thresholds: tuple[np.ndarray, np.ndarray] | None = None, snapped: bool = False,
 ) -> np.ndarray:
-    """Hysteresis rule of docs/algorithm.md section 1: the bin a prompt moves to from its committed bin.
-
-    From committed bin c (edges a_c, a_{c+1}) with raw bin r != c, the prompt moves only when the
-    estimate passes the boundary by ``delta``: up needs p >= a_{c+1} + delta, down needs
-    p < a_c - delta; a move goes straight to r. ``committed`` < 0 means no bin was committed yet
-    (first classification after the first visit): the raw bin, without hysteresis. ``full_edges``
-    are 0, the inner edges, 1. Compared on the :func:`snap` grid.
-
-    ``thresholds``: :func:`hysteresis_thresholds` of ``full_edges`` and ``delta``, when the caller
-    keeps them (the classifier computes them once, not per prompt per step). ``snapped``: ``p`` is
-    on the :func:`snap` grid already (the classifier's estimates are), so it is not rounded again;
-    :func:`snap` is idempotent on [0, 1] (``test_snap_is_idempotent``), so the bins are the same.
-
-    The classifier applies the equivalent keep rule of :func:`_hysteresis_keep` (its raw bins
-    come from ``p``); this is the rule as the spec states it, the reference that one is tested against.
-    """
+    """Hysteresis rule of docs/algorithm.md section 1 as stated there (the reference
+    :func:`_hysteresis_keep` is tested against): the bin each prompt moves to from ``committed``
+    (< 0: none yet, take the raw bin). ``full_edges`` are 0, the inner edges, 1; ``thresholds``
+    their :func:`hysteresis_thresholds` when kept; ``snapped``: ``p`` is on the snap grid already."""
     committed = np.asarray(committed, dtype=np.int64)
     up_at, down_at = hysteresis_thresholds(full_edges, delta) if thresholds is None else thresholds
     p = p if snapped else snap(p)
@@ -173,16 +124,10 @@ def _hysteresis_keep(
     committed: np.ndarray, p: np.ndarray, raw: np.ndarray, thresholds: tuple[np.ndarray, np.ndarray],
     has_bin: np.ndarray | None = None,
 ) -> np.ndarray:
-    """:func:`hysteresis_move` for raw bins computed from ``p`` on the snap grid (what the
-    classifier holds), in about half the numpy calls. ``has_bin``: which prompts have a committed
-    bin (``committed >= 0``), or None when all have one; a prompt without one takes its raw bin.
-
-    A prompt keeps its bin c exactly while a_c - delta <= p < a_{c+1} + delta, and otherwise moves
-    to its raw bin. That is hysteresis_move's rule: raw > c implies p >= a_{c+1} >= a_c - delta,
-    so it moves iff p >= a_{c+1} + delta; raw < c implies p < a_c <= a_{c+1} + delta, so it moves
-    iff p < a_c - delta; raw == c keeps c either way (snap is monotone, so the order of the
-    thresholds and edges holds on the grid). ``test_hysteresis_keep_equals_hysteresis_move``.
-    """
+    """:func:`hysteresis_move` for raw bins computed from snapped ``p``, in half the numpy calls:
+    keep c while a_c - delta <= p < a_{c+1} + delta, else take the raw bin (the same rule, since
+    raw > c implies p >= a_{c+1}, raw < c implies p < a_c: test_hysteresis_keep_equals_hysteresis_move).
+    ``has_bin``: ``committed >= 0``, or None when every prompt has a bin."""
     up_at, down_at = thresholds
     if has_bin is None:
         keep = (p >= down_at[committed]) & (p < up_at[committed])
@@ -201,7 +146,7 @@ _MIX2 = np.uint64(0x94D049BB133111EB)
 # Vectorised probe rounds before the few keys still probing finish in a scalar loop: a batch's
 # cost would otherwise be set by its longest probe sequence (~log n at 1e7 keys).
 _VECTOR_ROUNDS = 6
-# Slots remembered from recent lookups (OnlineDifficultyClassifier._slots): a few MB at most.
+# Slots remembered from recent lookups (_VisitHistory.slots): a few MB at most.
 _SLOT_CACHE_MAX = 1 << 16
 # uids below this are also addressed directly (4 bytes per uid up to the largest stored: 16 MB at most)
 _DENSE_UIDS = 1 << 22
@@ -211,11 +156,7 @@ MAX_PROMPTS = 2**31 - 2  # slots are stored as int32 (slot + 1) in the hash tabl
 
 
 def _hash_uids(uids: np.ndarray) -> np.ndarray:
-    """splitmix64 finaliser: spreads consecutive dataset indices over the whole table.
-
-    In place on one copy (two temporaries in all), because at 1e6+ keys every fresh temporary
-    costs page faults.
-    """
+    """splitmix64 finaliser (spreads consecutive indices over the table), in place on one copy."""
     x = np.array(uids, dtype=np.int64).view(np.uint64)
     t = np.empty_like(x)
     for shift, mult in ((30, _MIX1), (27, _MIX2)):
@@ -228,15 +169,8 @@ def _hash_uids(uids: np.ndarray) -> np.ndarray:
 
 
 class _UidIndex:
-    """Maps int64 uids to dense slots 0..n-1 (slot order = first-seen order).
-
-    Linear probing with load factor <= 1/2 in one int32 array holding ``slot + 1`` (0 = empty,
-    so a fresh table is ``np.zeros``); keys are compared through ``slot_uids``. Lookups and
-    inserts are vectorised over the batch: each probe round touches only the keys still
-    unresolved, and after a few rounds the rare long probes finish in a scalar loop, so a step
-    costs O(batch) whatever the number of stored uids. Growing rehashes everything (amortised by
-    doubling). There are no deletions, so a key's probe run never has holes.
-    """
+    """int64 uids -> dense slots in first-seen order: linear probing at load <= 1/2 in one int32
+    array of ``slot + 1`` (0 = empty), vectorised over the batch per probe round; no deletions."""
 
     def __init__(self, capacity: int = 1024) -> None:
         cap = 1024
@@ -276,17 +210,11 @@ class _UidIndex:
         return out
 
     def insert(self, keys: np.ndarray, slots: np.ndarray, slot_uids: np.ndarray | None = None) -> None:
-        """Insert keys known to be absent, with their slots.
-
-        With ``slot_uids`` (the uid of every slot, ``slot_uids[slots] == keys``), a key meeting
-        an equal key on its probe run raises ValueError (a safety net for :meth:`build`).
-        """
+        """Insert absent keys with their slots; with ``slot_uids``, a duplicate met raises ValueError."""
         if 2 * (self.size + keys.size) > self.table.size:
             raise AssertionError("_UidIndex.insert needs reserve() first")
         for start in range(0, keys.size, _INSERT_CHUNK):
-            self._insert_chunk(
-                keys[start : start + _INSERT_CHUNK], slots[start : start + _INSERT_CHUNK], slot_uids
-            )
+            self._insert_chunk(keys[start : start + _INSERT_CHUNK], slots[start : start + _INSERT_CHUNK], slot_uids)
         self.size += keys.size
 
     def _insert_chunk(self, keys: np.ndarray, slots: np.ndarray, slot_uids: np.ndarray | None) -> None:
@@ -301,12 +229,10 @@ class _UidIndex:
             free = cur == 0
             if slot_uids is not None and np.any(~free & (slot_uids[np.maximum(cur, 1) - 1] == keys[todo])):
                 raise ValueError("classifier state 'uids' holds duplicates")
-            # Keys racing for the same free cell: write all, read back to see who won (whichever
-            # write numpy applied last); the losers see an occupied cell and move on.
+            # Keys racing for one free cell: write all, read back who won; a loser re-reads the
+            # cell next round (the winner may be its duplicate), one that met an occupied cell moves on.
             self.table[pos[free]] = value[free]
             lost = self.table[pos] != value
-            # A key that lost a race re-reads the same cell next round (its winner may be its
-            # duplicate); one that met an occupied cell moves on.
             step = np.where(free[lost], 0, 1)
             todo, pos, value = todo[lost], (pos[lost] + step) & mask, value[lost]
         table = self.table
@@ -319,14 +245,9 @@ class _UidIndex:
 
     @classmethod
     def build(cls, keys: np.ndarray, capacity: int, check_duplicates: bool = False) -> _UidIndex:
-        """A fresh index holding ``keys[i] -> i``, built by sorting instead of probing.
-
-        Random probes into a table of 1e7+ cells miss cache and TLB on every access; here the
-        keys are sorted by home cell (packed as ``cell << 32 | slot`` in one uint64 sort), and
-        linear probing's placement is then a running maximum, pos_i = max(home_i, pos_{i-1} + 1),
-        written with one monotone scatter. Keys pushed past the end of the table wrap around via
-        the ordinary probing insert. With ``check_duplicates``, equal keys raise ValueError.
-        """
+        """A fresh index of ``keys[i] -> i`` built by sorting, not probing (random probes into 1e7+
+        cells miss cache): sorted by home cell, linear probing's placement is the running maximum
+        pos_i = max(home_i, pos_{i-1} + 1); keys past the table's end take the probing insert."""
         index = cls(capacity)
         n = keys.size
         if n == 0:
@@ -384,29 +305,33 @@ class _UidIndex:
 
 
 def _check_int(name: str, value: Any, low: int, high: int | None = None) -> int:
+    rng = f"[{low}, {high}]" if high is not None else f">= {low}"
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        rng = f"[{low}, {high}]" if high is not None else f">= {low}"
         raise ValueError(f"{name} must be an integer {rng}, got {value!r}")
-    value = int(value)
-    if value < low or (high is not None and value > high):
-        rng = f"[{low}, {high}]" if high is not None else f">= {low}"
-        raise ValueError(f"{name} must be an integer {rng}, got {value}")
-    return value
+    if int(value) < low or (high is not None and int(value) > high):
+        raise ValueError(f"{name} must be an integer {rng}, got {int(value)}")
+    return int(value)
 
 
-def _int_array(name: str, values: Any) -> np.ndarray:
+def int_array(name: str, values: Any, integral_floats: bool = False, num_bins: int | None = None) -> np.ndarray:
+    """``values`` as a 1-D int64 array or a ValueError naming ``name``: the math floor's one check of
+    id and bin arrays (``integral_floats``: 2.0 passes as 2; ``num_bins``: values in [0, num_bins))."""
     if type(values) is np.ndarray and values.dtype == np.int64 and values.ndim == 1:
-        return values  # the controller's arrays, every step: nothing to check or convert
-    arr = np.asarray(values)
-    if arr.ndim != 1:
-        raise ValueError(f"{name} must be a 1-D integer array, got shape {arr.shape}")
-    if arr.size == 0:
-        return arr.astype(np.int64)
-    if arr.dtype == np.bool_ or not np.issubdtype(arr.dtype, np.integer):
-        raise ValueError(f"{name} must hold integers, got dtype {arr.dtype}")
-    if arr.dtype == np.uint64 and arr.size and arr.max() > np.iinfo(np.int64).max:
-        raise ValueError(f"{name} must fit in int64")
-    return arr.astype(np.int64, copy=False)
+        arr = values  # the controller's arrays, every step: nothing to convert
+    else:
+        arr = np.asarray(values)
+        if arr.ndim != 1:
+            raise ValueError(f"{name} must be a 1-D integer array, got shape {arr.shape}")
+        if arr.size and not np.issubdtype(arr.dtype, np.integer):
+            integral = integral_floats and arr.dtype != np.bool_ and np.all(np.isfinite(arr))
+            if not integral or np.any(arr != np.round(arr)):
+                raise ValueError(f"{name} must hold integers, got dtype {arr.dtype}")
+        if arr.dtype == np.uint64 and arr.size and arr.max() > np.iinfo(np.int64).max:
+            raise ValueError(f"{name} must fit in int64")
+        arr = arr.astype(np.int64, copy=False)
+    if num_bins is not None and arr.size and (arr.min() < 0 or arr.max() >= num_bins):
+        raise ValueError(f"{name} must lie in [0, num_bins={num_bins}), got values in [{arr.min()}, {arr.max()}]")
+    return arr
 
 
 def _has_duplicates(values: np.ndarray) -> bool:
@@ -423,9 +348,8 @@ _CHUNK_ROWS = 1 << 16
 
 
 def _row_blocks(lengths: np.ndarray, width: int) -> Iterator[tuple[slice, np.ndarray | None, int]]:
-    """Blocks of :data:`_CHUNK_ROWS` ring rows, each with the mask of its first ``lengths[i]``
-    cells per row (None when every row is full: the block is contiguous) and its cell count.
-    Blocks keep the boolean masks cache-sized even for 1e7 prompts."""
+    """Cache-sized blocks of ring rows: (rows, the mask of each row's first ``lengths[i]`` cells or
+    None when all are full, the cell count)."""
     cols = np.arange(width)
     for start in range(0, lengths.size, _CHUNK_ROWS):
         m = lengths[start : start + _CHUNK_ROWS]
@@ -508,9 +432,9 @@ def _check_hysteresis(hysteresis: Any, full_edges: np.ndarray) -> float:
 
 def _checked_visits(uids: Any, successes: Any, trials: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The arguments of :meth:`OnlineDifficultyClassifier.observe` as int64 arrays, checked."""
-    u = _int_array("uids", uids)
-    s = _int_array("successes", successes)
-    t = _int_array("trials", trials)
+    u = int_array("uids", uids)
+    s = int_array("successes", successes)
+    t = int_array("trials", trials)
     if not (u.size == s.size == t.size):
         raise ValueError(f"uids, successes and trials must have equal lengths, got {u.size}, {s.size}, {t.size}")
     if u.size == 0:
@@ -525,13 +449,10 @@ def _checked_visits(uids: Any, successes: Any, trials: Any) -> tuple[np.ndarray,
 
 
 class _VisitHistory:
-    """The storage of the module docstring: every seen prompt's last ``window`` visits by dense slot.
-
-    Ring buffers ``[slots, width]`` (uint8 successes and trials) with each row's window sums kept in
-    step (an estimate reads two numbers per prompt instead of ``window`` cells), the visit counter,
-    the committed bin, and three uid -> slot maps: the hash index, a direct-address table while
-    every uid is in [0, :data:`_DENSE_UIDS`) (dataset row indices), and a cache of recent lookups.
-    """
+    """Every seen prompt's last ``window`` visits by slot: uint8 rings ``[slots, width]`` (width and
+    rows grow by doubling; unvisited cells are 0) with their window sums kept in step, the visit
+    counter, the committed bin, and three uid -> slot maps: the hash index, a direct-address table
+    while every uid is in [0, :data:`_DENSE_UIDS`), and a cache of recent lookups."""
 
     def __init__(self, window: int, capacity: int = 0, width: int = 1, index: _UidIndex | None = None) -> None:
         self.window = window
@@ -548,9 +469,8 @@ class _VisitHistory:
         self.dense: np.ndarray | None = np.zeros(0, dtype=np.int32)  # slot + 1 by uid; None: a uid outside
 
     def resize(self, capacity: int, width: int) -> None:
-        """Reallocate to ``capacity`` rows of ``width`` ring columns, keeping the contents (both grow
-        by doubling, see the module docstring). Until the ring is ``window`` wide no prompt has
-        wrapped around, so visit v of a prompt is in column v both before and after widening."""
+        """Reallocate to ``capacity`` rows of ``width`` columns, keeping the contents (no ring has
+        wrapped before it is ``window`` wide, so visit v stays in column v)."""
         n, w = self.n, self.width
 
         def moved(arr: np.ndarray, fill: int, shape: tuple[int, ...]) -> np.ndarray:
@@ -592,8 +512,7 @@ class _VisitHistory:
         return int(sum(a.nbytes for a in arrays)) + (0 if self.dense is None else self.dense.nbytes)
 
     def index_dense(self, uids: np.ndarray, slots: np.ndarray) -> None:
-        """Add stored uids to the direct-address table, or drop the table for good (until the
-        next load) when one lies outside [0, _DENSE_UIDS)."""
+        """Add uids to the direct-address table, or drop it until the next load for one outside it."""
         dense = self.dense
         if dense is None or uids.size == 0:
             return
@@ -608,13 +527,8 @@ class _VisitHistory:
         dense[uids] = slots.astype(np.int32) + 1
 
     def slots(self, uids: np.ndarray) -> np.ndarray:
-        """Slot of each uid (-1: never observed).
-
-        One gather from the direct-address table while it exists. Otherwise the hash index
-        probes; a training step looks the same prompts up twice (classified before generation,
-        visited after), so the slots found are remembered (at most :data:`_SLOT_CACHE_MAX`,
-        emptied when full; a slot never changes once given) and the second lookup is one C-level pass.
-        """
+        """Slot of each uid (-1: never observed): one gather from the direct-address table, else
+        the hash index with a cache of the slots found (a step looks its prompts up twice)."""
         dense = self.dense
         if dense is not None:
             if uids.size and uids.min() >= 0 and uids.max() < dense.size:  # two reductions, no mask
@@ -667,8 +581,7 @@ class _VisitHistory:
     def decayed(self, slots: np.ndarray, decay: float) -> tuple[np.ndarray, np.ndarray]:
         """(successes, trials) of each slot's window, visit of age a weighted by ``decay ** a``."""
         cols = np.arange(self.width, dtype=np.int64)[None, :]
-        # ring column c of a prompt with v visits holds visit v - 1 - age, age = (v - 1 - c) mod W;
-        # unfilled cells hold zeros and add nothing
+        # column c of a prompt with v visits holds the visit of age (v - 1 - c) mod W; empty cells are 0
         w = decay ** ((self.visits[slots][:, None] - 1 - cols) % self.window)
         return (w * self.succ[slots]).sum(axis=1), (w * self.trials[slots]).sum(axis=1)
 
@@ -699,8 +612,10 @@ class _VisitHistory:
         return h
 
 
-_CONFIG_KEYS = ("bin_edges", "window", "hysteresis", "k", "estimator", "unseen_bin")
-_STATE_KEYS = ("version", *_CONFIG_KEYS, "uids", "visits", "committed_bin", "successes", "trials")
+#: each setting a state is saved under: (its type in the classifier, its dtype in the state; None: numpy's)
+_CONFIG = {"bin_edges": (np.asarray, np.float64), "window": (int, np.int64), "hysteresis": (float, np.float64),
+           "k": (int, np.int64), "estimator": (str, None), "unseen_bin": (int, np.int64)}
+_STATE_KEYS = ("version", *_CONFIG, "uids", "visits", "committed_bin", "successes", "trials")
 
 
 def _saved_config(state: Mapping[str, Any]) -> dict[str, Any]:
@@ -711,14 +626,8 @@ def _saved_config(state: Mapping[str, Any]) -> dict[str, Any]:
     version = int(np.asarray(state["version"]))
     if version != _STATE_VERSION:
         raise ValueError(f"classifier state has version {version}; this code reads version {_STATE_VERSION}")
-    return {
-        "bin_edges": np.asarray(state["bin_edges"], dtype=np.float64),
-        "window": int(np.asarray(state["window"])),
-        "hysteresis": float(np.asarray(state["hysteresis"])),
-        "k": int(np.asarray(state["k"])),
-        "estimator": str(np.asarray(state["estimator"])),
-        "unseen_bin": int(np.asarray(state["unseen_bin"])),
-    }
+    return {key: read(np.asarray(state[key], dtype=np.float64) if key == "bin_edges" else np.asarray(state[key]))
+            for key, (read, _) in _CONFIG.items()}
 
 
 def _config_differences(saved: Mapping[str, Any], mine: Mapping[str, Any]) -> list[str]:
@@ -769,17 +678,10 @@ def _checked_arrays(state: Mapping[str, Any], window: int, num_bins: int) -> tup
 class OnlineDifficultyClassifier:
     """Per-prompt sliding-window pass@k estimate and hysteresis bins (docs/algorithm.md section 1).
 
-    Args:
-        bin_edges: inner edges a_1 < ... < a_{B-1}, strictly inside (0, 1); they define B bins.
-            ``None`` means B = ``num_bins`` equal bins (edges i / B).
-        num_bins: B; must agree with ``bin_edges`` when both are given (or stay at its default),
-            because the released patch turned "6 bins" of custom edges into 7 (docs/algorithm.md, "Defects of the released patch", 6).
-        window: H, visits kept per prompt (default 100).
-        hysteresis: delta, margin by which an estimate must pass an edge to move the prompt;
-            0 <= delta < the narrowest bin's width.
-        k: the k of pass@k (default 8).
-        estimator: ``pooled`` (default) or ``any_of_n``.
-        unseen_bin: bin reported for a prompt with no visit yet (not committed; default 0).
+    ``bin_edges``: inner edges strictly inside (0, 1), or None for ``num_bins`` equal bins; with
+    edges, ``num_bins`` must agree or stay at its default (defect 6 of docs/algorithm.md). ``window``
+    H, ``hysteresis`` delta (below the narrowest bin), ``k``, ``estimator`` (:data:`ESTIMATORS`)
+    and ``unseen_bin`` (reported, not committed, for a prompt never observed).
     """
 
     def __init__(
@@ -855,28 +757,20 @@ class OnlineDifficultyClassifier:
     # -- the step API ----------------------------------------------------------------------
 
     def observe(self, uids: Any, successes: Any, trials: Any) -> None:
-        """Push one visit per prompt: ``successes`` out of ``trials`` rollouts at this step.
-
-        Everything is validated before anything is written, so a rejected call leaves the state
-        unchanged. Raises ValueError for mismatched lengths, a uid repeated in one call,
-        non-integer values, trials outside [1, 255] or successes outside [0, trials].
-        """
+        """Push one visit per distinct prompt (``successes`` of ``trials`` <= 255 rollouts); all is
+        checked before anything is written, so a rejected call changes nothing."""
         u, s, t = _checked_visits(uids, successes, trials)
         if u.size:
             self.observe_prepared(u, s, t)
 
     def observe_prepared(self, uids: np.ndarray, successes: np.ndarray, trials: np.ndarray) -> None:
-        """:meth:`observe` on inputs already in shape, without its checks: int64 1-D arrays of one
-        length >= 1, distinct ``uids``, 1 <= trials <= 255 and 0 <= successes <= trials.
-
-        ``GDROController.after_advantage`` builds exactly these every step, so it skips the ~7
-        numpy calls of checking them again (benchmarks/overhead.py).
-        """
+        """:meth:`observe` without its checks, for inputs the controller builds valid every step:
+        int64 1-D arrays of one length >= 1, distinct ``uids``, 1 <= trials <= 255, 0 <= s <= t."""
         self._history.push(uids, successes, trials)
 
     def _seen(self, uids: Any) -> tuple[np.ndarray, np.ndarray]:
         """(the slots of the uids observed before, which uids those are)."""
-        slots = self._history.slots(_int_array("uids", uids))
+        slots = self._history.slots(int_array("uids", uids))
         seen = slots >= 0
         return slots[seen], seen
 
@@ -897,11 +791,8 @@ class OnlineDifficultyClassifier:
         return out
 
     def window_counts(self, uids: Any) -> tuple[np.ndarray, np.ndarray]:
-        """(successes, trials) per uid pooled over its window; (0, 0) for a uid never observed.
-
-        What a per-prompt allocator estimates each prompt's own success rate from
-        (:func:`verl_gdro.rollout_gdro.smoothed_rate`), beside the binned estimate.
-        """
+        """(successes, trials) per uid pooled over its window, (0, 0) if never observed: what a
+        per-prompt allocator reads (:func:`verl_gdro.rollout_gdro.smoothed_rate`)."""
         sl, seen = self._seen(uids)
         s_out = np.zeros(seen.size, dtype=np.int64)
         t_out = np.zeros(seen.size, dtype=np.int64)
@@ -911,13 +802,8 @@ class OnlineDifficultyClassifier:
         return s_out, t_out
 
     def decayed_counts(self, uids: Any, decay: float) -> tuple[np.ndarray, np.ndarray]:
-        """(successes, trials) per uid with each visit weighted by ``decay ** age`` (age 0 for the
-        latest visit), over the window's visits; (0, 0) for a uid never observed.
-
-        The window pools most of a run's history, so a prompt the policy has just learned keeps
-        its old failures for many visits; a per-visit decay follows the policy (``decay=1`` is
-        :meth:`window_counts`). Read from the rings, so it adds no state and resumes exactly.
-        """
+        """:meth:`window_counts` with the visit of age a weighted by ``decay ** a``, to follow a
+        policy that has just learned a prompt; read from the rings, so it adds no state."""
         if not (isinstance(decay, (int, float, np.floating)) and 0.0 < float(decay) <= 1.0):
             raise ValueError(f"decay must be in (0, 1], got {decay!r}")
         sl, seen = self._seen(uids)
@@ -935,13 +821,9 @@ class OnlineDifficultyClassifier:
         return raw_bin(arr, self._edges)
 
     def bins(self, uids: Any) -> np.ndarray:
-        """Current bin per uid, with hysteresis against each prompt's committed bin, committed.
-
-        Calling it twice without a new visit returns the same bins. A uid never observed gets
-        ``unseen_bin`` and nothing is committed for it, so its first bin after its first visit is
-        its raw bin. A uid may appear several times (e.g. once per response).
-        """
-        u = _int_array("uids", uids)
+        """Current bin per uid (repeats allowed), with hysteresis against the committed bin, committed;
+        ``unseen_bin``, not committed, for a uid never observed. Idempotent without a new visit."""
+        u = int_array("uids", uids)
         slots = self._history.slots(u)
         if u.size and slots.min() >= 0:  # every uid seen before (the usual step): no masks
             return self._classify_slots(slots)
@@ -972,32 +854,18 @@ class OnlineDifficultyClassifier:
     # -- checkpointing -----------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, np.ndarray]:
-        """A snapshot as a flat dict of numpy arrays (copies), ready for ``np.savez(**state)``.
-
-        Per prompt, in first-seen order: ``uids``, ``visits`` (visits ever pushed) and
-        ``committed_bin`` (-1 = none yet). The history is packed: prompt i contributes its
-        ``min(visits_i, window)`` recorded ring cells (columns ``0..m_i-1``; visit v lives in
-        column ``v % window``) to the flat uint8 arrays ``successes`` and ``trials``, so the
-        checkpoint grows with the visits recorded, not with ``prompts * window``.
-        """
+        """A snapshot as a flat dict of numpy array copies (``np.savez(**state)`` works): per prompt in
+        first-seen order ``uids``, ``visits`` and ``committed_bin`` (-1 = none), and the rings packed:
+        prompt i's first ``min(visits_i, window)`` ring columns in flat uint8 ``successes``/``trials``."""
         return {
             "version": np.asarray(_STATE_VERSION, dtype=np.int64),
-            "bin_edges": self._edges.copy(),
-            "window": np.asarray(self._window, dtype=np.int64),
-            "hysteresis": np.asarray(self._hysteresis, dtype=np.float64),
-            "k": np.asarray(self._k, dtype=np.int64),
-            "estimator": np.asarray(self._estimator),
-            "unseen_bin": np.asarray(self._unseen_bin, dtype=np.int64),
+            **{key: np.array(value, dtype=_CONFIG[key][1]) for key, value in self._config().items()},
             **self._history.arrays(),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore a :meth:`state_dict` (also as loaded back by ``np.load``).
-
-        Rejects state from a differently configured classifier (naming the differing settings)
-        and state whose arrays have the wrong shapes, dtypes or inconsistent contents. Nothing is
-        changed unless the whole state is valid.
-        """
+        """Restore a :meth:`state_dict` (also via ``np.load``), all or nothing; a state saved under
+        other settings (named) or with malformed arrays is refused."""
         differ = _config_differences(_saved_config(state), self._config())
         if differ:
             raise ValueError("classifier state comes from a differently configured classifier: " + "; ".join(differ))

@@ -1,14 +1,8 @@
 """Bad input versus crashes: what the ``verl-gdro`` command answers with one line and exit 2.
 
-The configuration checks (``verl_gdro.step.config``, the demo's ``DemoConfig``) raise
-``ValueError`` naming the offending key and its allowed range. Inside a subcommand the same type
-also comes out of real bugs, so the CLI cannot treat every ValueError as the user's mistake. A
-subcommand therefore marks the part of its work that only reads and validates input with
-:func:`usage_errors`; a ValueError raised there becomes a :class:`UsageError`, which
-``verl_gdro.cli.main`` prints as ``verl-gdro <cmd>: error: <message>`` on stderr with exit status
-2 (argparse's convention). Anything raised later (training, drawing, scoring) keeps its traceback.
-
-Standard library only.
+Real bugs raise ValueError too, so only the input handling a subcommand wraps in
+:func:`usage_errors` turns it into a :class:`UsageError`, printed as one line (docs/development.md,
+"CLI input errors"); anything raised later keeps its traceback. Standard library only.
 """
 
 from __future__ import annotations
@@ -26,10 +20,7 @@ class UsageError(ValueError):
 
 @contextmanager
 def usage_errors(*types: type[BaseException]) -> Iterator[None]:
-    """Turn ``ValueError`` (and ``types``) raised inside the block into :class:`UsageError`.
-
-    Wrap only input parsing and validation, never the work itself.
-    """
+    """Turn ``ValueError`` (and ``types``) raised inside the block, input handling only, into :class:`UsageError`."""
     try:
         yield
     except UsageError:

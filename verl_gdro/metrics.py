@@ -1,17 +1,9 @@
-"""The per-step metrics of docs/algorithm.md section 4, with their names, as pure numpy functions.
+"""The per-step metrics of docs/algorithm.md section 4 and their names, in one place (numpy only).
 
-One place defines every metric name (:data:`PER_BIN_METRICS`, :data:`SCALAR_METRICS`,
-:func:`metric_keys`), so the verl trainer, the CPU demo, the plots and the tests cannot drift
-apart. All keys live under ``gdro/``; per-bin metrics are flattened as ``gdro/<name>/bin_<b>``
-(e.g. ``gdro/prompt_share/bin_3``), which every logger (console, wandb, tensorboard, verl's
-``file`` JSONL) accepts as a scalar.
-
-Every logged value is a finite float, always. A bin absent from a step logs no
-:data:`PRESENT_ONLY_METRICS` (nothing to average; :func:`step_keys` lists a step's keys), true
-zeros for share, count and budget share, and Prompt-GDRO's state as is; an adversary that is off
-logs neutral values. The reasons: docs/algorithm.md, "Metrics (section 4)".
-
-numpy only: no verl, no torch.
+Keys live under ``gdro/``, per-bin ones flattened as ``gdro/<name>/bin_<b>`` (a scalar to every
+logger). Every value is a finite float; a bin absent from a step logs no
+:data:`PRESENT_ONLY_METRICS`, and an adversary that is off logs neutral values (why:
+docs/algorithm.md, "Metrics (section 4)").
 """
 
 from __future__ import annotations
@@ -23,27 +15,13 @@ from functools import lru_cache
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from verl_gdro.classifier import int_array
+
 __all__ = [
-    "METRIC_NAMES",
-    "PER_BIN_METRICS",
-    "PREFIX",
-    "PRESENT_ONLY_METRICS",
-    "SCALAR_METRICS",
-    "bin_accuracy",
-    "bin_key",
-    "bin_rollouts",
-    "bin_shares",
-    "lead_lag",
-    "mean_bin_index",
-    "metric_keys",
-    "per_bin_series",
-    "step_keys",
-    "step_metrics_prepared",
-    "step_metrics",
-    "weight_entropy",
-    "weighted_shares",
-    "wse_proxy",
-    "wse_uniform",
+    "METRIC_NAMES", "PER_BIN_METRICS", "PREFIX", "PRESENT_ONLY_METRICS", "SCALAR_METRICS", "bin_accuracy",
+    "bin_key", "bin_rollouts", "bin_shares", "lead_lag", "mean_bin_index", "metric_keys", "per_bin_series",
+    "step_keys", "step_metrics_prepared", "step_metrics", "weight_entropy", "weighted_shares", "wse_proxy",
+    "wse_uniform"
 ]
 
 PREFIX = "gdro/"
@@ -93,21 +71,13 @@ def bin_key(name: str, b: int) -> str:
 
 @lru_cache(maxsize=16)
 def _key_table(num_bins: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """(per-bin keys in :data:`PER_BIN_METRICS` x bin order, scalar keys), built once per B.
-
-    step_metrics runs every training step; formatting ~100 f-strings each time was a measurable
-    part of the fixed per-step cost (benchmarks/overhead.py).
-    """
+    """(per-bin keys in :data:`PER_BIN_METRICS` x bin order, scalar keys), formatted once per B."""
     per_bin = tuple(bin_key(name, b) for name in PER_BIN_METRICS for b in range(num_bins))
     return per_bin, tuple(PREFIX + name for name in SCALAR_METRICS)
 
 
 def metric_keys(num_bins: int) -> list[str]:
-    """Every key :func:`step_metrics` can return for ``num_bins`` bins, in a stable order.
-
-    A step where every bin is present logs all of them; otherwise the
-    :data:`PRESENT_ONLY_METRICS` of absent bins are left out (:func:`step_keys`).
-    """
+    """Every key :func:`step_metrics` can return for ``num_bins`` bins, in a stable order."""
     per_bin, scalars = _key_table(int(num_bins))
     return [*per_bin, *scalars]
 
@@ -144,11 +114,7 @@ def bin_shares(bins: NDArray[np.int64], num_bins: int) -> tuple[NDArray[np.float
 def bin_accuracy(
     bins: NDArray[np.int64], successes: NDArray[np.float64], n: NDArray[np.float64], num_bins: int
 ) -> NDArray[np.float64]:
-    """Mean correctness of each bin's rollouts: sum successes / sum trials over its prompts.
-
-    Pooled over rollouts (not a mean of per-prompt rates) so that it is the p_b whose Bernoulli
-    standard deviation Eq. 33 uses, whatever the per-prompt n. 0 for an absent bin.
-    """
+    """Each bin's pooled correctness sum successes / sum trials (Eq. 33's p_b), 0 for an absent bin."""
     s = np.bincount(bins, weights=successes, minlength=num_bins)
     t = np.bincount(bins, weights=n, minlength=num_bins)
     return np.divide(s, t, out=np.zeros(num_bins), where=t > 0)
@@ -157,11 +123,7 @@ def bin_accuracy(
 def bin_rollouts(
     bins: NDArray[np.int64], n: NDArray[np.float64], num_bins: int
 ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-    """(n_b, budget share): mean rollouts per prompt of each bin, and sum_{x in b} n_x / sum n.
-
-    Under Rollout-GDRO every prompt of a bin has the same n, so the mean is that n. Both 0 for an
-    absent bin.
-    """
+    """(n_b, budget share): each bin's mean rollouts per prompt and sum_{x in b} n_x / sum n (0 if absent)."""
     counts = np.bincount(bins, minlength=num_bins)
     sums = np.bincount(bins, weights=n, minlength=num_bins)
     n_b = np.divide(sums, counts, out=np.zeros(num_bins), where=counts > 0)
@@ -177,31 +139,21 @@ def mean_bin_index(shares: NDArray[np.float64]) -> float:
 
 @lru_cache(maxsize=8)
 def _bin_indices(num_bins: int) -> NDArray[np.float64]:
-    """0..B-1 as float64, built once per B (read-only): np.dot casts an integer index to float64
-    before the same product, so the values are those of ``np.arange(B)``."""
+    """0..B-1 as float64 (what np.dot casts ``np.arange(B)`` to), built once per B, read-only."""
     idx = np.arange(num_bins, dtype=np.float64)
     idx.flags.writeable = False
     return idx
 
 
 def weighted_shares(shares: NDArray[np.float64], weights: NDArray[np.float64]) -> NDArray[np.float64]:
-    """qhat_w(b) = qhat(b) w(b) / sum_b' qhat(b') w(b'): the step's data as the weighted loss sees it.
-
-    With the advantage multipliers w, a bin's share of the gradient is its share of prompts times
-    its multiplier; this is the distribution mu_weight of Eq. 32 averages over. All 0 for an empty
-    step.
-    """
+    """qhat_w(b) = qhat(b) w(b) / sum_b' qhat(b') w(b'): the data as the weighted loss sees it (Eq. 32)."""
     mass = shares * weights
     total = mass.sum()
     return mass / total if total > 0 else np.zeros(shares.shape[0])
 
 
 def lead_lag(shares: NDArray[np.float64], weights: NDArray[np.float64]) -> tuple[float, float, float]:
-    """Eq. 32: (mu_data, mu_weight, mu_weight - mu_data).
-
-    Negative lead-lag means the weights pull the training signal toward harder (lower-index)
-    bins than the data holds: the adversary "leads" the curriculum.
-    """
+    """Eq. 32: (mu_data, mu_weight, mu_weight - mu_data); negative: the weights lead toward harder bins."""
     mu_data = mean_bin_index(shares)
     mu_weight = mean_bin_index(weighted_shares(shares, weights))
     return mu_data, mu_weight, mu_weight - mu_data
@@ -214,22 +166,15 @@ def weight_entropy(q: NDArray[np.float64]) -> float:
 
 
 def _wse_terms(shares: NDArray[np.float64], acc: NDArray[np.float64]) -> tuple[NDArray[np.bool_], NDArray[np.float64]]:
-    """Eq. 33's numerators: (the present bins, qhat(b) sigma_b of each), sigma_b = sqrt(p_b (1 - p_b)).
-
-    Shared by the proxy and its uniform baseline, which differ only in the n_b they divide by.
-    """
+    """Eq. 33's numerators: (the present bins, qhat(b) sigma_b of each), sigma_b = sqrt(p_b (1 - p_b))."""
     present = shares > 0
-    # np.clip's lower bound as its ufunc, without np.clip's Python wrapper (acc lies in [0, 1], so
-    # the product is >= +0.0 and the bound only guards rounding: the same values)
+    # np.clip's lower bound as its ufunc, without its Python wrapper
     sigma = np.sqrt(np.maximum(acc * (1.0 - acc), 0.0))
     return present, shares[present] * sigma[present]
 
 
 def wse_proxy(shares: NDArray[np.float64], acc: NDArray[np.float64], n_b: NDArray[np.float64]) -> float:
-    """Eq. 33: WSE(t) = sum_b qhat(b) sigma_b / sqrt(n_b), sigma_b = sqrt(p_b (1 - p_b)).
-
-    p_b is the bin's mean correctness in the step. Absent bins (qhat = 0) contribute 0.
-    """
+    """Eq. 33: WSE(t) = sum_b qhat(b) sigma_b / sqrt(n_b) over the present bins."""
     present, terms = _wse_terms(shares, acc)
     return float((terms / np.sqrt(n_b[present])).sum())
 
@@ -250,42 +195,15 @@ def _NEUTRAL_PER_BIN(num_bins: int) -> tuple[float, ...]:  # noqa: N802 - a tabl
 
 
 def step_metrics(
-    num_bins: int,
-    bins: ArrayLike,
-    successes: ArrayLike,
-    n: ArrayLike,
-    *,
-    n_mean: float | None = None,
-    prompt_weights: ArrayLike | None = None,
-    q: ArrayLike | None = None,
-    scores: ArrayLike | None = None,
-    omega: ArrayLike | None = None,
-    bin_losses: ArrayLike | None = None,
-    shadow_price: float = 0.0,
-    controller_time_s: float = 0.0,
-    dropped_nonfinite: int = 0,
-    dropped_nonfinite_total: int = 0,
+    num_bins: int, bins: ArrayLike, successes: ArrayLike, n: ArrayLike, *, n_mean: float | None = None,
+    prompt_weights: ArrayLike | None = None, q: ArrayLike | None = None, scores: ArrayLike | None = None,
+    omega: ArrayLike | None = None, bin_losses: ArrayLike | None = None, shadow_price: float = 0.0,
+    controller_time_s: float = 0.0, dropped_nonfinite: int = 0, dropped_nonfinite_total: int = 0,
 ) -> dict[str, float]:
-    """Every metric of docs/algorithm.md section 4 for one step, keyed exactly as :func:`metric_keys`.
-
-    Args:
-        num_bins: B.
-        bins: the bin of each prompt of the step (the bins used for the step's decisions).
-        successes: correct rollouts of each prompt (from ``acc``, never the shaped score).
-        n: rollouts of each prompt (>= 1).
-        n_mean: nbar for the compute-matched baseline; ``None`` uses the realised mean n.
-        prompt_weights: Prompt-GDRO's per-bin multiplier used this step
-            (``PromptGDRO.bin_multipliers(response_bins)``); ``None``: all 1 (adversary off).
-        q, scores, omega: Prompt-GDRO's ``bin_probs()``, ``scores``, ``omega()``; ``None``: the
-            neutral values 1/B, 0, 1.
-        bin_losses: mean loss signal per bin of the step (``update(...)["mean_losses"]``).
-        shadow_price: Rollout-GDRO's ``mu`` (0 when off).
-        controller_time_s: wall time the controllers took in the step.
-        dropped_nonfinite, dropped_nonfinite_total: the step's / run's dropped non-finite losses.
-
-    Raises ValueError naming the argument for malformed input (non-finite values included: the
-    caller drops bad rewards before, and a metric must never be NaN).
-    """
+    """Every metric of docs/algorithm.md section 4 for one step, keyed as :func:`metric_keys`, from
+    each prompt's bin, successes (of ``acc``) and rollouts n; ``n_mean`` (None: the realised mean)
+    for the uniform baseline; Prompt-GDRO's per-bin arrays (None: the neutral values of an
+    adversary that is off). A ValueError names a malformed or non-finite argument."""
     B, b, s, nn = _checked_prompts(num_bins, bins, successes, n)
     given = {"prompt_weights": prompt_weights, "q": q, "scores": scores, "omega": omega, "bin_losses": bin_losses}
     per_bin_inputs = [
@@ -306,27 +224,13 @@ def step_metrics(
 
 
 def step_metrics_prepared(
-    num_bins: int,
-    bins: NDArray[np.int64],
-    successes: NDArray[np.float64],
-    n: NDArray[np.float64],
-    *,
-    n_mean: float | None,
-    per_bin: tuple[NDArray[np.float64], ...],
-    shadow_price: float = 0.0,
-    controller_time_s: float = 0.0,
-    dropped_nonfinite: int = 0,
-    dropped_nonfinite_total: int = 0,
+    num_bins: int, bins: NDArray[np.int64], successes: NDArray[np.float64], n: NDArray[np.float64], *,
+    n_mean: float | None, per_bin: tuple[NDArray[np.float64], ...], shadow_price: float = 0.0,
+    controller_time_s: float = 0.0, dropped_nonfinite: int = 0, dropped_nonfinite_total: int = 0,
 ) -> dict[str, float]:
-    """:func:`step_metrics` on inputs already in shape: ``bins`` int64 in [0, B), ``successes`` and
-    ``n`` float64 with 0 <= s <= n and n >= 1, ``per_bin`` the five per-bin arrays
-    (prompt_weights, q, scores, omega, bin_losses; [B] float64 each, or None for the neutral value).
-
-    The controller builds exactly these every step, so it skips the argument checks (~20 small
-    numpy calls, part of GDRO's per-step cost in benchmarks/overhead.py). The output keeps its
-    guarantee that every value is finite: one check over all values at the end, which names
-    the first non-finite metric.
-    """
+    """:func:`step_metrics` without its argument checks, for the controller's valid inputs (int64
+    bins in [0, B), float64 0 <= s <= n, n >= 1, ``per_bin`` the five [B] arrays or None); the
+    output is still checked finite, naming the first bad metric."""
     B, b, s, nn = int(num_bins), bins, successes, n
     given = tuple(
         np.full(B, default) if values is None else values
@@ -362,10 +266,8 @@ def _per_bin_metrics(
     B: int, b: NDArray[np.int64], s: NDArray[np.float64], nn: NDArray[np.float64],  # noqa: N803 - B as in the docs
     given: tuple[NDArray[np.float64], ...],
 ) -> tuple[dict[str, NDArray[np.float64]], NDArray[np.float64]]:
-    """The :data:`PER_BIN_METRICS` of one step by name, and each prompt's zero-advantage flag.
-
-    bin_shares, bin_accuracy and bin_rollouts with their three bincounts shared (same arithmetic).
-    """
+    """The :data:`PER_BIN_METRICS` of one step by name (bin_shares, bin_accuracy and bin_rollouts
+    sharing their bincounts), and each prompt's zero-advantage flag."""
     w, qq, sc, om, loss = given
     counts = np.bincount(b, minlength=B).astype(np.int64)
     total = counts.sum()
@@ -397,8 +299,6 @@ def _per_bin_metrics(
 def _logged(B: int, per_bin: dict[str, NDArray[np.float64]], scalars: dict[str, float]) -> dict[str, float]:  # noqa: N803
     """The logged row: per-bin values flattened to their keys (absent bins' PRESENT_ONLY_METRICS
     left out), then the scalars; a ValueError naming the first value that is not finite."""
-    # One array and one tolist() for the B x |PER_BIN_METRICS| values, with the keys built once per
-    # B: the same floats as converting each value on its own, without ~100 f-strings per step.
     per_bin_keys, scalar_keys = _key_table(B)
     stacked = np.concatenate([np.asarray(per_bin[name], dtype=np.float64) for name in PER_BIN_METRICS])
     scalar_values = [float(scalars[name]) for name in SCALAR_METRICS]
@@ -426,9 +326,7 @@ def _checked_prompts(
     if isinstance(num_bins, bool) or not isinstance(num_bins, (int, np.integer)) or num_bins < 1:
         raise ValueError(f"num_bins must be an integer >= 1, got {num_bins!r}")
     B = int(num_bins)
-    b = _int_array("bins", bins)
-    if b.size and (b.min() < 0 or b.max() >= B):
-        raise ValueError(f"bins must lie in [0, num_bins={B}), got values in [{b.min()}, {b.max()}]")
+    b = int_array("bins", bins, integral_floats=True, num_bins=B)
     s = _finite_array("successes", successes, b.shape[0])
     nn = _finite_array("n", n, b.shape[0])
     if nn.size and nn.min() < 1:
@@ -437,15 +335,6 @@ def _checked_prompts(
         raise ValueError("successes must lie in [0, n] for every prompt")
     return B, b, s, nn
 
-
-def _int_array(name: str, values: ArrayLike) -> NDArray[np.int64]:
-    a = np.asarray(values)
-    if a.ndim != 1:
-        raise ValueError(f"{name} must be a 1-D integer array, got shape {a.shape}")
-    if a.size and not np.issubdtype(a.dtype, np.integer):
-        if a.dtype == bool or not np.all(np.isfinite(a)) or np.any(a != np.round(a)):
-            raise ValueError(f"{name} must hold integers, got dtype {a.dtype}")
-    return a.astype(np.int64)
 
 
 def _finite_array(name: str, values: ArrayLike, length: int) -> NDArray[np.float64]:

@@ -1,22 +1,11 @@
-"""The curriculum figures of docs/algorithm.md, section 4, from the demo's ``metrics.jsonl`` or verl's
-``file`` logger JSONL: ``verl-gdro plot RUN_OR_JSONL [--out DIR]``.
+"""The curriculum figures of docs/algorithm.md, section 4: ``verl-gdro plot RUN_OR_JSONL [--out DIR]``.
 
-Both inputs carry the same ``gdro/`` metric names (``verl_gdro.metrics``), so a cluster user gets
-the paper's figures from their own GPU run. The two row layouts:
-
-- the demo's ``metrics.jsonl``: flat rows ``{"method": ..., "seed": ..., "step": ..., "gdro/...": x}``;
-- verl 0.9.1's ``FileLogger`` (``trainer.logger=[file]``, ``verl/utils/tracking.py``): one row per
-  step ``{"step": N, "data": {"gdro/...": x, ...}}``; such a run is one series named ``verl``
-  (or ``--name``). The recipes log to ``$OUTPUT_DIR/<project>/<run>/metrics/``, one file per
-  start of the run (verl truncates the file it opens on resume); the folder reads as one series.
-
-Figures, per series: bin share, Prompt-GDRO weight, reward (mean correctness) per bin and
-rollouts per prompt per bin, each a bins x steps heatmap with bins absent from a step masked; and,
-over all series: the lead-lag mu_weight - mu_data (Eq. 32) and the WSE proxy against its
-compute-matched uniform baseline (Eq. 33); and the share of zero-advantage groups (all correct or all
-wrong: what GRPO wastes), per step.
-
-Only numpy, json and matplotlib (imported inside the drawing functions, Agg backend): no torch.
+Reads the demo's ``metrics.jsonl`` (flat rows with ``method``, ``seed``, ``step``) or verl's
+``file`` logger JSONL (``{"step": N, "data": {...}}``, one series named ``verl``; a recipe's
+``metrics/`` folder of one file per start reads as one series): the same ``gdro/`` names. Draws per
+series a bins x steps heat map of each :data:`HEATMAPS` metric (absent bins masked), and over all
+series the lead-lag (Eq. 32), the WSE proxy against its uniform baseline (Eq. 33) and the share of
+zero-advantage groups. numpy, json and matplotlib (imported when drawing) only.
 """
 
 from __future__ import annotations
@@ -32,15 +21,8 @@ from typing import Any
 import numpy as np
 
 __all__ = [
-    "HEATMAPS",
-    "STATE_METRICS",
-    "add_arguments",
-    "draw_all",
-    "load_series",
-    "main",
-    "num_bins_of",
-    "series_from_rows",
-    "series_matrix",
+    "HEATMAPS", "STATE_METRICS", "add_arguments", "draw_all", "load_series", "main", "num_bins_of",
+    "series_from_rows", "series_matrix"
 ]
 
 #: heatmap file stem -> (per-bin metric name, title, colour-bar label)
@@ -70,18 +52,13 @@ def _rows_of(path: Path) -> list[dict[str, Any]]:
 
 
 def load_series(path: str | Path, name: str | None = None) -> dict[str, list[dict[str, Any]]]:
-    """Read a run directory, a demo ``metrics.jsonl``, a verl file-logger JSONL, or a folder of
-    such JSONL files (the recipes' ``metrics/`` folder: one file per start of a resumed run).
-
-    Returns ``{series name: rows sorted by step}``, each row a flat dict with ``step`` and the
-    metrics. Demo series are named ``method`` (or ``method/seed<s>`` when several seeds exist);
-    verl rows that carry no ``gdro/`` metric (e.g. validation-only rows) are skipped.
-    """
+    """``{series name: flat rows sorted by step}`` of a run directory, a JSONL file or a folder of
+    them; demo series are named ``method`` (``method/seed<s>`` for several seeds), rows without a
+    ``gdro/`` metric are skipped."""
     p = Path(path)
     if p.is_dir() and not (p / "metrics.jsonl").exists():
-        # the recipes' metrics folder: one verl file-logger JSONL per start of the run (verl's
-        # FileLogger truncates the file it opens, so a resumed run writes a new one). Read in name
-        # order (the recipes name them by UTC start time); a re-logged step keeps its last row.
+        # the recipes' metrics folder (verl truncates the file it opens, so each resume writes a new
+        # one): read in name order, which is start time; a re-logged step keeps its last row
         files = sorted(p.glob("*.jsonl"))
         if not files:
             raise ValueError(f"RUN_OR_JSONL={str(path)!r}: a folder with neither metrics.jsonl nor any *.jsonl file")
@@ -135,14 +112,9 @@ STATE_METRICS = ("q", "score", "omega")
 
 
 def series_matrix(rows: Sequence[Mapping[str, Any]], metric: str, num_bins: int, mask_absent: bool = True) -> np.ndarray:
-    """[num_bins, steps] matrix of per-bin ``metric``; NaN where the key is missing or (masked) the
-    bin was absent from the step (``gdro/count/bin_<b>`` == 0).
-
-    Everything but the controller state (:data:`STATE_METRICS`) is masked for absent bins, the
-    Prompt-GDRO weight included: the trainer no longer logs the per-step averages of absent bins
-    (``verl_gdro.metrics.PRESENT_ONLY_METRICS``), and files written before that carry a
-    placeholder there (the unused multiplier, or 0), which the mask hides the same way.
-    """
+    """[num_bins, steps] matrix of per-bin ``metric``; NaN where the key is missing or, but for the
+    controller state (:data:`STATE_METRICS`), the bin was absent (which hides the placeholders
+    of files written before absent bins stopped logging them)."""
     mat = np.full((num_bins, len(rows)), np.nan)
     masked = mask_absent and metric not in STATE_METRICS
     for j, r in enumerate(rows):
@@ -178,20 +150,28 @@ def draw_all(series: Mapping[str, Sequence[Mapping[str, Any]]], out_dir: str | P
         if rows
         for stem, (metric, title, label) in HEATMAPS.items()
     ]
-    written.append(
-        _scalar_figure(
-            series, "gdro/lead_lag", "mu_weight - mu_data", "lead-lag of the weighted bin index (Eq. 32)",
-            out / "lead_lag.png", zero_line=True,
-        )
-    )
-    written.append(
-        _scalar_figure(
-            series, "gdro/zero_adv_share", "share of the step's groups",
-            "zero-advantage groups (all correct or all wrong)", out / "zero_adv_share.png", ylim=(0.0, 1.0),
-        )
-    )
+    written.append(_scalar_figure(series, "gdro/lead_lag", "mu_weight - mu_data",
+                                  "lead-lag of the weighted bin index (Eq. 32)", out / "lead_lag.png", zero_line=True))
+    written.append(_scalar_figure(series, "gdro/zero_adv_share", "share of the step's groups",
+                                  "zero-advantage groups (all correct or all wrong)", out / "zero_adv_share.png",
+                                  ylim=(0.0, 1.0)))
     written.append(_wse_figure(series, out / "wse.png"))
     return written
+
+
+def _finish(fig: Any, ax: Any, path: Path, ylabel: str, title: str, legend: int = 0) -> Path:
+    """Label one figure's axes, save it to ``path`` and close it."""
+    import matplotlib.pyplot as plt
+
+    ax.set_xlabel("step")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    if legend:
+        ax.legend(fontsize=legend)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
 
 
 def _heatmap(rows: Sequence[Mapping[str, Any]], metric: str, title: str, label: str, path: Path) -> Path:
@@ -204,22 +184,10 @@ def _heatmap(rows: Sequence[Mapping[str, Any]], metric: str, title: str, label: 
     fig, ax = plt.subplots(figsize=(7, 3.6))
     cmap = matplotlib.colormaps["viridis"].copy()
     cmap.set_bad("#dddddd")
-    im = ax.imshow(
-        np.ma.masked_invalid(series_matrix(rows, metric, nb)),
-        aspect="auto",
-        origin="lower",
-        interpolation="nearest",
-        cmap=cmap,
-        extent=(steps[0] - 0.5, steps[-1] + 0.5, -0.5, nb - 0.5),
-    )
-    ax.set_xlabel("step")
-    ax.set_ylabel("bin (0 = hardest)")
-    ax.set_title(title)
+    im = ax.imshow(np.ma.masked_invalid(series_matrix(rows, metric, nb)), aspect="auto", origin="lower",
+                   interpolation="nearest", cmap=cmap, extent=(steps[0] - 0.5, steps[-1] + 0.5, -0.5, nb - 0.5))
     fig.colorbar(im, ax=ax, label=label)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return path
+    return _finish(fig, ax, path, "bin (0 = hardest)", title)
 
 
 def _wse_figure(series: Mapping[str, Sequence[Mapping[str, Any]]], path: Path) -> Path:
@@ -232,24 +200,13 @@ def _wse_figure(series: Mapping[str, Sequence[Mapping[str, Any]]], path: Path) -
         x = [r["step"] for r in rows]
         ax.plot(x, _scalar(rows, "gdro/wse"), color=color, label=f"{name}: WSE")
         ax.plot(x, _scalar(rows, "gdro/wse_uniform"), color=color, ls="--", label=f"{name}: uniform n (compute-matched)")
-    ax.set_xlabel("step")
-    ax.set_ylabel("sum_b qhat(b) sigma_b / sqrt(n_b)")
-    ax.set_title("weighted standard error proxy vs uniform allocation (Eq. 33)")
-    ax.legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return path
+    return _finish(fig, ax, path, "sum_b qhat(b) sigma_b / sqrt(n_b)",
+                   "weighted standard error proxy vs uniform allocation (Eq. 33)", legend=6)
 
 
 def _scalar_figure(
-    series: Mapping[str, Sequence[Mapping[str, Any]]],
-    key: str,
-    ylabel: str,
-    title: str,
-    path: Path,
-    zero_line: bool = False,
-    ylim: tuple[float, float] | None = None,
+    series: Mapping[str, Sequence[Mapping[str, Any]]], key: str, ylabel: str, title: str, path: Path,
+    zero_line: bool = False, ylim: tuple[float, float] | None = None,
 ) -> Path:
     """One scalar metric over steps, a line per series, saved to ``path``."""
     import matplotlib.pyplot as plt
@@ -261,14 +218,7 @@ def _scalar_figure(
         ax.axhline(0.0, color="k", lw=0.5)
     if ylim is not None:
         ax.set_ylim(*ylim)
-    ax.set_xlabel("step")
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return path
+    return _finish(fig, ax, path, ylabel, title, legend=7)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

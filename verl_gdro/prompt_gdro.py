@@ -1,22 +1,9 @@
 """Prompt-GDRO: the data adversary (docs/algorithm.md section 2; paper 3.2, Eqs. 6-7 and 12-16).
 
-Read top to bottom, this module is the equations in order:
-
-1. the per-prompt loss signal ``l(x)`` (``failure_rate_loss``, ``surrogate_loss``,
-   ``surrogate_kl_loss``; Eqs. 6-7 for the latter two),
-2. the per-bin mean loss of the step, divided by the bin's batch share (Eq. 13, App. A),
-3. the EMA difficulty score ``S_t(b)`` (Eq. 12),
-4. the exponential weights ``omega_t(b)`` (Eq. 14),
-5. the mixed bin distribution ``q_t(b)`` (Eq. 15),
-6. the advantage multipliers ``w(b)`` (Eq. 16).
-
-Each equation is one pure function; :class:`PromptGDRO` only holds the state (``S`` and which bins
-were ever observed) and composes them, the way Group DRO's reference loss class keeps the whole
-robust loss in one small object. numpy only: no verl, no torch.
-
-Order inside a training step (spec): the weights of step t come from ``S_{t-1}``
-(:meth:`PromptGDRO.multipliers` before the step), and the losses of step t update ``S`` after it
-(:meth:`PromptGDRO.update`).
+Top to bottom, the equations in order: the loss signal l(x) (Eqs. 6-7), the bin mean loss over
+its batch share (Eq. 13, App. A), the EMA score S (Eq. 12), omega (Eq. 14), q (Eq. 15) and the
+advantage multipliers (Eq. 16), one pure function each; :class:`PromptGDRO` holds the state and
+composes them (multipliers of step t from S_{t-1}, then step t's losses update S). numpy only.
 """
 
 from __future__ import annotations
@@ -29,26 +16,13 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from verl_gdro.classifier import int_array
+
 __all__ = [
-    "WEIGHT_NORMALIZATIONS",
-    "PromptGDRO",
-    "advantage_multipliers",
-    "bin_mean_losses",
-    "cap_bin_masses",
-    "clipped_surrogate_response_loss",
-    "ema_scores",
-    "exp_weights",
-    "failure_rate_loss",
-    "group_mean",
-    "group_mean_from_sums",
-    "low_var_kl",
-    "masked_token_mean",
-    "mix_probs",
-    "mix_probs_present",
-    "resample_bin_masses",
-    "share_normalize",
-    "surrogate_kl_loss",
-    "surrogate_loss",
+    "WEIGHT_NORMALIZATIONS", "PromptGDRO", "advantage_multipliers", "bin_mean_losses", "cap_bin_masses",
+    "clipped_surrogate_response_loss", "ema_scores", "exp_weights", "failure_rate_loss", "group_mean",
+    "group_mean_from_sums", "low_var_kl", "masked_token_mean", "mix_probs", "mix_probs_present",
+    "resample_bin_masses", "share_normalize", "surrogate_kl_loss", "surrogate_loss"
 ]
 
 WEIGHT_NORMALIZATIONS = ("mean_one", "raw")
@@ -74,21 +48,14 @@ _LOW_VAR_KL_CLAMP = 10.0
 
 
 def _group_index(group_index: ArrayLike, num_responses: int, num_groups: int | None) -> tuple[NDArray[np.int64], int]:
-    """Validate the prompt index of every response and return it with the number of prompts.
-
-    ``num_groups`` defaults to ``max(group_index) + 1``; a prompt with no response then gets a NaN
-    loss from :func:`group_mean` (which :meth:`PromptGDRO.update` drops and counts).
-    """
+    """The checked prompt index of every response, and the number of prompts (default max + 1)."""
     idx = np.asarray(group_index)
     if idx.ndim != 1 or idx.shape[0] != num_responses:
         raise ValueError(
             f"group_index must be a 1-D array with one prompt index per response "
             f"({num_responses} responses), got shape {idx.shape}"
         )
-    if idx.size and not np.issubdtype(idx.dtype, np.integer):
-        if not np.all(np.isfinite(idx)) or np.any(idx != np.round(idx)):
-            raise ValueError("group_index must hold integer prompt indices")
-    idx = idx.astype(np.int64, copy=False)
+    idx = int_array("group_index", idx, integral_floats=True)
     inferred = int(idx.max()) + 1 if idx.size else 0
     groups = inferred if num_groups is None else int(num_groups)
     if groups < 0:
@@ -99,12 +66,8 @@ def _group_index(group_index: ArrayLike, num_responses: int, num_groups: int | N
 
 
 def group_mean(values: ArrayLike, group_index: ArrayLike, num_groups: int | None = None) -> NDArray[np.float64]:
-    """Mean of per-response ``values`` over each prompt's responses, for variable group sizes.
-
-    Vectorised with ``np.bincount`` (no Python loop over prompts), because Rollout-GDRO gives
-    prompts different numbers of rollouts and the batch may hold thousands of them. A prompt with
-    no response gets NaN, never a silent 0: a loss of 0 would be a real (and wrong) signal.
-    """
+    """Mean of per-response ``values`` over each prompt's responses (variable group sizes); NaN for
+    a prompt without one, never 0, which would be a real (and wrong) loss."""
     vals = np.asarray(values, dtype=np.float64)
     if vals.ndim != 1:
         raise ValueError(f"values must be 1-D (one value per response), got shape {vals.shape}")
@@ -126,14 +89,9 @@ def group_mean_from_sums(sums: NDArray[np.float64], counts: NDArray[np.int64]) -
 def failure_rate_loss(
     acc: ArrayLike, group_index: ArrayLike | None = None, num_groups: int | None = None
 ) -> NDArray[np.float64]:
-    """Failure rate ``l(x) = 1 - mean_j r_ij`` (loss signal ``failure_rate``, preset ``robust``).
-
-    ``acc`` is the binary correctness of every response (``r_ij`` in {0, 1}, read from the reward's
-    ``acc``, never the shaped score) with ``group_index`` the prompt index of each response; or,
-    with ``group_index=None``, already the mean correctness of each prompt. Finite values outside
-    [0, 1] raise (a -1 / +1 shaped score passed by mistake would silently invert difficulty); a
-    NaN propagates to its prompt's loss, which :meth:`PromptGDRO.update` drops and counts.
-    """
+    """Failure rate ``l(x) = 1 - mean_j r_ij`` (loss signal ``failure_rate``) from each response's
+    ``acc`` with its prompt's ``group_index``, or each prompt's mean ``acc`` when that is None.
+    Values outside [0, 1] raise: a shaped -1/+1 score would silently invert difficulty."""
     a = np.asarray(acc, dtype=np.float64)
     if a.ndim != 1:
         raise ValueError(f"acc must be 1-D, got shape {a.shape}")
@@ -150,12 +108,8 @@ def failure_rate_loss(
 
 
 def masked_token_mean(values: NDArray[np.floating], mask: NDArray[np.floating]) -> NDArray[np.float64]:
-    """Token-mean of each response (row) over its valid tokens; 0 for a response with none.
-
-    0 for an empty response mirrors verl's ``masked_mean`` (sum / (count + eps)). ``values`` may be
-    [N, T] or [N, 1] (constant over the response). Sums accumulate in float64 whatever the input
-    dtype, so float32 inputs (what verl hands over) lose nothing over 4096-token responses.
-    """
+    """Token-mean of each row of ``values`` ([N, T] or [N, 1]) over its mask, summed in float64; 0
+    for a response without tokens (verl's ``masked_mean``)."""
     count = mask.sum(axis=1, dtype=np.float64)
     if values.shape[1] == 1:
         total = values[:, 0].astype(np.float64) * count
@@ -164,10 +118,8 @@ def masked_token_mean(values: NDArray[np.floating], mask: NDArray[np.floating]) 
     return np.divide(total, count, out=np.zeros_like(total), where=count > 0)
 
 
-# Rows per block for chains of [N, T] token operations. 64 rows x 4096 float32 tokens is 1 MiB, so
-# the temporaries of a chain stay in cache instead of streaming a 32 MiB array through memory per
-# operation: ~1.8x faster for surrogate_kl at 2048 x 4096 (benchmarks/overhead.py), bit-identical
-# (every step is elementwise or a per-row reduction).
+# Rows per block for chains of [N, T] token operations: the temporaries stay in cache (1 MiB),
+# bit-identical (elementwise or per-row steps) and ~1.8x faster (benchmarks/overhead.py).
 _BLOCK_ROWS = 64
 
 
@@ -207,33 +159,19 @@ def _token_arrays(
 
 
 def clipped_surrogate_response_loss(
-    log_prob: ArrayLike,
-    old_log_prob: ArrayLike,
-    advantages: ArrayLike,
-    response_mask: ArrayLike,
-    clip_ratio_low: float = 0.2,
-    clip_ratio_high: float = 0.28,
-    clip_ratio_c: float = 3.0,
+    log_prob: ArrayLike, old_log_prob: ArrayLike, advantages: ArrayLike, response_mask: ArrayLike,
+    clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.28, clip_ratio_c: float = 3.0,
 ) -> NDArray[np.float64]:
-    """Per-response token-mean of ``-J^CLIP`` (Eq. 7), exactly verl's vanilla PPO token loss.
-
-    ratio = exp(clamp(log_prob - old_log_prob, -20, 20)); token loss
-    max(-A ratio, -A clip(ratio, 1 - low, 1 + high)), and for A < 0 additionally capped at
-    -A * clip_ratio_c (dual clip), as in ``verl.trainer.ppo.core_algos.compute_policy_loss_vanilla``.
-
-    ``advantages`` may be per token [N, T] or per response [N]. Pass per-response advantages when
-    they are constant over a response (GRPO's are): the token loss is then -A_i h(ratio) with
-    h = min(r, clip(r)) for A_i > 0 and min(max(r, clip(r)), c) for A_i < 0, which saves two
-    full [N, T] products.
-    """
+    """Per-response token-mean of ``-J^CLIP`` (Eq. 7), verl's ``compute_policy_loss_vanilla``
+    (clamped log-ratio, clip, dual clip for A < 0). Per-response ``advantages`` [N] (GRPO's) save
+    two [N, T] products: the token loss is -A_i h(ratio) with h the clipped ratio's min/max."""
     _check_range("clip_ratio_low", clip_ratio_low, low=0.0, high=1.0, high_open=True)
     _check_range("clip_ratio_high", clip_ratio_high, low=0.0)
     _check_range("clip_ratio_c", clip_ratio_c, low=1.0, low_open=True)
     mask, arr = _token_arrays(response_mask, log_prob=log_prob, old_log_prob=old_log_prob, advantages=advantages)
     adv = arr["advantages"]
     if arr["log_prob"] is arr["old_log_prob"] or np.array_equal(arr["log_prob"], arr["old_log_prob"]):
-        # On-policy (where the driver evaluates it): ratio = 1 lies inside the clip range and below
-        # the dual clip c > 1, so the token loss is exactly -A; skip the [N, T] exp.
+        # On-policy (the driver): ratio 1 is inside every clip, so the token loss is exactly -A.
         if adv.shape[1] == 1:
             return -adv[:, 0].astype(np.float64) * (mask.sum(axis=1) > 0)
         return _per_row_blocks(lambda a, m: masked_token_mean(-a, m), adv, mask)
@@ -256,11 +194,8 @@ def clipped_surrogate_response_loss(
 
 
 def low_var_kl(log_prob: ArrayLike, ref_log_prob: ArrayLike) -> NDArray[np.floating]:
-    """Per-token low-variance KL estimator k3 = exp(ref - logp) - (ref - logp) - 1, in [-10, 10].
-
-    The same estimator and clamps as verl's ``kl_penalty(..., "low_var_kl")`` (the paper's KL
-    loss, Appendix A), so ``beta_KL * KL`` here is the KL term the actor minimises.
-    """
+    """Per-token k3 = exp(ref - logp) - (ref - logp) - 1 in [-10, 10]: verl's ``low_var_kl``, so
+    ``beta_KL * KL`` here is the KL term the actor minimises (App. A)."""
     diff = np.subtract(_float(ref_log_prob), _float(log_prob))
     np.clip(diff, -_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP, out=diff)
     kl = np.exp(diff)
@@ -270,22 +205,12 @@ def low_var_kl(log_prob: ArrayLike, ref_log_prob: ArrayLike) -> NDArray[np.float
 
 
 def surrogate_loss(
-    log_prob: ArrayLike,
-    old_log_prob: ArrayLike,
-    advantages: ArrayLike,
-    response_mask: ArrayLike,
-    group_index: ArrayLike,
-    num_groups: int | None = None,
-    clip_ratio_low: float = 0.2,
-    clip_ratio_high: float = 0.28,
-    clip_ratio_c: float = 3.0,
+    log_prob: ArrayLike, old_log_prob: ArrayLike, advantages: ArrayLike, response_mask: ArrayLike,
+    group_index: ArrayLike, num_groups: int | None = None,
+    clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.28, clip_ratio_c: float = 3.0,
 ) -> NDArray[np.float64]:
-    """Loss signal ``surrogate`` (the released patch): mean over a prompt's responses of -J^CLIP_ij.
-
-    Inputs are per response (rows) and token (columns) with verl's ``response_mask``, plus the
-    prompt index of every response. At the on-policy point, where the driver evaluates it, it is
-    zero for every prompt (GRPO advantages sum to zero in a group; docs/algorithm.md section 2).
-    """
+    """Loss signal ``surrogate`` (the released patch): each prompt's mean -J^CLIP_ij; zero on-policy,
+    where the driver evaluates it (docs/algorithm.md section 2)."""
     per_response = clipped_surrogate_response_loss(
         log_prob, old_log_prob, advantages, response_mask, clip_ratio_low, clip_ratio_high, clip_ratio_c
     )
@@ -293,42 +218,23 @@ def surrogate_loss(
 
 
 def surrogate_kl_loss(
-    log_prob: ArrayLike,
-    old_log_prob: ArrayLike,
-    ref_log_prob: ArrayLike,
-    advantages: ArrayLike,
-    response_mask: ArrayLike,
-    group_index: ArrayLike,
-    num_groups: int | None = None,
-    kl_coef: float = 0.001,
-    clip_ratio_low: float = 0.2,
-    clip_ratio_high: float = 0.28,
-    clip_ratio_c: float = 3.0,
+    log_prob: ArrayLike, old_log_prob: ArrayLike, ref_log_prob: ArrayLike, advantages: ArrayLike,
+    response_mask: ArrayLike, group_index: ArrayLike, num_groups: int | None = None, kl_coef: float = 0.001,
+    clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.28, clip_ratio_c: float = 3.0,
 ) -> NDArray[np.float64]:
-    """Loss signal ``surrogate_kl`` (Eqs. 6-7, preset ``paper``): mean_j (-J^CLIP_ij + beta_KL KL_ij).
-
-    KL_ij is the token-mean of :func:`low_var_kl` between ``log_prob`` (the current = old policy at
-    the driver) and ``ref_log_prob``; on-policy the surrogate part is zero, so this is
-    ``kl_coef * mean_j KL_ij`` (kept and logged per bin, docs/algorithm.md section 2).
-    """
+    """Loss signal ``surrogate_kl`` (Eqs. 6-7): each prompt's mean of -J^CLIP_ij + beta_KL KL_ij, KL
+    the token-mean :func:`low_var_kl`; on-policy it is ``kl_coef * mean_j KL_ij`` (section 2)."""
     mask, arr = _token_arrays(response_mask, log_prob=log_prob, ref_log_prob=ref_log_prob)
     lp, ref = arr["log_prob"], arr["ref_log_prob"]
     if lp.shape[1] == 1 and ref.shape[1] == 1:
         kl = masked_token_mean(np.broadcast_to(low_var_kl(lp, ref), mask.shape), mask)
     else:
-        kl = _per_row_blocks(
-            lambda a, b, m: masked_token_mean(low_var_kl(a, b), m),
-            np.broadcast_to(lp, mask.shape),
-            np.broadcast_to(ref, mask.shape),
-            mask,
-        )
-    per_response = (
-        clipped_surrogate_response_loss(
-            log_prob, old_log_prob, advantages, response_mask, clip_ratio_low, clip_ratio_high, clip_ratio_c
-        )
-        + kl_coef * kl
+        kl = _per_row_blocks(lambda a, b, m: masked_token_mean(low_var_kl(a, b), m),
+                             np.broadcast_to(lp, mask.shape), np.broadcast_to(ref, mask.shape), mask)
+    surrogate = clipped_surrogate_response_loss(
+        log_prob, old_log_prob, advantages, response_mask, clip_ratio_low, clip_ratio_high, clip_ratio_c
     )
-    return group_mean(per_response, group_index, num_groups)
+    return group_mean(surrogate + kl_coef * kl, group_index, num_groups)
 
 
 # --------------------------------------------------------------------------------------------
@@ -339,11 +245,7 @@ def surrogate_kl_loss(
 def bin_mean_losses(
     bins: NDArray[np.int64], losses: NDArray[np.float64], num_bins: int
 ) -> tuple[NDArray[np.float64], NDArray[np.int64]]:
-    """Eq. 13: lbar_t(b) = mean of l(x) over the batch's prompts of bin b; 0 where b is absent.
-
-    Returns ``(lbar, counts)``; ``counts`` (prompts per bin) says which bins are present. Callers
-    pass finite losses only (non-finite ones are dropped before, see :meth:`PromptGDRO.update`).
-    """
+    """Eq. 13: (lbar_t(b), prompts per bin): the mean finite l(x) of bin b's prompts, 0 if absent."""
     counts = np.bincount(bins, minlength=num_bins).astype(np.int64)
     sums = np.bincount(bins, weights=losses, minlength=num_bins)
     lbar = np.divide(sums, counts, out=np.zeros(num_bins), where=counts > 0)
@@ -353,13 +255,8 @@ def bin_mean_losses(
 def share_normalize(
     lbar: NDArray[np.float64], counts: NDArray[np.int64], share_floor: float
 ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-    """App. A (with Eq. 13): divide each present bin's mean loss by its batch share qhat_t(b).
-
-    qhat_t(b) = counts(b) / sum counts, floored at ``share_floor`` so that a bin holding a single
-    prompt cannot blow its score up. This is the "debiasing" of the paper's EMA scorer: without it
-    a bin's score would not depend on how often it is sampled, and the mixture would re-learn the
-    data's frequencies. Returns ``(normalised lbar, qhat)``.
-    """
+    """App. A (with Eq. 13): (each present bin's lbar / max(qhat_t(b), share_floor), qhat_t), the
+    debiasing of the EMA scorer; the floor keeps a one-prompt bin from blowing its score up."""
     total = counts.sum()
     qhat = counts / total if total > 0 else np.zeros(counts.shape[0])
     out = np.where(counts > 0, lbar / np.maximum(qhat, share_floor), 0.0)
@@ -367,18 +264,11 @@ def share_normalize(
 
 
 def ema_scores(
-    scores: NDArray[np.float64],
-    observed: NDArray[np.bool_],
-    bin_losses: NDArray[np.float64],
-    present: NDArray[np.bool_],
-    beta: float,
+    scores: NDArray[np.float64], observed: NDArray[np.bool_], bin_losses: NDArray[np.float64],
+    present: NDArray[np.bool_], beta: float,
 ) -> tuple[NDArray[np.float64], NDArray[np.bool_]]:
-    """Eq. 12: S_t(b) = (1 - beta) S_{t-1}(b) + beta lbar_t(b) for the bins present in the step.
-
-    Absent bins keep their score (no decay toward 0: absence says nothing about difficulty); the
-    first observation of a bin sets S to it (a zero-initialised EMA would bias a new bin toward
-    "easy" for ~1/beta steps); never-observed bins keep S = 0. Returns new arrays (pure).
-    """
+    """Eq. 12 for the bins present in the step: absent bins keep S, a first observation sets it
+    (docs/algorithm.md, "Prompt-GDRO (section 2)"). Returns new arrays."""
     first = present & ~observed
     again = present & observed
     new = scores.copy()
@@ -388,24 +278,16 @@ def ema_scores(
 
 
 def exp_weights(scores: NDArray[np.float64], eta: float, score_clip: float) -> NDArray[np.float64]:
-    """Eq. 14: omega_t(b) = exp(eta * clip(S_t(b), -C, C)); the clip keeps exp finite.
-
-    ``score_clip = inf`` (no clip, the release): exp(eta * (S - max S)), omega up to the common
-    factor exp(-eta max S), which cancels in q (Eq. 15) and in the mean_one multipliers.
-    """
+    """Eq. 14: omega_t(b) = exp(eta * clip(S_t(b), -C, C)). With C = inf (the release), omega up to
+    the factor exp(-eta max S), which cancels in q and the mean_one multipliers."""
     if math.isinf(score_clip):
         return np.exp(eta * (scores - scores.max())) if scores.size else np.exp(scores)
-    # np.clip's two-sided float loop as its two ufuncs (the same values, NaN included, without
-    # np.clip's Python wrapper: this runs a few times per step)
+    # np.clip's values as its two ufuncs, without its Python wrapper
     return np.exp(eta * np.minimum(np.maximum(scores, -score_clip), score_clip))
 
 
 def mix_probs(omega: NDArray[np.float64], gamma: float) -> NDArray[np.float64]:
-    """Eq. 15: q_t(b) = (1 - gamma) omega(b) / sum omega + gamma / B, over all B bins.
-
-    The gamma / B floor keeps every bin's probability >= gamma / B (exploration, and the bound
-    of the no-regret analysis).
-    """
+    """Eq. 15: q_t(b) = (1 - gamma) omega(b) / sum omega + gamma / B over all B bins."""
     return (1.0 - gamma) * omega / omega.sum() + gamma / omega.shape[0]
 
 
@@ -421,22 +303,11 @@ def mix_probs_present(omega: NDArray[np.float64], gamma: float, present: NDArray
 
 
 def advantage_multipliers(
-    q: NDArray[np.float64],
-    omega: NDArray[np.float64],
-    bins: NDArray[np.int64],
-    max_weight: float,
+    q: NDArray[np.float64], omega: NDArray[np.float64], bins: NDArray[np.int64], max_weight: float,
     weight_normalization: str = "mean_one",
 ) -> NDArray[np.float64]:
-    """Eq. 16: the per-BIN advantage multiplier w(b), A_ij <- A_ij * w(g(x_i)).
-
-    - ``mean_one``: w(b) = q(b) / (mean over the given elements of q(g)), then capped at
-      ``max_weight``. The average multiplier over the given elements (pass every response's bin)
-      is 1 before the cap, so the effective learning rate equals GRPO's (the paper notes the
-      constant is absorbed in the step size). With no element given, w = 1.
-    - ``raw``: w(b) = min(omega(b), max_weight), literally Eq. 16.
-
-    Returns an array of length B; index it with the elements' bins to get their multipliers.
-    """
+    """Eq. 16: the multiplier w(b) of every bin [B], capped at ``max_weight``: ``mean_one`` q(b) over
+    the mean q of the given elements' bins (GRPO's step size; 1 for none), ``raw`` omega(b)."""
     if weight_normalization == "raw":
         return np.minimum(omega, max_weight)
     if weight_normalization != "mean_one":
@@ -447,10 +318,7 @@ def advantage_multipliers(
 
 
 def effective_sample_size(weights: NDArray[np.float64]) -> float:
-    """Kish's effective sample size as a share of N: (sum w)^2 / (N sum w^2), in (0, 1].
-
-    1 when every weight is equal (the sampled batch); 1/N when one element carries everything.
-    """
+    """Kish's effective sample size as a share of N: (sum w)^2 / (N sum w^2), in (0, 1]."""
     w = np.asarray(weights, dtype=np.float64)
     if w.size == 0:
         return 1.0
@@ -459,29 +327,12 @@ def effective_sample_size(weights: NDArray[np.float64]) -> float:
 
 
 def ess_floor_multipliers(
-    scores: NDArray[np.float64],
-    bins: NDArray[np.int64],
-    eta: float,
-    score_clip: float,
-    gamma: float,
-    max_weight: float,
-    min_ess: float,
-    iterations: int = 40,
+    scores: NDArray[np.float64], bins: NDArray[np.int64], eta: float, score_clip: float, gamma: float,
+    max_weight: float, min_ess: float, iterations: int = 40,
 ) -> tuple[NDArray[np.float64], float]:
-    """Eq. 16 ``mean_one`` multipliers with the step size lowered until ESS >= ``min_ess``.
-
-    A chi-square ball around the sampled batch: the per-element multipliers w may not move the
-    weighted batch further from the sampled one than an effective sample size of ``min_ess * N``
-    allows (Kish's ESS share = 1 / (1 + chi^2(weighted || uniform))). When the exponential weights at
-    ``eta`` (Eq. 14) satisfy the floor, they are used unchanged; otherwise the largest step
-    ``s * eta``, s in [0, 1], that does is found by bisection on the one scalar s (the ESS share
-    falls monotonically in s for these tilts; at s = 0 every weight is 1 and the share is 1).
-
-    Beyond the paper (``min_ess = 0`` is off); why: docs/algorithm.md, "Prompt-GDRO's
-    effective-sample-size floor".
-
-    Returns (the multiplier of every bin [B], the scale s used).
-    """
+    """(Eq. 16 ``mean_one`` multiplier of every bin, s): at the largest step ``s * eta``, s in
+    [0, 1], whose per-element Kish ESS share is >= ``min_ess``, by bisection (the share falls in s).
+    Beyond the paper; why: docs/algorithm.md, "Prompt-GDRO's effective-sample-size floor"."""
 
     def weights_at(scale: float) -> NDArray[np.float64]:
         q = mix_probs(exp_weights(scores, scale * eta, score_clip), gamma)
@@ -492,8 +343,7 @@ def ess_floor_multipliers(
     share_by_bin = _ess_share_by_bin(scores, bins, eta, score_clip, gamma, max_weight)
 
     def meets_floor(scale: float) -> bool:
-        # Decided from the per-bin share (a few float ops per bin) unless it lies within
-        # _ESS_MARGIN of the floor; there the per-element share decides, as it always did.
+        # the per-bin share decides unless it lies within _ESS_MARGIN of the floor
         fast = share_by_bin(scale)
         if abs(fast - min_ess) > _ESS_MARGIN * min_ess:
             return fast >= min_ess
@@ -504,8 +354,7 @@ def ess_floor_multipliers(
 
 
 def _largest_scale(holds: Callable[[float], bool], iterations: int) -> float:
-    """The largest s in [0, 1] where ``holds`` (monotone: true at 0, false above a threshold), by
-    bisection; 1.0 at once when it holds there. The ESS floors' search on their one scalar."""
+    """The largest s in [0, 1] where the monotone ``holds`` is true, by bisection (1.0 if it holds there)."""
     if holds(1.0):
         return 1.0
     lo, hi = 0.0, 1.0
@@ -518,12 +367,9 @@ def _largest_scale(holds: Callable[[float], bool], iterations: int) -> float:
     return lo
 
 
-#: Relative distance from the ESS floor beyond which the per-bin share decides a bisection step.
-#: The per-bin share equals the per-element one up to rounding (sums of positive terms in another
-#: order, ``math.exp`` for numpy's): below 1e-14 relative in the worst case, 1.6e-15 measured, and
-#: ``test_ess_share_by_bin_matches_the_per_element_share`` keeps it below ``_ESS_MARGIN / 20``; so
-#: every step decided outside the margin has the per-element share's answer, and only steps that
-#: land within it pay the per-element evaluation (0.4 per bisection on average; docs/history.md).
+#: Relative distance from the ESS floor beyond which the per-bin share decides a bisection step: it
+#: equals the per-element share up to rounding, < _ESS_MARGIN / 20
+#: (test_ess_share_by_bin_matches_the_per_element_share), so every decision is the same.
 _ESS_MARGIN = 1e-13
 
 
@@ -531,18 +377,9 @@ def _ess_share_by_bin(
     scores: NDArray[np.float64], bins: NDArray[np.int64], eta: float, score_clip: float, gamma: float,
     max_weight: float,
 ) -> Callable[[float], float]:
-    """Kish's ESS share of the ``mean_one`` multipliers at step ``scale * eta``, from per-bin counts.
-
-    The same quantity as ``effective_sample_size(weights_at(scale)[bins])`` in
-    :func:`ess_floor_multipliers`, computed over the B bins (weighted by their element counts)
-    instead of the N elements, in plain floats: the bisection's 40 evaluations cost a few us each
-    instead of ~30 us of small numpy calls over N = 1024-2048 elements, which made the ESS floor
-    the largest part of Prompt-GDRO's per-step cost (benchmarks/overhead.py).
-
-    The share is invariant to a common scale of the weights, so while no weight reaches the cap
-    it is (sum c q)^2 / (n sum c q^2), without dividing by the mean first; with q = omega * norm +
-    floor both sums expand in the per-bin sums of c omega and c omega^2.
-    """
+    """:func:`ess_floor_multipliers`' per-element ESS share at ``scale``, over the B bins weighted by
+    their counts c, in plain floats (a few us per bisection step instead of ~30). Scale-invariant,
+    so below the cap it is (sum c q)^2 / (n sum c q^2), expanded in the sums of c omega, c omega^2."""
     clipped = np.minimum(np.maximum(scores, -score_clip), score_clip).tolist()  # Eq. 14's clip
     counts = np.bincount(bins, minlength=len(clipped)).tolist()
     present = [b for b, c in enumerate(counts) if c > 0]
@@ -579,14 +416,8 @@ def _ess_share_by_bin(
 
 
 def cap_bin_masses(mass: NDArray[np.float64], sizes: NDArray[np.int64], max_weight: float) -> NDArray[np.float64]:
-    """A distribution over bins with no prompt's draw ratio above ``max_weight``.
-
-    Spreading bin mass m(b) uniformly over the bin's |b| prompts gives each a draw probability
-    m(b) / |b|, i.e. ``N m(b) / |b|`` times the uniform draw's: the resampling counterpart of an
-    Eq. 16 multiplier. The cap is Eq. 16's ``max_weight`` on that ratio, m(b) <= max_weight |b| / N;
-    the excess is handed to the uncapped bins in proportion to their mass (water-filling, at most
-    B rounds), so the result still sums to 1. ``max_weight >= 1`` keeps it feasible (uniform fits).
-    """
+    """``mass`` with each prompt's draw ratio to uniform, N m(b) / |b| (the resampling Eq. 16
+    multiplier), capped at ``max_weight``: the excess water-fills the uncapped bins by mass."""
     m = np.asarray(mass, dtype=np.float64).copy()
     limit = max_weight * sizes / float(sizes.sum())
     capped = np.zeros(m.size, dtype=bool)
@@ -605,31 +436,13 @@ def cap_bin_masses(mass: NDArray[np.float64], sizes: NDArray[np.int64], max_weig
 
 
 def resample_bin_masses(
-    scores: NDArray[np.float64],
-    sizes: NDArray[np.int64],
-    eta: float,
-    score_clip: float,
-    gamma: float,
-    max_weight: float,
-    min_ess: float,
-    iterations: int = 40,
+    scores: NDArray[np.float64], sizes: NDArray[np.int64], eta: float, score_clip: float, gamma: float,
+    max_weight: float, min_ess: float, iterations: int = 40,
 ) -> tuple[NDArray[np.float64], float]:
-    """The ``resample`` mode's bin distribution: Eq. 15's q_t over the bins that hold prompts,
-    under the same effective-sample-size floor and weight cap as reweighting.
-
-    ``sizes[b]``: the training set's prompts in bin b. Each prompt of bin b is drawn with
-    probability m(b) / |b|; its ratio to the uniform draw, N m(b) / |b|, plays the part of an
-    Eq. 16 multiplier. The floor: the draw's Kish ESS share over the N prompts,
-    1 / (N sum_b m(b)^2 / |b|), stays >= ``min_ess``: m = (1 - s) |b| / N + s q_t, the largest
-    s in [0, 1] that keeps it, found by bisection (sum_b m^2 / |b| is convex in s with its minimum
-    at s = 0, the uniform draw, so the share falls monotonically in s). The cap: no prompt's ratio
-    above ``max_weight`` (:func:`cap_bin_masses`), applied last.
-
-    Why a mixture toward the uniform draw (s is the share of the draws the adversary directs)
-    rather than a lower eta, and why a floor at all: docs/algorithm.md, "Bin-level ``resample``".
-
-    Returns (m over all B bins, 0 where a bin is empty; the share s used).
-    """
+    """(m over the B bins, s): the ``resample`` mode's draw, m = (1 - s) |b| / N + s q_t over the
+    bins holding prompts (``sizes``), s the largest keeping the draw's Kish ESS share
+    1 / (N sum_b m^2 / |b|) >= ``min_ess``, then :func:`cap_bin_masses`. Why: docs/algorithm.md,
+    "Bin-level ``resample``"."""
     size = np.asarray(sizes, dtype=np.int64)
     held = size > 0
     n = float(size.sum())
@@ -694,61 +507,21 @@ def _checked_settings(
     return share_floor
 
 
-def _checked_bins(bins: ArrayLike, num_bins: int) -> NDArray[np.int64]:
-    """``bins`` as a 1-D int64 array in [0, num_bins), or a ValueError saying what is wrong."""
-    b = bins if type(bins) is np.ndarray and bins.dtype == np.int64 else np.asarray(bins)
-    if b.dtype == np.int64 and b.ndim == 1 and b.size:  # the controller's bins, every step: range only
-        if b.min() < 0 or b.max() >= num_bins:
-            raise ValueError(f"bins must lie in [0, num_bins={num_bins}), got values in [{b.min()}, {b.max()}]")
-        return b
-    if b.ndim != 1:
-        raise ValueError(f"bins must be a 1-D integer array, got shape {b.shape}")
-    if b.size == 0:
-        return b.astype(np.int64)
-    if not np.issubdtype(b.dtype, np.integer):
-        if b.dtype == bool or not np.all(np.isfinite(b)) or np.any(b != np.round(b)):
-            raise ValueError(f"bins must be integers in [0, {num_bins}), got dtype {b.dtype}")
-    b = b.astype(np.int64)
-    if b.min() < 0 or b.max() >= num_bins:
-        raise ValueError(f"bins must lie in [0, num_bins={num_bins}), got values in [{b.min()}, {b.max()}]")
-    return b
-
-
 class PromptGDRO:
     """The data adversary: EMA-debiased exponential weights over difficulty bins (Eqs. 12-16).
 
-    State: the EMA score ``S`` per bin, which bins were ever observed, and counters. Everything
-    else is derived: ``omega`` (Eq. 14), ``q`` (Eq. 15) and the multipliers (Eq. 16).
-
-    Args:
-        num_bins: B, the number of difficulty bins (>= 1).
-        eta: exponential-weights step size (> 0), Eq. 14.
-        beta: EMA rate in (0, 1], Eq. 12.
-        gamma: uniform mixing in [0, 1), Eq. 15.
-        max_weight: cap of the advantage multiplier (> 0), Eq. 16.
-        score_clip: C of Eq. 14 (> 0); eta * C must be <= 700 so exp stays finite in float64.
-        normalize_by_share: divide the bin mean loss by its batch share (App. A).
-        share_floor: floor of that share in (0, 1]; ``None`` means 1 / (2B).
-        weight_normalization: ``mean_one`` (default) or ``raw``, see :func:`advantage_multipliers`.
-        min_ess: floor in [0, 1) on the effective sample size share of the multipliers over the
-            given elements (:func:`ess_floor_multipliers`; ``mean_one`` only); 0 is off.
-        mix_support: ``all`` (Eq. 15 over all B bins) or ``present`` (over the bins of the given
-            elements, :func:`mix_probs_present`: the release's gamma / number of classes present).
+    State: S per bin, which bins were ever observed, counters; omega, q and the multipliers are
+    derived. Arguments: B, eta (Eq. 14), beta (Eq. 12), gamma (Eq. 15), ``max_weight`` (Eq. 16),
+    ``score_clip`` C (Eq. 14, eta * C <= 600), ``normalize_by_share`` and ``share_floor`` (App. A;
+    None: 1 / (2B)), ``weight_normalization`` (:func:`advantage_multipliers`), ``min_ess``
+    (:func:`ess_floor_multipliers`, 0 = off), ``mix_support`` (``all`` or ``present``:
+    :func:`mix_probs_present`). docs/configuration.md gives each key's range.
     """
 
     def __init__(
-        self,
-        num_bins: int,
-        eta: float = 0.65,
-        beta: float = 0.12,
-        gamma: float = 0.01,
-        max_weight: float = 15.0,
-        score_clip: float = 10.0,
-        normalize_by_share: bool = True,
-        share_floor: float | None = None,
-        weight_normalization: str = "mean_one",
-        min_ess: float = 0.0,
-        mix_support: str = "all",
+        self, num_bins: int, eta: float = 0.65, beta: float = 0.12, gamma: float = 0.01, max_weight: float = 15.0,
+        score_clip: float = 10.0, normalize_by_share: bool = True, share_floor: float | None = None,
+        weight_normalization: str = "mean_one", min_ess: float = 0.0, mix_support: str = "all",
     ) -> None:
         share_floor = _checked_settings(
             num_bins, eta, beta, gamma, max_weight, score_clip, share_floor, weight_normalization, min_ess, mix_support
@@ -792,11 +565,9 @@ class PromptGDRO:
         return mix_probs(self.omega(), self.gamma)
 
     def bin_multipliers(self, bins: ArrayLike) -> NDArray[np.float64]:
-        """Eq. 16 multiplier of every bin [B], normalised over the given elements' bins.
-
-        What :meth:`multipliers` indexes; also what the metrics log as ``prompt_weight``.
-        """
-        b = _checked_bins(bins, self.num_bins)
+        """Eq. 16 multiplier of every bin [B] normalised over the given elements' bins (logged as
+        ``prompt_weight``)."""
+        b = int_array("bins", bins, integral_floats=True, num_bins=self.num_bins)
         if self.min_ess > 0:
             w, self.last_eta_scale = ess_floor_multipliers(
                 self._scores, b, self.eta, self.score_clip, self.gamma, self.max_weight, self.min_ess
@@ -811,23 +582,17 @@ class PromptGDRO:
 
     def multipliers(self, bins: ArrayLike) -> NDArray[np.float64]:
         """Eq. 16 multiplier of each given element (pass every response's bin for ``mean_one``)."""
-        b = _checked_bins(bins, self.num_bins)
+        b = int_array("bins", bins, integral_floats=True, num_bins=self.num_bins)
         return self.bin_multipliers(b)[b]
 
     # -- Eqs. 12-13 ---------------------------------------------------------------------------
 
     def update(self, bins: ArrayLike, losses: ArrayLike) -> dict[str, Any]:
-        """One step's per-prompt losses -> S (Eqs. 12-13 with share normalisation).
-
-        Non-finite losses are dropped, counted (``self.dropped_nonfinite`` and the returned
-        ``dropped_nonfinite``) and never written; the shares are counted over the finite entries,
-        so a dropped prompt does not dilute its bin. Input errors raise before any state changes.
-
-        Returns a dict for logging: ``dropped_nonfinite`` (this call), ``counts`` (finite prompts
-        per bin), ``shares`` (qhat_t), ``mean_losses`` (lbar_t before share normalisation, 0 for
-        absent bins) and ``normalized_losses`` (what entered the EMA, 0 for absent bins).
-        """
-        b = _checked_bins(bins, self.num_bins)
+        """One step's per-prompt losses -> S (Eqs. 12-13). Non-finite losses are dropped and counted
+        (shares count the finite ones); bad input raises before any change. Returns for logging
+        ``dropped_nonfinite``, ``counts``, ``shares`` (qhat_t), ``mean_losses`` (lbar_t) and
+        ``normalized_losses`` (what entered the EMA)."""
+        b = int_array("bins", bins, integral_floats=True, num_bins=self.num_bins)
         loss = np.asarray(losses, dtype=np.float64)
         if loss.ndim != 1 or loss.shape[0] != b.shape[0]:
             raise ValueError(f"losses must be 1-D with one entry per prompt (len(bins) = {b.shape[0]}), got shape {loss.shape}")
@@ -846,8 +611,7 @@ class PromptGDRO:
                 normalized = lbar
             scores, observed = ema_scores(self._scores, self._observed, normalized, counts > 0, self.beta)
         if not np.all(np.isfinite(scores)):
-            # Finite losses so large that a bin mean or the share division overflows float64:
-            # refuse the step (state untouched) rather than store an infinite score.
+            # a bin mean or the share division overflowed: refuse rather than store an infinite score
             raise ValueError(
                 f"losses overflow float64 in the bin means (max |loss| {np.abs(loss).max():.3g}); "
                 f"loss signals must be of moderate magnitude"
@@ -855,13 +619,8 @@ class PromptGDRO:
         self._scores, self._observed = scores, observed
         self.num_updates += 1
         self.dropped_nonfinite += dropped
-        return {
-            "dropped_nonfinite": dropped,
-            "counts": counts,
-            "shares": shares,
-            "mean_losses": lbar,
-            "normalized_losses": normalized,
-        }
+        return {"dropped_nonfinite": dropped, "counts": counts, "shares": shares, "mean_losses": lbar,
+                "normalized_losses": normalized}
 
     # -- checkpointing ------------------------------------------------------------------------
 
@@ -881,11 +640,8 @@ class PromptGDRO:
         }
 
     def snapshot(self) -> tuple[Any, ...]:
-        """The mutable part of :meth:`state_dict` (no config, no dict), for :meth:`restore`.
-
-        What an all-or-nothing step keeps to roll back with (``GDROController.after_advantage``):
-        it runs every step, and building the full state dict cost more than the update it guards.
-        """
+        """The mutable state, for :meth:`restore`: the controller's per-step rollback, cheaper than
+        :meth:`state_dict`."""
         return self._scores.copy(), self._observed.copy(), self.num_updates, self.dropped_nonfinite
 
     def restore(self, snapshot: tuple[Any, ...]) -> None:
@@ -927,11 +683,7 @@ class PromptGDRO:
 
 
 def _check_range(
-    name: str,
-    value: float,
-    low: float | None = None,
-    high: float | None = None,
-    low_open: bool = False,
+    name: str, value: float, low: float | None = None, high: float | None = None, low_open: bool = False,
     high_open: bool = False,
 ) -> None:
     """Raise a ValueError naming ``name`` and the allowed interval if ``value`` is outside it."""

@@ -1,16 +1,7 @@
-"""math-verify in a small process pool, for the ``boxed`` template's scorer.
-
-Why not verl's ``verl.utils.reward_score.math_verify.compute_score`` directly: its spawned workers
-import the whole verl package before the first answer is checked, and that start-up counts against
-its 30 s per-answer timeout, which then scores the first responses of a busy node as wrong (0)
-without any error (observed here on a loaded CPU machine). This pool's workers import only this
-module and math-verify, the start-up is paid once before any timeout runs (:func:`_get_pool`
-warms every worker), and the per-answer timeout only bounds pathological verifications, as
-intended. The verification itself is math-verify's public API, configured as verl configures it
-(gold as ``\\boxed{gt}`` with LaTeX extraction; prediction with expression and LaTeX extraction).
-
-Workers run in separate processes because math-verify's own timeouts use ``signal.alarm``, which
-only works in a main thread, and verl's reward loop calls scorers from executor threads.
+"""math-verify in a warmed process pool, for the ``boxed`` template's scorer, configured as verl's
+``math_verify`` scorer. Why not verl's: its workers import all of verl inside the 30 s per-answer
+timeout, which scores a busy node's first responses as silently wrong; here start-up is paid
+before any timeout. Processes, because math-verify's timeouts use ``signal.alarm`` (main thread only).
 """
 
 from __future__ import annotations

@@ -2,11 +2,9 @@
 
     python -m verl_gdro.data.prepare --out-dir $DATA_DIR --template answer
 
-writes ``$DATA_DIR/<template>/train.parquet`` (DAPO), ``val.parquet`` (all benchmarks, unique
-indices across them) and ``val/<benchmark>.parquet`` (the same rows, per benchmark), plus
-``manifest.json`` (template, row counts, hub ids, GPQA seed). The hub is only touched in
-:func:`load_hub_table`; everything else is the tested code in :mod:`verl_gdro.data.sources`.
-GPQA-Diamond is gated: accept its terms on the hub and ``huggingface-cli login`` first, or pass
+writes ``$DATA_DIR/<template>/``: ``train.parquet``, ``val.parquet`` (all benchmarks, unique
+indices), ``val/<benchmark>.parquet`` and ``manifest.json``. Only :func:`load_hub_table` touches
+the hub. GPQA-Diamond is gated: ``huggingface-cli login`` after accepting its terms, or
 ``--skip gpqa_diamond``.
 """
 
@@ -62,37 +60,24 @@ def write_parquet(df: pd.DataFrame, path: Path) -> Path:
 
 
 def prepare_all(
-    out_dir: str | Path,
-    template: str = "answer",
-    loader: TableLoader = load_hub_table,
-    benchmarks: Sequence[str] | None = None,
-    include_train: bool = True,
-    gpqa_seed: int = DEFAULT_GPQA_SEED,
+    out_dir: str | Path, template: str = "answer", loader: TableLoader = load_hub_table,
+    benchmarks: Sequence[str] | None = None, include_train: bool = True, gpqa_seed: int = DEFAULT_GPQA_SEED,
 ) -> dict[str, Any]:
-    """Convert every table ``loader`` returns and write the parquet files; return the manifest.
-
-    ``loader(name)`` returns a table in the source's hub schema; tests pass fixture tables.
-    """
+    """Convert every table ``loader(name)`` returns (hub schema; tests pass fixtures), write the
+    parquet files and return the manifest."""
     tpl = load_template(template)
     names = list(BENCHMARKS) if benchmarks is None else list(benchmarks)
     for n in names:
         if n not in BENCHMARKS:
             raise ValueError(f"benchmark={n!r} is unknown; allowed: {sorted(BENCHMARKS)}")
     root = Path(out_dir) / tpl.name
-    manifest: dict[str, Any] = {
-        "template": tpl.name,
-        "scorer": tpl.scorer,
-        "gpqa_seed": gpqa_seed,
-        "files": {},
-    }
+    manifest: dict[str, Any] = {"template": tpl.name, "scorer": tpl.scorer, "gpqa_seed": gpqa_seed, "files": {}}
     if include_train:
         train = prepare_dapo(loader("dapo"), tpl)
         write_parquet(train, root / "train.parquet")
         manifest["files"]["train"] = {"path": "train.parquet", "rows": len(train), "hub_id": DAPO_HUB_ID}
         if len(train) != DAPO_EXPECTED_ROWS:
-            manifest["files"]["train"]["warning"] = (
-                f"expected {DAPO_EXPECTED_ROWS} rows (paper), got {len(train)}"
-            )
+            manifest["files"]["train"]["warning"] = f"expected {DAPO_EXPECTED_ROWS} rows (paper), got {len(train)}"
     frames = []
     offset = VAL_INDEX_OFFSET
     for n in names:
@@ -113,9 +98,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out-dir", required=True, help="root folder; files go to OUT_DIR/<template>/")
     parser.add_argument("--template", default="answer", choices=available_templates())
     parser.add_argument("--benchmarks", nargs="*", default=None, help=f"subset of {sorted(BENCHMARKS)}")
-    parser.add_argument(
-        "--skip", nargs="*", default=[], help="benchmarks to leave out (e.g. gated gpqa_diamond)"
-    )
+    parser.add_argument("--skip", nargs="*", default=[], help="benchmarks to leave out (e.g. gated gpqa_diamond)")
     parser.add_argument("--no-train", action="store_true", help="only the validation benchmarks")
     parser.add_argument("--gpqa-seed", type=int, default=DEFAULT_GPQA_SEED)
 
@@ -123,13 +106,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     """Run :func:`prepare_all` against the hub."""
     names = [n for n in (args.benchmarks or list(BENCHMARKS)) if n not in set(args.skip)]
-    manifest = prepare_all(
-        args.out_dir,
-        template=args.template,
-        benchmarks=names,
-        include_train=not args.no_train,
-        gpqa_seed=args.gpqa_seed,
-    )
+    manifest = prepare_all(args.out_dir, template=args.template, benchmarks=names, include_train=not args.no_train,
+                           gpqa_seed=args.gpqa_seed)
     print(json.dumps(manifest, indent=2))
     return 0
 

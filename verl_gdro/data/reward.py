@@ -1,25 +1,11 @@
-"""Reward functions for ``reward.custom_reward_function``, one per prompt template.
+"""Reward functions for ``reward.custom_reward_function``, one per prompt template (the template
+group names it): verl 0.9.1's default router raises for AMC, Minerva, OlympiadBench and GPQA.
 
-verl 0.9.1's default router raises for AMC, Minerva, OlympiadBench and GPQA and grades MATH-500 by
-a boxed string check whatever the prompt asked for, so the recipes route every data source here.
-The template group (``verl_gdro/config/template/*.yaml``) names the function:
-
-- ``compute_score_answer`` (template ``answer``): verl's ``math_dapo`` reads the last "Answer:"
-  line (and, in verl 0.9.1, falls back to the last ``\\boxed{}`` when there is none); GPQA is
-  graded by the letter on that line.
-- ``compute_score_boxed`` (template ``boxed``): math-verify checks the answer symbolically
-  (configured as verl's ``math_verify`` scorer, in a warmed process pool:
-  :mod:`verl_gdro.data.boxed_verify` says why); a response without ``\\boxed{}`` is wrong; GPQA is
-  graded by the boxed letter.
-
-Both return ``score`` in {-1, +1} (the paper's reward), ``acc`` in {0.0, 1.0} (raw correctness:
-the GDRO classifier, Prompt-GDRO and pass@k read this, never the shaped score), ``pred`` and
-``data_source`` (verl's validation dump keeps reward extra info but not the data source; this
-lets :mod:`verl_gdro.eval` group dumped generations by benchmark). A row whose
-``extra_info.template`` names another template is refused: that mismatch is the released code's
-defect 5, and a silent -1 for every response would look like a hard task instead of a bug.
-
-verl modules are imported inside the functions so importing this module stays cheap.
+``compute_score_answer``: verl's ``math_dapo`` on the last "Answer:" line; ``compute_score_boxed``:
+math-verify on the last ``\\boxed{}`` (:mod:`verl_gdro.data.boxed_verify`); GPQA by letter. Both
+return ``score`` in {-1, +1}, ``acc`` in {0, 1} (what GDRO and pass@k read, never the score),
+``pred`` and ``data_source`` (for :mod:`verl_gdro.eval`). A row of another template is refused
+(the release's defect 5: a silent -1 everywhere looks like a hard task). verl is imported lazily.
 """
 
 from __future__ import annotations

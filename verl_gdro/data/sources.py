@@ -1,18 +1,10 @@
 """DAPO training set and the seven validation benchmarks, converted to verl's RL parquet rows.
 
-Every converter takes a table in its hub schema (a ``datasets.Dataset``, a pandas DataFrame or a
-list of dicts: anything :func:`to_records` understands) and returns a DataFrame in verl 0.9.1's
-RL format::
-
-    data_source, prompt=[{"role": "user", "content": ...}], ability,
-    reward_model={"style": "rule", "ground_truth": str}, extra_info={"index": int, ...}
-
-``extra_info.index`` is the stable prompt id the GDRO classifier keys on (docs/algorithm.md, section 1),
-so it is the row's position in the source split, unique and checked (:func:`validate_rl_frame`).
-``extra_info.template`` names the prompt template so the reward function can refuse a mismatch.
-
-Nothing here touches the network: :mod:`verl_gdro.data.prepare` loads the hub tables on the
-user's machine and calls these functions; tests call them on small fixture tables.
+Each converter takes a table in its hub schema (anything :func:`to_records` reads) and returns
+verl 0.9.1's RL rows (``data_source``, ``prompt`` messages, ``ability``, ``reward_model``,
+``extra_info``). ``extra_info.index``, the row's position in its split, is the stable prompt id
+the classifier keys on (docs/algorithm.md, section 1), checked unique; ``extra_info.template``
+lets the reward function refuse a mismatch. No network here: :mod:`verl_gdro.data.prepare` loads.
 """
 
 from __future__ import annotations
@@ -104,14 +96,9 @@ _FLOAT_RE = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
 
 
 def normalize_answer(value: Any) -> str:
-    """A ground truth as the string the scorers compare against.
-
-    - lists (OlympiadBench ``final_answer``) give their first element;
-    - a full solution with ``\\boxed{}`` gives the boxed content;
-    - one pair of enclosing ``$...$`` is removed;
-    - integral floats become integers ("27.0" -> "27"): math_dapo compares strings, so the AMC
-      tables' float answers would otherwise never match a model's "27".
-    """
+    """A ground truth as the string the scorers compare: a list's first element, a solution's
+    boxed content, without enclosing ``$``, integral floats as integers (math_dapo compares
+    strings, so AMC's "27.0" would never match "27")."""
     if hasattr(value, "tolist") and not isinstance(value, str):
         value = value.tolist()
     if isinstance(value, (list, tuple)):
@@ -145,26 +132,15 @@ def _pick(row: Mapping[str, Any], keys: Sequence[str], what: str, source: str) -
 
 
 def _row(
-    data_source: str,
-    content: str,
-    ground_truth: str,
-    index: int,
-    template: PromptTemplate,
-    split: str,
-    source_id: str,
-    ability: str = "math",
+    data_source: str, content: str, ground_truth: str, index: int, template: PromptTemplate, split: str,
+    source_id: str, ability: str = "math",
 ) -> dict[str, Any]:
     return {
         "data_source": data_source,
         "prompt": [{"role": "user", "content": content}],
         "ability": ability,
         "reward_model": {"style": "rule", "ground_truth": ground_truth},
-        "extra_info": {
-            "index": int(index),
-            "split": split,
-            "template": template.name,
-            "source_id": str(source_id),
-        },
+        "extra_info": {"index": int(index), "split": split, "template": template.name, "source_id": str(source_id)},
     }
 
 
@@ -172,14 +148,9 @@ def _resolve_template(template: PromptTemplate | str) -> PromptTemplate:
     return load_template(template) if isinstance(template, str) else template
 
 
-def prepare_dapo(
-    table: Any, template: PromptTemplate | str = "answer", index_offset: int = 0
-) -> pd.DataFrame:
-    """DAPO-Math-17k-Processed (``en``) to RL rows; ``extra_info.index`` = row position + offset.
-
-    The processed set's ``prompt`` is the bare problem and ``solution`` the integer answer; the
-    original DAPO-templated message (``source_prompt``) is ignored so the chosen template applies.
-    """
+def prepare_dapo(table: Any, template: PromptTemplate | str = "answer", index_offset: int = 0) -> pd.DataFrame:
+    """DAPO-Math-17k-Processed (``en``: bare ``prompt``, integer ``solution``; the DAPO-templated
+    ``source_prompt`` is ignored) to RL rows; ``extra_info.index`` = row position + offset."""
     tpl = _resolve_template(template)
     rows = []
     for i, rec in enumerate(to_records(table)):
@@ -193,17 +164,8 @@ def prepare_dapo(
             answer = answer.get("ground_truth")
         src_extra = rec.get("extra_info")
         source_id = src_extra.get("index", i) if isinstance(src_extra, Mapping) else i
-        rows.append(
-            _row(
-                TRAIN_SOURCE,
-                tpl.render(problem),
-                normalize_answer(answer),
-                index_offset + i,
-                tpl,
-                "train",
-                str(source_id),
-            )
-        )
+        rows.append(_row(TRAIN_SOURCE, tpl.render(problem), normalize_answer(answer), index_offset + i, tpl, "train",
+                         str(source_id)))
     return validate_rl_frame(pd.DataFrame(rows))
 
 
@@ -220,28 +182,13 @@ def prepare_math_benchmark(
         problem = _pick(rec, PROBLEM_KEYS, "problem", name)
         answer = _pick(rec, ANSWER_KEYS, "answer", name)
         source_id = rec.get("id", rec.get("unique_id", i))
-        rows.append(
-            _row(
-                name,
-                tpl.render(str(problem)),
-                normalize_answer(answer),
-                index_offset + i,
-                tpl,
-                "test",
-                str(source_id),
-            )
-        )
+        rows.append(_row(name, tpl.render(str(problem)), normalize_answer(answer), index_offset + i, tpl, "test",
+                         str(source_id)))
     return validate_rl_frame(pd.DataFrame(rows))
 
 
-def shuffle_choices(
-    question: str, correct: str, incorrect: Sequence[str], seed: int
-) -> tuple[list[str], str]:
-    """Options in a seeded order and the correct letter.
-
-    The order depends only on (seed, question), not on the row's position, so re-running the
-    preparation on a reordered table gives every question the same letters.
-    """
+def shuffle_choices(question: str, correct: str, incorrect: Sequence[str], seed: int) -> tuple[list[str], str]:
+    """Options in an order set by (seed, question) only, not the row's position, and the correct letter."""
     options = [str(correct).strip()] + [str(x).strip() for x in incorrect]
     if len(options) != len(GPQA_LETTERS):
         raise ValueError(f"GPQA needs 1 correct and 3 incorrect answers, got {len(options)} options")
@@ -259,10 +206,7 @@ def gpqa_problem_text(question: str, options: Sequence[str]) -> str:
 
 
 def prepare_gpqa(
-    table: Any,
-    template: PromptTemplate | str = "answer",
-    seed: int = DEFAULT_GPQA_SEED,
-    index_offset: int = 0,
+    table: Any, template: PromptTemplate | str = "answer", seed: int = DEFAULT_GPQA_SEED, index_offset: int = 0
 ) -> pd.DataFrame:
     """GPQA-Diamond (``Question``, ``Correct Answer``, ``Incorrect Answer 1..3``) to 4-way choice rows."""
     tpl = _resolve_template(template)
@@ -275,26 +219,13 @@ def prepare_gpqa(
         ]
         options, letter = shuffle_choices(question, correct, incorrect, seed)
         source_id = rec.get("Record ID", rec.get("id", i))
-        rows.append(
-            _row(
-                "gpqa_diamond",
-                tpl.render(gpqa_problem_text(question, options)),
-                letter,
-                index_offset + i,
-                tpl,
-                "test",
-                str(source_id),
-                ability="science",
-            )
-        )
+        rows.append(_row("gpqa_diamond", tpl.render(gpqa_problem_text(question, options)), letter, index_offset + i,
+                         tpl, "test", str(source_id), ability="science"))
     return validate_rl_frame(pd.DataFrame(rows))
 
 
 def prepare_benchmark(
-    name: str,
-    table: Any,
-    template: PromptTemplate | str = "answer",
-    index_offset: int = 0,
+    name: str, table: Any, template: PromptTemplate | str = "answer", index_offset: int = 0,
     gpqa_seed: int = DEFAULT_GPQA_SEED,
 ) -> pd.DataFrame:
     """Dispatch to the converter of benchmark ``name``."""
@@ -309,19 +240,14 @@ REQUIRED_COLUMNS = ("data_source", "prompt", "ability", "reward_model", "extra_i
 
 
 def validate_rl_frame(df: pd.DataFrame) -> pd.DataFrame:
-    """Check verl's RL schema and the unique integer ``extra_info.index``; return ``df`` unchanged.
-
-    Raises ValueError naming the offending column and row. A duplicate index would silently merge
-    two prompts' histories in the classifier, so it is an error here rather than at step 1.
-    """
+    """``df`` unchanged after checking verl's RL schema and a unique integer ``extra_info.index`` (a
+    duplicate would silently merge two prompts' histories); a ValueError names column and row."""
     missing = [c for c in REQUIRED_COLUMNS if c not in df.columns]
     if missing:
         raise ValueError(f"RL table lacks columns {missing}; required: {list(REQUIRED_COLUMNS)}")
     seen: dict[int, int] = {}
     templates = set()
-    for pos, (prompt, rm, extra) in enumerate(
-        zip(df["prompt"], df["reward_model"], df["extra_info"], strict=True)
-    ):
+    for pos, (prompt, rm, extra) in enumerate(zip(df["prompt"], df["reward_model"], df["extra_info"], strict=True)):
         msgs = list(prompt) if prompt is not None else []
         if not msgs or not all(isinstance(m, Mapping) and m.get("role") and m.get("content") for m in msgs):
             raise ValueError(f"row {pos}: prompt must be a non-empty list of {{role, content}} messages")
@@ -340,9 +266,8 @@ def validate_rl_frame(df: pd.DataFrame) -> pd.DataFrame:
         seen[idx] = pos
         templates.add(extra.get("template"))
     if len(templates) > 1:
-        raise ValueError(
-            f"extra_info.template mixes templates {sorted(map(str, templates))}; one table, one template"
-        )
+        raise ValueError(f"extra_info.template mixes templates {sorted(map(str, templates))}; one table, one "
+                         "template")
     return df
 
 

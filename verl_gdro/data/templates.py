@@ -1,9 +1,6 @@
-"""Prompt templates, read from the ``template`` config group (``verl_gdro/config/template``).
-
-The template text and the name of the scorer that reads it live in one YAML file per template,
-the same file a recipe selects with ``template=answer|boxed``. Preprocessing reads the text from
-there, so the prompts written to parquet and the reward function a run uses cannot drift apart
-(the paper's release asked for ``\\boxed{}`` while its scorer read an "Answer:" line).
+"""Prompt templates, read from the ``template`` config group (``verl_gdro/config/template``): text and
+scorer in the one file a recipe selects, so the prompts and the reward cannot drift apart (the
+release asked for ``\\boxed{}`` while its scorer read an "Answer:" line).
 """
 
 from __future__ import annotations
@@ -28,10 +25,7 @@ class PromptTemplate:
     reward_function: str
 
     def render(self, problem: str) -> str:
-        """The user message for ``problem``.
-
-        ``str.replace`` rather than ``str.format``: the boxed template contains literal braces.
-        """
+        """The user message for ``problem`` (``str.replace``: the boxed template has literal braces)."""
         if not isinstance(problem, str) or not problem.strip():
             raise ValueError(f"problem must be a non-empty string, got {problem!r}")
         return self.text.replace(PLACEHOLDER, problem.strip())

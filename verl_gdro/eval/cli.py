@@ -31,45 +31,24 @@ def _parse_run(text: str) -> tuple[str, str]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``verl-gdro eval``."""
-    parser.add_argument(
-        "--run",
-        action="append",
-        type=_parse_run,
-        required=True,
-        metavar="NAME=PATH",
-        help="a run: its validation_data_dir or a dump JSONL (repeatable)",
-    )
+    parser.add_argument("--run", action="append", type=_parse_run, required=True, metavar="NAME=PATH",
+                        help="a run: its validation_data_dir or a dump JSONL (repeatable)")
     parser.add_argument("--baseline", default=None, help="run NAME the relative gains are computed against")
     parser.add_argument("--k", type=int, default=8, help="k of mean@k / pass@k (default 8, the paper's)")
-    parser.add_argument(
-        "--n-expected",
-        type=int,
-        default=None,
-        help="samples per prompt; prompts with fewer are padded with failures (default k)",
-    )
+    parser.add_argument("--n-expected", type=int, default=None,
+                        help="samples per prompt; prompts with fewer are padded with failures (default k)")
     parser.add_argument("--step", default="latest", help="global step of the dump to read (default: latest)")
-    parser.add_argument(
-        "--val-files",
-        nargs="*",
-        default=None,
-        help="validation parquet files, to map prompts when the dump has no data_source",
-    )
-    parser.add_argument(
-        "--paper-model",
-        choices=sorted(PAPER_TABLE1),
-        default=None,
-        help="print the paper's rows for this model size above yours",
-    )
+    parser.add_argument("--val-files", nargs="*", default=None,
+                        help="validation parquet files, to map prompts when the dump has no data_source")
+    parser.add_argument("--paper-model", choices=sorted(PAPER_TABLE1), default=None,
+                        help="print the paper's rows for this model size above yours")
     parser.add_argument("--details", action="store_true", help="also print per-benchmark counts and pass@k")
     parser.add_argument("--out", default=None, help="write the Markdown table here")
     parser.add_argument("--json", default=None, help="write all numbers as JSON here")
 
 
 def evaluate_runs(
-    runs: list[tuple[str, str]],
-    k: int = 8,
-    step: str = "latest",
-    val_files: list[str] | None = None,
+    runs: list[tuple[str, str]], k: int = 8, step: str = "latest", val_files: list[str] | None = None,
     n_expected: int | None = None,
 ) -> dict[str, RunResult]:
     """Score every ``(name, path)`` run."""
@@ -87,18 +66,14 @@ def main(args: argparse.Namespace) -> int:
     from verl_gdro.errors import usage_errors
 
     with usage_errors(FileNotFoundError):  # a missing dump or a malformed one: one line, exit 2
-        results = evaluate_runs(
-            args.run, k=args.k, step=args.step, val_files=args.val_files, n_expected=args.n_expected
-        )
+        results = evaluate_runs(args.run, args.k, args.step, args.val_files, args.n_expected)
     paper = PAPER_TABLE1[args.paper_model] if args.paper_model else None
     text = markdown_table(results, baseline=args.baseline, k=args.k, paper_rows=paper)
     if args.details:
         text += "\n" + detail_table(results)
     padded = {n: sum(b.padded_prompts for b in r.benchmarks.values()) for n, r in results.items()}
     if any(padded.values()):
-        text += (
-            f"\nPrompts with fewer than {args.n_expected or args.k} samples, padded with failures: {padded}\n"
-        )
+        text += f"\nPrompts with fewer than {args.n_expected or args.k} samples, padded with failures: {padded}\n"
     print(text, end="")
     if args.out:
         with open(args.out, "w", encoding="utf-8") as f:

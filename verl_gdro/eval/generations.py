@@ -1,12 +1,9 @@
 """Read verl 0.9.1 validation dumps (``trainer.validation_data_dir``) into per-prompt correctness.
 
-verl's V1 trainer writes ``<validation_data_dir>/<global_step>.jsonl`` at every validation, one
-line per generated sample with ``input``, ``output``, ``gts``, ``score``, ``step``, every key of
-the reward's extra info (``acc``, ``pred`` and, with :mod:`verl_gdro.data.reward`,
-``data_source``) and ``uid`` = the TransferQueue key ``<prompt uuid>_<session>_<turn>``. The
-prompt uuid groups the samples of one prompt; the reward's ``data_source`` names the benchmark.
-For dumps made with another reward function, ``val_files`` maps each prompt back to its benchmark
-through the validation parquet (ground truth plus prompt text).
+verl writes ``<global_step>.jsonl``, one line per sample with ``input``, ``gts``, ``score``, the
+reward's extra info (``acc``, ``data_source`` from :mod:`verl_gdro.data.reward`) and ``uid`` =
+``<prompt uuid>_<session>_<turn>``, which groups a prompt's samples. Without ``data_source``,
+``val_files`` maps each prompt to its benchmark through the validation parquet.
 """
 
 from __future__ import annotations
@@ -85,9 +82,7 @@ class PromptIndex:
 
 
 def read_dump(
-    path: str | Path,
-    step: int | str | None = "latest",
-    val_files: Sequence[str | Path] | None = None,
+    path: str | Path, step: int | str | None = "latest", val_files: Sequence[str | Path] | None = None,
     acc_key: str = "acc",
 ) -> list[Sample]:
     """Samples of one dump file. Correctness is ``acc`` (never the shaped ``score``)."""
@@ -109,15 +104,9 @@ def read_dump(
                 if index is None:
                     raise ValueError(f"{file}:{line_no}: no data_source field; pass val_files to map prompts")
                 ds = index.lookup(str(rec.get("input", "")), rec.get("gts"))
-            prompt_id, session = (
-                _split_key(rec["uid"]) if "uid" in rec else (str(rec.get("input")), str(line_no))
-            )
-            acc = float(rec[acc_key])
-            samples.append(
-                Sample(
-                    prompt_id=prompt_id, data_source=str(ds), acc=1.0 if acc > 0.5 else 0.0, session=session
-                )
-            )
+            prompt_id, session = _split_key(rec["uid"]) if "uid" in rec else (str(rec.get("input")), str(line_no))
+            acc = 1.0 if float(rec[acc_key]) > 0.5 else 0.0
+            samples.append(Sample(prompt_id=prompt_id, data_source=str(ds), acc=acc, session=session))
     return samples
 
 

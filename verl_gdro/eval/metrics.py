@@ -70,13 +70,9 @@ class RunResult:
 def score_run(
     per_prompt: Mapping[str, Iterable[Sequence[float]]], k: int = 8, n_expected: int | None = None
 ) -> RunResult:
-    """Scores from ``{benchmark: [acc values of one prompt, ...]}``.
-
-    ``n_expected`` (default k): a prompt with fewer samples is padded with failures, as verl does
-    for failed rollout sessions, and counted in ``padded_prompts``. mean@k is the mean over prompts
-    of the per-prompt accuracy; pass@k is averaged over prompts per benchmark and pooled over all
-    prompts of all benchmarks with equal weight per prompt (the paper's pass@8 column).
-    """
+    """Scores from ``{benchmark: [acc values of one prompt, ...]}``: mean@k and pass@k per benchmark,
+    pass@k pooled over all prompts (the paper's column). A prompt with fewer than ``n_expected``
+    (default k) samples is padded with failures, as verl pads failed sessions, and counted."""
     n_exp = k if n_expected is None else n_expected
     result = RunResult(k=k)
     pooled: list[float] = []
@@ -95,14 +91,8 @@ def score_run(
             total += n
         if not means:
             continue
-        result.benchmarks[name] = BenchmarkResult(
-            name=name,
-            prompts=len(means),
-            samples=total,
-            mean_at_k=float(np.mean(means)),
-            pass_at_k=float(np.mean(passes)),
-            padded_prompts=padded,
-        )
+        result.benchmarks[name] = BenchmarkResult(name, len(means), total, float(np.mean(means)),
+                                                  float(np.mean(passes)), padded_prompts=padded)
         pooled.extend(passes)
     result.prompts = len(pooled)
     result.pooled_pass_at_k = float(np.mean(pooled)) if pooled else float("nan")

@@ -35,9 +35,7 @@ def header(k: int = 8) -> list[str]:
 
 def row_values(result: RunResult) -> list[float]:
     """A run's row in percent, in :data:`TABLE_COLUMNS` order, then pooled pass@k."""
-    return [100.0 * result.column(members) for _, members in TABLE_COLUMNS] + [
-        100.0 * result.pooled_pass_at_k
-    ]
+    return [100.0 * result.column(members) for _, members in TABLE_COLUMNS] + [100.0 * result.pooled_pass_at_k]
 
 
 def _cell(value: float, base: float | None) -> str:
@@ -69,18 +67,13 @@ def markdown_table(
     for name, res in runs.items():
         vals = row_values(res)
         bases = base_vals if (base_vals is not None and name != baseline) else [None] * len(vals)
-        lines.append(
-            "| " + " | ".join([name] + [_cell(v, b) for v, b in zip(vals, bases, strict=True)]) + " |"
-        )
+        lines.append("| " + " | ".join([name] + [_cell(v, b) for v, b in zip(vals, bases, strict=True)]) + " |")
     return "\n".join(lines) + "\n"
 
 
 def detail_table(runs: Mapping[str, RunResult]) -> str:
     """Per-benchmark detail: prompts, samples, mean@k, pass@k, prompts padded with failures."""
-    lines = [
-        "| run | benchmark | prompts | samples | mean@k | pass@k | padded |",
-        "|---|---|---|---|---|---|---|",
-    ]
+    lines = ["| run | benchmark | prompts | samples | mean@k | pass@k | padded |", "|---|---|---|---|---|---|---|"]
     for name, res in runs.items():
         for b in res.benchmarks.values():
             lines.append(

@@ -4,10 +4,8 @@
         --val-files $DATA_DIR/answer/val.parquet --out evals/pgdro_4b/0.jsonl
     verl-gdro eval --run Prompt-GDRO=evals/pgdro_4b/0.jsonl ...
 
-Sampling follows the paper's validation (8 samples, temperature 0.6, top-p 0.8, top-k 20, 4096
-new tokens). vLLM is imported only when generating (it is not installed on CPU machines); the
-scoring and the dump layout are shared with training (:mod:`verl_gdro.data.reward`,
-:mod:`verl_gdro.eval.generations`) and tested with an injected generator.
+Sampling is the paper's validation (:class:`Sampling`); vLLM is imported only to generate, and the
+scoring and dump layout are training's (tested with an injected generator).
 """
 
 from __future__ import annotations
@@ -46,14 +44,8 @@ def vllm_generator(model: str, tensor_parallel_size: int = 1, max_model_len: int
     llm = LLM(model=model, tensor_parallel_size=tensor_parallel_size, max_model_len=max_model_len)
 
     def generate(messages: list[list[dict[str, str]]], s: Sampling) -> list[list[str]]:
-        params = SamplingParams(
-            n=s.n,
-            temperature=s.temperature,
-            top_p=s.top_p,
-            top_k=s.top_k,
-            max_tokens=s.max_tokens,
-            seed=s.seed,
-        )
+        params = SamplingParams(n=s.n, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
+                                max_tokens=s.max_tokens, seed=s.seed)
         outs = llm.chat(messages, params)
         return [[o.text for o in out.outputs] for out in outs]
 
@@ -78,19 +70,9 @@ def evaluate_files(
         gt = row["reward_model"]["ground_truth"]
         for j, text in enumerate(responses):
             res = scorer(row["data_source"], text, gt, extra_info=dict(row["extra_info"]))
-            records.append(
-                {
-                    "input": msgs[-1]["content"],
-                    "output": text,
-                    "gts": gt,
-                    "score": res["score"],
-                    "step": 0,
-                    "acc": res["acc"],
-                    "pred": res["pred"],
-                    "data_source": res["data_source"],
-                    "uid": f"{uid}_{j}_0",
-                }
-            )
+            records.append({"input": msgs[-1]["content"], "output": text, "gts": gt, "score": res["score"], "step": 0,
+                            "acc": res["acc"], "pred": res["pred"], "data_source": res["data_source"],
+                            "uid": f"{uid}_{j}_0"})
     return records
 
 
@@ -105,9 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tp", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
-    records = evaluate_files(
-        a.val_files, a.template, vllm_generator(a.model, a.tp), Sampling(n=a.n, seed=a.seed)
-    )
+    records = evaluate_files(a.val_files, a.template, vllm_generator(a.model, a.tp), Sampling(n=a.n, seed=a.seed))
     print(write_dump(records, a.out))
     return 0
 

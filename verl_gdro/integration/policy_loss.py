@@ -1,30 +1,12 @@
 """The update-time loss signal (``gdro.prompt.loss_signal=update_surrogate``), measured in the actor.
 
-The authors' release measures Prompt-GDRO's bin loss inside the actor's PPO update
-(``kishanpb/verl-gdro``, ``verl/workers/actor/dp_actor.py``): for every micro-batch of every
-mini-batch, per response, the token-mean of ``max(-A * ratio, -A * clip(ratio, 1 - low, 1 + high))``
-with the **raw** advantages (not the class-weighted ones), no KL, no entropy, no dual clip. The
-first mini-batch is scored at ratio 1, later ones after one or more optimizer steps, so with several
-mini-batches per step the signal is small but not zero (about ``-mean A (ratio - 1)`` per class).
-Measured at the driver before the update, where ``ratio = 1``, it is identically zero (GRPO's
-advantages sum to zero per group): that is why ``surrogate`` left the release's Prompt-GDRO equal
-to GRPO.
-
-Here:
-
-* :func:`update_surrogate_per_response` is that per-response quantity (torch), shared by the CPU
-  demo's update and the verl actor's loss, so both measure the same thing.
-* :func:`raw_grpo_advantages` recomputes each response's GRPO advantage without the Prompt-GDRO
-  multiplier and without ``gdro.advantage_clip`` (verl's own ``compute_grpo_outcome_advantage``),
-  since a clipped weighted advantage cannot be divided back.
-* :func:`gdro_ppo_loss` wraps verl 0.9.1's actor loss (``verl.workers.utils.losses.ppo_loss``, the
-  loss the engine workers call once per micro-batch): it returns verl's loss unchanged and adds
-  the micro-batch's per-response update-time losses to the loss metrics, with each response's
-  step row (:data:`ROW_FIELD`). verl's worker gathers list metrics from every data-parallel rank
-  (``allgather_dict_into_dict``) and every mini-batch, so the driver receives every rank's
-  responses, not rank 0's share (the release's defect). The GDRO trainer installs it with the
-  worker group's ``set_loss_fn`` and takes the lists out of the actor's metrics before verl
-  averages them (:func:`pop_update_losses`).
+The release measures Prompt-GDRO's loss inside the actor's PPO update: per response, the
+token-mean clipped surrogate on the raw advantages, after 0, 1, ... optimizer steps; at the driver
+(ratio 1) it is identically zero (docs/algorithm.md section 2). :func:`gdro_ppo_loss` wraps verl's
+``ppo_loss`` unchanged and adds each micro-batch's per-response losses and step rows to the loss
+metrics, which verl gathers over every rank and mini-batch (not rank 0's share, the release's
+defect); the trainer installs it with ``set_loss_fn`` and takes them out with
+:func:`pop_update_losses` before verl averages the metrics.
 """
 
 from __future__ import annotations
@@ -35,14 +17,8 @@ import numpy as np
 import torch
 
 __all__ = [
-    "LOSS_METRIC",
-    "RAW_ADV_FIELD",
-    "ROW_FIELD",
-    "ROW_METRIC",
-    "gdro_ppo_loss",
-    "pop_update_losses",
-    "raw_grpo_advantages",
-    "update_surrogate_per_response",
+    "LOSS_METRIC", "RAW_ADV_FIELD", "ROW_FIELD", "ROW_METRIC", "gdro_ppo_loss", "pop_update_losses",
+    "raw_grpo_advantages", "update_surrogate_per_response"
 ]
 
 #: per-response raw GRPO advantage written next to verl's ``advantages`` for the actor
@@ -66,12 +42,9 @@ def update_surrogate_per_response(
     clip_ratio_low: float,
     clip_ratio_high: float,
 ) -> np.ndarray:
-    """Each response's token-mean of ``max(-A r, -A clip(r, 1 - low, 1 + high))`` (float64 numpy).
-
-    ``advantages`` are the raw ones, per token [bs, T] or per response [bs]; ``r = exp(clamp(log_prob
-    - old_log_prob, -20, 20))``. No dual clip, no KL, no entropy: the release's ``per_sample_lb``. A
-    response with an empty mask gets 0 (the release divides by max(len, 1)).
-    """
+    """Each response's token-mean of ``max(-A r, -A clip(r, 1 - low, 1 + high))`` on the raw
+    advantages ([bs, T] or [bs]), no dual clip, KL or entropy: the release's ``per_sample_lb``
+    (0 for an empty mask). Shared by the CPU demo and the verl actor."""
     mask = response_mask.to(torch.float64)
     adv = advantages.to(torch.float64)
     if adv.dim() == 1:
@@ -85,11 +58,8 @@ def update_surrogate_per_response(
 def raw_grpo_advantages(
     token_level_rewards: torch.Tensor, index: Any, norm_adv_by_std_in_grpo: bool = True
 ) -> torch.Tensor:
-    """Per-response GRPO advantage [bs] without Prompt-GDRO's multiplier or the advantage clip.
-
-    verl's own ``compute_grpo_outcome_advantage`` over each uid group (any group size), singletons
-    0 as in ``gdro_grpo``: the "raw advantages" the release's update-time loss reads.
-    """
+    """Per-response GRPO advantage [bs] by verl's ``compute_grpo_outcome_advantage`` (singletons 0),
+    without Prompt-GDRO's multiplier or the clip, which cannot be divided back out."""
     from verl.trainer.ppo import core_algos
 
     column = torch.ones((token_level_rewards.shape[0], 1), dtype=torch.float32)
@@ -107,14 +77,9 @@ def raw_grpo_advantages(
 
 
 def gdro_ppo_loss(config: Any, model_output: Any, data: Any, dp_group: Any = None) -> tuple[Any, dict[str, Any]]:
-    """verl's ``ppo_loss``, plus the micro-batch's per-response update-time losses in the metrics.
-
-    The loss (and therefore the update) is exactly verl's. When the micro-batch carries
-    :data:`RAW_ADV_FIELD` and :data:`ROW_FIELD` (the GDRO trainer writes them for
-    ``update_surrogate``), the metrics gain :data:`LOSS_METRIC` and :data:`ROW_METRIC`: plain lists,
-    which verl's worker concatenates over micro-batches, mini-batches, epochs and data-parallel
-    ranks.
-    """
+    """verl's ``ppo_loss`` unchanged; a micro-batch carrying :data:`RAW_ADV_FIELD` and
+    :data:`ROW_FIELD` adds its per-response losses and rows as lists (:data:`LOSS_METRIC`,
+    :data:`ROW_METRIC`), which verl's worker concatenates."""
     from verl.workers.utils.losses import ppo_loss
     from verl.workers.utils.padding import no_padding_2_padding
 
@@ -151,12 +116,8 @@ def _flatten(values: Any) -> list[float]:
 
 
 def pop_update_losses(metrics: dict[str, Any], prefix: str = "") -> tuple[np.ndarray, np.ndarray] | None:
-    """Take :data:`ROW_METRIC` / :data:`LOSS_METRIC` out of the actor's metrics: (rows, losses).
-
-    The worker nests the lists by micro-batch, rank and mini-batch; both keys are nested alike, so
-    flattening both in order pairs every loss with its row. None when the actor did not report
-    them (verl's own loss ran). Raises ValueError when the two disagree in length.
-    """
+    """Take (rows, losses) out of the actor's metrics (nested alike, so flattening pairs them), None
+    when verl's own loss ran; a ValueError when their lengths disagree."""
     lk, rk = prefix + LOSS_METRIC, prefix + ROW_METRIC
     if lk not in metrics and rk not in metrics:
         return None
