@@ -275,3 +275,93 @@ def start_real_tq() -> Iterator[Any]:
         tq.close()
     finally:
         ray.shutdown()
+
+
+# -- verl's own step() with the GPU calls stubbed ---------------------------------------------------
+
+
+class FakeWorkerGroup:
+    """The actor / reference worker group's GPU calls, answered from the trajectories in the store.
+
+    ``compute_log_prob`` / ``compute_ref_log_prob`` write what verl's engine workers write
+    (``log_probs`` and ``entropy`` over prompt + response, which verl's ``response_from_nested``
+    shifts back to the response) from the ``old_log_probs`` / ``ref_log_prob`` the agent loop
+    simulated; ``update_actor`` returns the metrics dict verl reduces. One data-parallel rank.
+    """
+
+    def __init__(self, store: FakeTQ) -> None:
+        self.store = store
+        self._dispatch_info = {"actor": [0]}
+        self.updates = 0
+
+    def _write_log_probs(self, batch: KVBatchMeta, source: str) -> KVBatchMeta:
+        for key in batch.keys:
+            row = self.store.rows[(batch.partition_id, key)]
+            values = row[source].float()
+            row["log_probs"] = torch.cat([values, torch.zeros(1)])  # prompt + response, shifted by one
+            row["entropy"] = torch.cat([torch.full_like(values, 0.5), torch.zeros(1)])
+            # what the rollout recorded (actor_rollout_ref.rollout.calculate_log_probs)
+            row.setdefault("rollout_log_probs", row["old_log_probs"].clone())
+            row.setdefault("responses", torch.zeros(values.shape[0], dtype=torch.int64))
+        return batch
+
+    def compute_log_prob(self, batch: KVBatchMeta) -> KVBatchMeta:
+        return self._write_log_probs(batch, "old_log_probs")
+
+    def compute_ref_log_prob(self, batch: KVBatchMeta) -> KVBatchMeta:
+        return self._write_log_probs(batch, "ref_log_prob")
+
+    def update_actor(self, batch: KVBatchMeta) -> dict[str, Any]:
+        self.updates += 1
+        return {"metrics": {"mfu": 0.0, "pg_loss": 0.0}}
+
+    def save_model_to_cpu(self, *_: Any) -> None:  # separate_async's decoupled PPO
+        return None
+
+    restore_model_from_cpu = clear_cpu_model = save_model_to_cpu
+
+
+class _NoOpManager:
+    """verl's checkpoint-engine manager: every call a no-op (weights live nowhere here)."""
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda *args, **kwargs: None
+
+
+def stub_gpu_calls(trainer: Any, store: FakeTQ) -> FakeWorkerGroup:
+    """Give a trainer built by :func:`make_trainer` what verl's ``init()`` builds on GPUs, as stubs,
+    so that verl 0.9.1's own ``PPOTrainer.step`` runs: the worker groups, the checkpoint engine,
+    the reward loop (a streaming reward: the agent loop already scored every trajectory), the
+    tokenizer's EOS id, and separate_async's engine mode."""
+    from types import SimpleNamespace
+
+    workers = FakeWorkerGroup(store)
+    trainer.actor_rollout_wg = workers
+    trainer.ref_policy_wg = workers
+    trainer.ref_in_actor = False
+    trainer.checkpoint_manager = _NoOpManager()
+    trainer.reward_loop_manager = SimpleNamespace(reward_loop_worker_handles=[object()])
+    trainer.tokenizer = SimpleNamespace(eos_token_id=0)
+    trainer.curr_step_profile = False
+    trainer.timing_raw = {}
+    if trainer.trainer_mode == "separate_async":
+        from verl.trainer.ppo.v1.trainer_separate_async import HybridEngineMode
+
+        trainer.current_mode = HybridEngineMode.TRAINER
+    return workers
+
+
+def verl_step(trainer: Any, store: FakeTQ, step: int) -> tuple[KVBatchMeta, dict[str, Any]]:
+    """One training step as verl 0.9.1's ``fit()`` runs it: ``global_steps`` set, the async warm-up
+    before step 1 (``on_train_begin``), ``on_step_begin``, verl's own ``step()`` (``prepare_step``, the replay buffer's
+    sample loop with its refills and evictions, the old/ref log-prob stages, the advantage stage,
+    the actor update), then the step's keys cleared (``tq.kv_clear``)."""
+    trainer.global_steps = step
+    if step == 1 and trainer.trainer_mode != "sync":
+        trainer.on_train_begin()
+    trainer.timing_raw = {}
+    trainer.on_step_begin()
+    metrics: dict[str, Any] = {}
+    batch = trainer.step(metrics, trainer.timing_raw)
+    store.clear(batch.keys, batch.partition_id)
+    return batch, metrics
