@@ -39,7 +39,7 @@ from verl_gdro.step.controller import GDROController
 FLOW_KEYS = {
     "gdro/flow/generated_rollouts", "gdro/flow/kept_rollouts", "gdro/flow/filtered_rollouts",
     "gdro/flow/discarded_rollouts", "gdro/flow/lost_groups", "gdro/dispatch/calls", "gdro/dispatch/prompts",
-    "gdro/dispatch/rollouts", "gdro/staleness/mean", "gdro/staleness/max", "gdro/inflight_prompts",
+    "gdro/dispatch/rollouts", "gdro/call_mean_n", "gdro/staleness/mean", "gdro/staleness/max", "gdro/inflight_prompts",
     *(f"gdro/flow/dropped_groups/{r}" for r in ("filtered", "surplus", "stale", "failed")),
     *(f"gdro/flow/filtered_share/bin_{b}" for b in range(10)),
 }

@@ -290,6 +290,7 @@ def flow_metrics(num_bins: int, update: ObservedUpdate, kept_group: NDArray[np.i
     for reason, count in counters.get("lost_by_reason", {}).items():  # removed with no trajectory at all
         by_reason[reason] += count
     calls = counters["calls"]
+    prompts, rollouts = sum(p for p, _ in calls), sum(r for _, r in calls)
     staleness = global_steps - update.steps
     out = {
         PREFIX + "flow/generated_rollouts": float(generated.sum()),
@@ -298,8 +299,11 @@ def flow_metrics(num_bins: int, update: ObservedUpdate, kept_group: NDArray[np.i
         PREFIX + "flow/discarded_rollouts": float(discarded),
         PREFIX + "flow/lost_groups": float(counters["lost"]),
         PREFIX + "dispatch/calls": float(len(calls)),
-        PREFIX + "dispatch/prompts": float(sum(p for p, _ in calls)),
-        PREFIX + "dispatch/rollouts": float(sum(r for _, r in calls)),
+        PREFIX + "dispatch/prompts": float(prompts),
+        PREFIX + "dispatch/rollouts": float(rollouts),
+        # the budget of the step's generation calls (each meets it exactly: rollout.n); gdro/mean_n
+        # is the mean over the groups this update observes, which need not be whole calls
+        PREFIX + "call_mean_n": rollouts / prompts if prompts else 0.0,
         PREFIX + "staleness/mean": float(staleness.sum() / staleness.size) if staleness.size else 0.0,
         PREFIX + "staleness/max": float(staleness.max()) if staleness.size else 0.0,
         PREFIX + "inflight_prompts": float(inflight),

@@ -67,7 +67,7 @@ from verl_gdro.integration.glue import (
     later_outputs,
     observe_update,
 )
-from verl_gdro.integration.ledger import DispatchLedger
+from verl_gdro.integration.ledger import DispatchLedger, ResumedLedger
 from verl_gdro.integration.policy_loss import (
     RAW_ADV_FIELD,
     ROW_FIELD,
@@ -147,6 +147,14 @@ def _padded_numpy(value: torch.Tensor, rows: np.ndarray) -> np.ndarray:
     return out[rows]
 
 
+def tq_prompt_groups(partition_id: str = "train") -> list[str]:
+    """verl uids of the prompt groups registered in a TransferQueue partition: what verl holds in
+    flight (dispatched, not yet trained or removed), as verl's own ``_count_tq_prompt_groups`` counts them."""
+    data = tq.kv_list(partition_id)
+    items = data.get(partition_id, {}) if data else {}
+    return [key for key, tag in items.items() if tag.get("is_prompt", False)]
+
+
 class GDROTrainerMixin:
     """GDRO for a verl V1 trainer class: put it first in the bases (``class X(GDROTrainerMixin, PPOTrainerSync)``).
 
@@ -169,12 +177,12 @@ class GDROTrainerMixin:
             # and the estimator, which only sees the `algorithm` group, gets the same group.
             config.gdro = OmegaConf.create(settings.to_dict())
             config.algorithm.gdro = OmegaConf.create(settings.to_dict())
+        self.gdro_settings: GDROSettings = settings  # read by _build_replay_buffer, inside verl's __init__
         super().__init__(config)  # type: ignore[call-arg]
         with open_dict(config):
             # verl read its mode above (self.trainer_mode); the config it logs at fit() names the
             # GDRO mode that runs
             config.trainer.v1.trainer_mode = self.GDRO_MODE
-        self.gdro_settings: GDROSettings = settings
         # one line at start naming the adversaries (both are on by default, so a user who sets one
         # switch still runs the other: say so before the first step)
         self.gdro_mode_line = describe_mode(settings, int(config.actor_rollout_ref.rollout.n))
@@ -200,7 +208,10 @@ class GDROTrainerMixin:
     # ------------------------------------------------------------------------------------------
 
     def _build_replay_buffer(self) -> Any:
-        return with_observer(super()._build_replay_buffer(), None)  # type: ignore[misc]
+        buffer = super()._build_replay_buffer()  # type: ignore[misc]
+        if not self.gdro_settings.enable:
+            return buffer  # GDRO off: verl's buffer (or the user's custom_sampler) as it is
+        return with_observer(buffer, None)
 
     def _gdro_observe_removed(self, partition_id: str, keys: dict[str, list[str]], reasons: dict[str, str]) -> None:
         """Record the correctness of groups the replay buffer is about to delete (read before the clear)."""
@@ -257,7 +268,8 @@ class GDROTrainerMixin:
         self.gdro_sampler = GDROSampler(
             uids, self.gdro, mode=mode, seed=0 if seed is None else int(seed), batch_size=int(batch_size)
         )
-        self.gdro_sampler.companions["ledger"] = self.gdro_ledger
+        # the dispatch ledger rides in data.pt and, on load, keeps only the groups verl holds
+        self.gdro_sampler.companions["ledger"] = ResumedLedger(self.gdro_ledger, in_flight=tq_prompt_groups)
         self.train_dataloader = StatefulDataLoader(
             dataset=self.train_dataset,
             batch_size=batch_size,
@@ -274,11 +286,11 @@ class GDROTrainerMixin:
     # ------------------------------------------------------------------------------------------
 
     def _next_train_batch(self, num_prompts: int | None = None) -> Any:
-        if self.gdro_sampler is not None and self.gdro_sampler.mode == "resample":
-            # one draw per generation call, whatever verl's loader batch size (gen_batch_size=1 in
-            # the async modes, under DAPO and sync_refill_failed_groups): the call's prompts are one
-            # block of distinct prompts, none of them in flight or dispatched since the last update
-            # (docs/integration.md)
+        if self.gdro_sampler is not None:
+            # whatever verl's loader batch size (gen_batch_size=1 in the async modes, under DAPO and
+            # sync_refill_failed_groups), the call's prompts are distinct, none of them in flight or
+            # dispatched since the last update: one block in a sampling mode, verl's epoch order
+            # with held prompts deferred otherwise (docs/integration.md)
             size = int(self.config.data.train_batch_size) if num_prompts is None else int(num_prompts)
             self.gdro_sampler.begin_call(size, self.gdro_ledger.held_stable_uids)
         batch = super()._next_train_batch(num_prompts)  # type: ignore[misc]
