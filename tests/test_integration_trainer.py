@@ -357,7 +357,7 @@ def test_padded_numpy_pads_jagged_fields_and_selects_rows() -> None:
     """The token fields come jagged from TransferQueue: zero-padded to the longest row, float32
     for the int64 mask, the tensor's own memory when every row is kept, a copy of the kept rows
     otherwise (padding rows dropped)."""
-    from verl_gdro.integration.trainer import _padded_numpy
+    from verl_gdro.integration.reads import padded_numpy as _padded_numpy
 
     jagged = torch.nested.as_nested_tensor([torch.tensor([1, 1, 1]), torch.tensor([1])], layout=torch.jagged)
     out = _padded_numpy(jagged, np.arange(2))

@@ -39,6 +39,7 @@ __all__ = [
     "acc_from_extra_fields",
     "consume",
     "correctness",
+    "first_measurements",
     "flow_metrics",
     "later_outputs",
     "observe_update",
@@ -206,6 +207,21 @@ def later_outputs(keys: Sequence[str]) -> NDArray[np.bool_] | None:
         if index.isdigit() and int(index) > 0 and head.rpartition("_")[2].isdigit():
             out[i] = True
     return out
+
+
+def first_measurements(rows: NDArray[np.int64], losses: NDArray[np.float64],
+                       positions: NDArray[np.int64]) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
+    """The update-time losses the actor reported (one per row and mini-batch pass, ``rows`` the
+    step's row indices) as (plan position, loss) per trained row: each row's first measurement, its
+    mini-batch's pass of the first PPO epoch, in report order; verl's padding rows (position -1)
+    are left out. ``positions``: the plan position of every row of the step's batch."""
+    if rows.size and (rows.min() < 0 or rows.max() >= positions.size):
+        raise RuntimeError(f"verl-gdro: the actor reported rows outside the step's {positions.size} rows")
+    _, first = np.unique(rows, return_index=True)
+    first = np.sort(first)
+    group_index, losses = positions[rows[first]], losses[first]
+    keep = group_index >= 0
+    return group_index[keep], losses[keep]
 
 
 def consume(

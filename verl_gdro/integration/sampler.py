@@ -37,7 +37,7 @@ from torch.utils.data import Sampler
 from verl_gdro.step.controller import GDROController
 from verl_gdro.step.sampler import PromptSampler
 
-__all__ = ["SAMPLER_MODES", "GDROSampler", "step_draw_metrics"]
+__all__ = ["SAMPLER_MODES", "GDROSampler", "sampler_for", "step_draw_metrics"]
 
 SAMPLER_MODES = ("sequential", "shuffle", "resample")
 _STATE_VERSION = 2
@@ -303,6 +303,17 @@ class GDROSampler(Sampler[int]):
         self._block = np.asarray(state.get("block", ()), dtype=np.int64).copy()
         self._block_pos = int(state.get("block_pos", 0))
         self._resume = self._epoch > 0
+
+
+def sampler_for(controller: GDROController, uids: Any, data_config: Any, batch_size: int) -> GDROSampler:
+    """The GDRO trainer's sampler: ``resample`` in a sampling mode of Prompt-GDRO, else verl's epoch
+    order (``shuffle``, or ``sequential`` under ``data.shuffle=false``), seeded by ``data.seed``."""
+    if controller.resamples:
+        mode = "resample"
+    else:
+        mode = "shuffle" if data_config.get("shuffle", True) else "sequential"
+    seed = data_config.get("seed", None)
+    return GDROSampler(uids, controller, mode=mode, seed=0 if seed is None else int(seed), batch_size=batch_size)
 
 
 def step_draw_metrics(sampler: GDROSampler | None, batch_price: float | None) -> dict[str, float]:
