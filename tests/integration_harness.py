@@ -99,6 +99,36 @@ class FakeAgentLoop:
         self.store = store
         self.trainer = trainer
         self.calls: list[dict[str, Any]] = []
+        self.pending = 0
+        #: groups still generating: uid -> their trajectories (key, fields, tag), not yet in the store
+        self.running: dict[str, list[tuple[tuple[str, str], dict, dict]]] = {}
+
+    def hold_pending(self, count: int) -> None:
+        """Leave the first ``count`` groups of every generation call running (prompt status
+        ``running``, no trajectory in the store) until verl's replay buffer next waits for samples
+        (``_wait_for_next_poll``): groups are then still pending when a step samples, and, where
+        the buffer has enough without them (the async prefetch), when a checkpoint is taken."""
+        self.pending = count
+        buffer = self.trainer.replay_buffer
+        wait = buffer._wait_for_next_poll
+
+        def finish_then_wait(*args: Any, **kwargs: Any) -> Any:
+            self.finish_running()
+            return wait(*args, **kwargs)
+
+        buffer._wait_for_next_poll = finish_then_wait
+
+    def finish_running(self) -> None:
+        """The running groups finish: their trajectories land in the store (unless verl removed them)."""
+        for uid, rows in self.running.items():
+            tag = self.store.tags.get(("train", uid))
+            if tag is None or tag.get("status") != "running":
+                continue
+            for key, row, row_tag in rows:
+                self.store.rows[key] = row
+                self.store.tags[key] = row_tag
+            tag["status"] = "finished"
+        self.running.clear()
 
     def generate_sequences(self, batch: TensorDict) -> None:
         step = int(self.trainer.global_steps)
@@ -106,6 +136,10 @@ class FakeAgentLoop:
         uids = [str(u) for u in batch["uid"]]
         for uid in uids:
             self.store.tags[("train", uid)] = {"is_prompt": True, "status": "finished", "global_steps": step}
+        for uid in uids[: self.pending]:
+            keys = [k for k in self.store.rows if k[0] == "train" and k[1].startswith(f"{uid}_")]
+            self.running[uid] = [(k, self.store.rows.pop(k), self.store.tags.pop(k)) for k in keys]
+            self.store.tags[("train", uid)]["status"] = "running"
         acc: dict[str, list[float]] = {u: [] for u in uids}
         for u, a in zip(truth["uid"], truth["acc"]):
             acc[u].append(float(a))

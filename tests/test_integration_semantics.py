@@ -57,13 +57,16 @@ PAPER = ("gdro.preset=paper", "gdro.rollout.enable=true", "actor_rollout_ref.act
 
 
 def make_run(tmp_path: Path, store: FakeTQ, mode: str, *extra: str, rows: int = 20,
-             rate: float | None = None) -> tuple[Any, FailingAgentLoop, list]:
+             rate: float | None = None, pending: int = 2) -> tuple[Any, FailingAgentLoop, list]:
     """A trainer of ``mode`` with its GPU calls stubbed; ``events`` records, in order, every
-    generation call, every group the replay buffer removes untrained, and every update."""
+    generation call, every group the replay buffer removes untrained, and every update. The first
+    ``pending`` groups of every call are still generating when the step samples
+    (``FakeAgentLoop.hold_pending``)."""
     overrides, mode_rate = MODES[mode]
     trainer = make_trainer(tmp_path, *overrides, *extra, num_rows=rows)
     events: list = []
     agent = FailingAgentLoop(store, trainer, mode_rate if rate is None else rate, events)
+    agent.hold_pending(pending)
     trainer.agent_loop_manager = agent
     trainer.replay_buffer.poll_interval = 0.0
     if trainer.gdro is not None:
@@ -127,10 +130,13 @@ def held_violations(agent: FailingAgentLoop, events: list) -> list[tuple[int, in
 @pytest.mark.parametrize("mode", list(MODES))
 def test_reweight_calls_hold_distinct_prompts_none_in_flight_across_epochs(tmp_path: Path, fake_tq: FakeTQ,
                                                                           mode: str) -> None:
-    """The paper preset (reweight: the sampler keeps verl's epoch order) on a 20-prompt set, so that
+    """The paper preset (reweight: the sampler keeps verl's epoch order) on a 20- or 40-prompt set, so that
     generation calls cross epoch boundaries while prompts are in flight (async prefetch) or were
     dispatched earlier in the step (DAPO and failed-group refills of gen_batch_size=1)."""
-    trainer, agent, events = make_run(tmp_path, fake_tq, mode, *PAPER)
+    # DAPO's refills hold many prompts between two updates: a larger set keeps a free one to draw
+    # (the sampler draws a held prompt only when the rest of the epoch is all held)
+    rows = 40 if mode.endswith("dapo") else 20
+    trainer, agent, events = make_run(tmp_path, fake_tq, mode, *PAPER, rows=rows)
     assert trainer.gdro_sampler.mode == "shuffle"
     for number in range(1, 13):
         step(trainer, fake_tq, number, events)
@@ -139,8 +145,8 @@ def test_reweight_calls_hold_distinct_prompts_none_in_flight_across_epochs(tmp_p
     if trainer.config.data.gen_batch_size == 1:  # every draw dispatched (no partial batch dropped)
         # each epoch still hands out every prompt once (the deferrals only reorder it)
         drawn = [s for c in agent.calls for s in c["stable"]]
-        for start in range(0, len(drawn) - 20 + 1, 20):
-            assert len(set(drawn[start:start + 20])) == 20, start
+        for start in range(0, len(drawn) - rows + 1, rows):
+            assert len(set(drawn[start:start + rows])) == rows, start
 
 
 @pytest.fixture
@@ -272,6 +278,50 @@ def test_resume_without_the_transfer_queue_keeps_only_groups_in_flight(
     # the forgotten prompts are drawable again
     drawn = {s for c in agent_b.calls for s in c["stable"]}
     assert drawn & orphan_prompts
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["colocate_async", "separate_async"])
+def test_groups_pending_at_a_checkpoint_are_reissued_and_observed_once(
+    tmp_path: Path, fake_tq: FakeTQ, monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    """A checkpoint taken while groups are still generating: verl's own ``_reissue_inflight_prompts``
+    re-issues them from TransferQueue's checkpoint with their persisted ``__rollout_n__``; the
+    resumed ledger keeps their dispatch-time decisions, and each is observed exactly once."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    a, _agent_a, events_a = make_run(tmp_path / "a", fake_tq, mode, "gdro.rollout.enable=true", rate=0.0)
+    for number in range(1, 4):
+        step(a, fake_tq, number, events_a)
+    running = {k for (part, k), tag in fake_tq.tags.items() if part == "train" and tag.get("status") == "running"}
+    assert running, "no group was generating at the checkpoint"
+    decided = {u: a.gdro_ledger.entries[u] for u in running}
+    data_pt = tmp_path / "data.pt"
+    torch.save(a.train_dataloader.state_dict(), data_pt)
+    tq_ckpt = fake_tq.snapshot()
+
+    _patch_tq(monkeypatch, tq_ckpt)
+    b, agent_b, events_b = make_run(tmp_path / "b", tq_ckpt, mode, "gdro.rollout.enable=true", rate=0.0)
+    b.train_dataloader.load_state_dict(torch.load(data_pt, weights_only=False))  # PPOTrainer._load_checkpoint
+    b._restored_tq_prompt_count = sum(1 for t in tq_ckpt.tags.values() if t.get("is_prompt"))
+    b.global_steps = 4
+    assert b._reissue_inflight_prompts() == len(running)  # fit(), before on_train_begin
+    reissued = agent_b.calls[0]
+    assert set(reissued["uid"]) == running
+    # the re-issued prompts carry their dispatch-time rollout counts
+    assert {u: n for u, n in zip(reissued["uid"], reissued["rollout_n"])} == {u: d.rollout_n for u, d in decided.items()}
+    b.on_train_begin()  # the restored prompts fill the prefetch window: no warm-up call
+    assert len(agent_b.calls) == 1
+    observed: list[str] = []
+    for number in range(4, 9):
+        before = len(events_b)
+        metrics = step(b, tq_ckpt, number, events_b)
+        observed += [u for u in events_b[-1][1] if not u.startswith("pad")]
+        observed += [rest[0] for kind, *rest in events_b[before:] if kind == "drop"]
+        assert set(b.gdro_ledger.entries) <= prompts_in_flight(tq_ckpt), number
+        assert metrics["gdro/inflight_prompts"] == len(b.gdro_ledger)
+    assert all(observed.count(u) == 1 for u in running), [observed.count(u) for u in running]
+    assert len(observed) == len(set(observed))
 
 
 def test_reconcile_forgets_what_is_not_in_flight_and_keeps_due_observations() -> None:

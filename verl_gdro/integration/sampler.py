@@ -18,7 +18,10 @@ the trainer announces each call (:meth:`GDROSampler.begin_call`: its prompt coun
 still in flight, which the block excludes). Without an announcement a block is ``batch_size``
 prompts (the loader's). That requires ``data.dataloader_num_workers=0`` (workers would pre-draw
 batches with stale state); the trainer enforces it. The other modes (``shuffle``, ``sequential``)
-reproduce verl's epoch semantics (every prompt once per epoch) with a seeded numpy generator.
+reproduce verl's epoch semantics (every prompt once per epoch) with a seeded numpy generator; the
+announced call's held prompts are deferred within the epoch where the epoch's order reaches them
+(only at an epoch boundary: a prompt in flight, or drawn earlier in the same call, comes round
+again), so a call's prompts are distinct and not in flight in these modes too.
 
 An epoch is ``len(dataset)`` draws in ``shuffle`` and ``sequential``, so verl's ``steps_per_epoch``
 stays right; in ``resample`` mode it ends at the first block boundary after ``len(dataset)`` draws
