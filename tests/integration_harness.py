@@ -105,9 +105,10 @@ class FakeAgentLoop:
 
     def hold_pending(self, count: int) -> None:
         """Leave the first ``count`` groups of every generation call running (prompt status
-        ``running``, no trajectory in the store) until verl's replay buffer next waits for samples
-        (``_wait_for_next_poll``): groups are then still pending when a step samples, and, where
-        the buffer has enough without them (the async prefetch), when a checkpoint is taken."""
+        ``running``, no trajectory in the store); each time verl's replay buffer waits for samples
+        (``_wait_for_next_poll``) the oldest one finishes. Groups are then still pending when a step
+        samples, and, where the buffer has enough without them (the async prefetch), when a
+        checkpoint is taken."""
         self.pending = count
         buffer = self.trainer.replay_buffer
         wait = buffer._wait_for_next_poll
@@ -119,8 +120,11 @@ class FakeAgentLoop:
         buffer._wait_for_next_poll = finish_then_wait
 
     def finish_running(self) -> None:
-        """The running groups finish: their trajectories land in the store (unless verl removed them)."""
-        for uid, rows in self.running.items():
+        """The oldest running group finishes: its trajectories land in the store (unless verl removed
+        the group meanwhile). One per poll, so later calls' groups may still run at the step's end."""
+        while self.running:
+            uid = next(iter(self.running))
+            rows = self.running.pop(uid)
             tag = self.store.tags.get(("train", uid))
             if tag is None or tag.get("status") != "running":
                 continue
@@ -128,7 +132,7 @@ class FakeAgentLoop:
                 self.store.rows[key] = row
                 self.store.tags[key] = row_tag
             tag["status"] = "finished"
-        self.running.clear()
+            return
 
     def generate_sequences(self, batch: TensorDict) -> None:
         step = int(self.trainer.global_steps)

@@ -173,7 +173,9 @@ def test_a_resume_with_deferred_prompts_continues_the_same_stream(tmp_path: Path
     flight, TransferQueue's checkpoint restored) dispatches what the uninterrupted run dispatches."""
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
-    a, agent_a, events_a = make_run(tmp_path / "a", fake_tq, mode, *PAPER, rate=0.0)
+    # nothing generating at the checkpoint here: verl would re-issue it (a new generation, other
+    # outcomes); test_groups_pending_at_a_checkpoint_are_reissued_and_observed_once covers that
+    a, agent_a, events_a = make_run(tmp_path / "a", fake_tq, mode, *PAPER, rate=0.0, pending=0)
     for number in range(1, 5):
         step(a, fake_tq, number, events_a)
     assert a.gdro_sampler._swaps, "no prompt deferred before the checkpoint: the state's deferrals were not exercised"
@@ -185,7 +187,7 @@ def test_a_resume_with_deferred_prompts_continues_the_same_stream(tmp_path: Path
     metrics_a = [step(a, fake_tq, number, events_a) for number in range(5, 10)]
 
     _patch_tq(monkeypatch, tq_ckpt)
-    b, agent_b, events_b = make_run(tmp_path / "b", tq_ckpt, mode, *PAPER, rate=0.0)
+    b, agent_b, events_b = make_run(tmp_path / "b", tq_ckpt, mode, *PAPER, rate=0.0, pending=0)
     det_uuid["next"] = saved
     b.train_dataloader.load_state_dict(torch.load(data_pt, weights_only=False))  # PPOTrainer._load_checkpoint
     b._restored_tq_prompt_count = sum(1 for t in tq_ckpt.tags.values() if t.get("is_prompt"))
