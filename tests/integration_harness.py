@@ -389,13 +389,14 @@ def stub_gpu_calls(trainer: Any, store: FakeTQ) -> FakeWorkerGroup:
     return workers
 
 
-def verl_step(trainer: Any, store: FakeTQ, step: int) -> tuple[KVBatchMeta, dict[str, Any]]:
+def verl_step(trainer: Any, store: FakeTQ, step: int, begin: bool = True) -> tuple[KVBatchMeta, dict[str, Any]]:
     """One training step as verl 0.9.1's ``fit()`` runs it: ``global_steps`` set, the async warm-up
-    before step 1 (``on_train_begin``), ``on_step_begin``, verl's own ``step()`` (``prepare_step``, the replay buffer's
-    sample loop with its refills and evictions, the old/ref log-prob stages, the advantage stage,
-    the actor update), then the step's keys cleared (``tq.kv_clear``)."""
+    before step 1 (``on_train_begin``; ``begin=False``: the caller ran it), ``on_step_begin``,
+    verl's own ``step()`` (``prepare_step``, the replay buffer's sample loop with its refills and
+    evictions, verl's batch balancing, the old/ref log-prob stages, the advantage stage, the actor
+    update), then the step's keys cleared (``tq.kv_clear``)."""
     trainer.global_steps = step
-    if step == 1 and trainer.trainer_mode != "sync":
+    if begin and step == 1 and trainer.trainer_mode != "sync":
         trainer.on_train_begin()
     trainer.timing_raw = {}
     trainer.on_step_begin()
