@@ -3,7 +3,8 @@
 Built by their real ``__init__`` through verl's trainer registry (so verl's own async switches
 apply: ``ReplayBufferAsync``, ``gen_batch_size=1``, warm-up batches), with verl's real
 ``ReplayBufferAsync.sample`` (DAPO, stale and failed evictions with exact-k refills). TransferQueue
-is the in-memory store; the agent loop writes trajectories synchronously. No Ray, no GPU: what a
+is the in-memory store; the agent loop writes trajectories synchronously; each step is verl's own
+``PPOTrainer.step`` with the GPU calls stubbed (``integration_harness.verl_step``). No Ray, no GPU: what a
 real separate_async run needs beyond this (standalone rollout pool, nccl/nixl checkpoint engine) is
 not exercised here (docs/integration.md).
 

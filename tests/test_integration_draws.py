@@ -11,7 +11,8 @@ runs must be what the step API's own loop (the CPU study's) computes from the sa
 The trainers are built by their real ``__init__`` through verl's registry; the replay buffers are
 verl's own ``sample`` loops (DAPO evictions and 2k refills, failed-group refills, async evictions
 and k refills, warm-up prefetch). TransferQueue is the in-memory store and the agent loop writes
-trajectories synchronously (``integration_harness``).
+trajectories synchronously (``integration_harness``). Each step is verl's own ``PPOTrainer.step``
+with the GPU calls stubbed (``integration_harness.verl_step``).
 """
 
 from __future__ import annotations
