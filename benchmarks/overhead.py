@@ -258,7 +258,7 @@ class Bench:
         self.grpo_cfg = OmegaConf.create({"adv_estimator": "grpo", "norm_adv_by_std_in_grpo": True})
         self.adversary = adversary
         # the trainer reads the token arrays only for the surrogate loss signals (preset paper),
-        # and the reference log-probs only for surrogate_kl (GDROTrainerMixin._gdro_token_fields)
+        # and the reference log-probs only for surrogate_kl (verl_gdro.integration.reads.token_fields)
         signal = self.ctrl.settings.prompt.loss_signal
         self.needs_log_probs = signal != "failure_rate" and (
             self.ctrl.prompt is not None or self.ctrl.rollout is not None
@@ -293,8 +293,9 @@ class Bench:
         from verl.trainer.ppo.v1.utils import compute_advantage_for_multi_trajectories
 
         from verl_gdro.integration.glue import acc_from_extra_fields, consume, correctness, observe_update
-        from verl_gdro.integration.trainer import _as_list, _int_column
-        from verl_gdro.integration.trainer import _padded_numpy as read_tokens
+        from verl_gdro.integration.reads import as_list as _as_list
+        from verl_gdro.integration.reads import int_column as _int_column
+        from verl_gdro.integration.reads import padded_numpy as read_tokens
         from verl_gdro.step.context import gdro_step, uid_keys
 
         ctrl, ledger = self.ctrl, self.ledger
@@ -387,7 +388,7 @@ class Bench:
                 t2 = time.perf_counter()
             extra: dict[str, np.ndarray] = {}
             if self.needs_log_probs:
-                # GDROTrainerMixin._gdro_token_fields: the removed groups' rows (none here) are
+                # verl_gdro.integration.reads.token_fields: the removed groups' rows (none here) are
                 # appended zero-masked; the fields come from verl's stage output
                 dropped_rows = consumed.dropped()[0].size
                 assert dropped_rows == 0

@@ -53,7 +53,7 @@ def digest(preset: str, adversary: str, prompts: int, steps: int = 60, width: in
     import verl_gdro.integration.estimator  # noqa: F401  (registers gdro_grpo)
     from verl_gdro.integration.glue import acc_from_extra_fields, consume, observe_update
     from verl_gdro.integration.ledger import DispatchLedger
-    from verl_gdro.integration.trainer import _padded_numpy
+    from verl_gdro.integration.reads import padded_numpy as _padded_numpy
     from verl_gdro.step.context import gdro_step, uid_keys
     from verl_gdro.step.controller import GDROController
 

@@ -99,6 +99,40 @@ class FakeAgentLoop:
         self.store = store
         self.trainer = trainer
         self.calls: list[dict[str, Any]] = []
+        self.pending = 0
+        #: groups still generating: uid -> their trajectories (key, fields, tag), not yet in the store
+        self.running: dict[str, list[tuple[tuple[str, str], dict, dict]]] = {}
+
+    def hold_pending(self, count: int) -> None:
+        """Leave the first ``count`` groups of every generation call running (prompt status
+        ``running``, no trajectory in the store); each time verl's replay buffer waits for samples
+        (``_wait_for_next_poll``) the oldest one finishes. Groups are then still pending when a step
+        samples, and, where the buffer has enough without them (the async prefetch), when a
+        checkpoint is taken."""
+        self.pending = count
+        buffer = self.trainer.replay_buffer
+        wait = buffer._wait_for_next_poll
+
+        def finish_then_wait(*args: Any, **kwargs: Any) -> Any:
+            self.finish_running()
+            return wait(*args, **kwargs)
+
+        buffer._wait_for_next_poll = finish_then_wait
+
+    def finish_running(self) -> None:
+        """The oldest running group finishes: its trajectories land in the store (unless verl removed
+        the group meanwhile). One per poll, so later calls' groups may still run at the step's end."""
+        while self.running:
+            uid = next(iter(self.running))
+            rows = self.running.pop(uid)
+            tag = self.store.tags.get(("train", uid))
+            if tag is None or tag.get("status") != "running":
+                continue
+            for key, row, row_tag in rows:
+                self.store.rows[key] = row
+                self.store.tags[key] = row_tag
+            tag["status"] = "finished"
+            return
 
     def generate_sequences(self, batch: TensorDict) -> None:
         step = int(self.trainer.global_steps)
@@ -106,6 +140,10 @@ class FakeAgentLoop:
         uids = [str(u) for u in batch["uid"]]
         for uid in uids:
             self.store.tags[("train", uid)] = {"is_prompt": True, "status": "finished", "global_steps": step}
+        for uid in uids[: self.pending]:
+            keys = [k for k in self.store.rows if k[0] == "train" and k[1].startswith(f"{uid}_")]
+            self.running[uid] = [(k, self.store.rows.pop(k), self.store.tags.pop(k)) for k in keys]
+            self.store.tags[("train", uid)]["status"] = "running"
         acc: dict[str, list[float]] = {u: [] for u in uids}
         for u, a in zip(truth["uid"], truth["acc"]):
             acc[u].append(float(a))
@@ -275,3 +313,94 @@ def start_real_tq() -> Iterator[Any]:
         tq.close()
     finally:
         ray.shutdown()
+
+
+# -- verl's own step() with the GPU calls stubbed ---------------------------------------------------
+
+
+class FakeWorkerGroup:
+    """The actor / reference worker group's GPU calls, answered from the trajectories in the store.
+
+    ``compute_log_prob`` / ``compute_ref_log_prob`` write what verl's engine workers write
+    (``log_probs`` and ``entropy`` over prompt + response, which verl's ``response_from_nested``
+    shifts back to the response) from the ``old_log_probs`` / ``ref_log_prob`` the agent loop
+    simulated; ``update_actor`` returns the metrics dict verl reduces. One data-parallel rank.
+    """
+
+    def __init__(self, store: FakeTQ) -> None:
+        self.store = store
+        self._dispatch_info = {"actor": [0]}
+        self.updates = 0
+
+    def _write_log_probs(self, batch: KVBatchMeta, source: str) -> KVBatchMeta:
+        for key in batch.keys:
+            row = self.store.rows[(batch.partition_id, key)]
+            values = row[source].float()
+            row["log_probs"] = torch.cat([values, torch.zeros(1)])  # prompt + response, shifted by one
+            row["entropy"] = torch.cat([torch.full_like(values, 0.5), torch.zeros(1)])
+            # what the rollout recorded (actor_rollout_ref.rollout.calculate_log_probs)
+            row.setdefault("rollout_log_probs", row["old_log_probs"].clone())
+            row.setdefault("responses", torch.zeros(values.shape[0], dtype=torch.int64))
+        return batch
+
+    def compute_log_prob(self, batch: KVBatchMeta) -> KVBatchMeta:
+        return self._write_log_probs(batch, "old_log_probs")
+
+    def compute_ref_log_prob(self, batch: KVBatchMeta) -> KVBatchMeta:
+        return self._write_log_probs(batch, "ref_log_prob")
+
+    def update_actor(self, batch: KVBatchMeta) -> dict[str, Any]:
+        self.updates += 1
+        return {"metrics": {"mfu": 0.0, "pg_loss": 0.0}}
+
+    def save_model_to_cpu(self, *_: Any) -> None:  # separate_async's decoupled PPO
+        return None
+
+    restore_model_from_cpu = clear_cpu_model = save_model_to_cpu
+
+
+class _NoOpManager:
+    """verl's checkpoint-engine manager: every call a no-op (weights live nowhere here)."""
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda *args, **kwargs: None
+
+
+def stub_gpu_calls(trainer: Any, store: FakeTQ) -> FakeWorkerGroup:
+    """Give a trainer built by :func:`make_trainer` what verl's ``init()`` builds on GPUs, as stubs,
+    so that verl 0.9.1's own ``PPOTrainer.step`` runs: the worker groups, the checkpoint engine,
+    the reward loop (a streaming reward: the agent loop already scored every trajectory), the
+    tokenizer's EOS id, and separate_async's engine mode."""
+    from types import SimpleNamespace
+
+    workers = FakeWorkerGroup(store)
+    trainer.actor_rollout_wg = workers
+    trainer.ref_policy_wg = workers
+    trainer.ref_in_actor = False
+    trainer.checkpoint_manager = _NoOpManager()
+    trainer.reward_loop_manager = SimpleNamespace(reward_loop_worker_handles=[object()])
+    trainer.tokenizer = SimpleNamespace(eos_token_id=0)
+    trainer.curr_step_profile = False
+    trainer.timing_raw = {}
+    if trainer.trainer_mode == "separate_async":
+        from verl.trainer.ppo.v1.trainer_separate_async import HybridEngineMode
+
+        trainer.current_mode = HybridEngineMode.TRAINER
+    return workers
+
+
+def verl_step(trainer: Any, store: FakeTQ, step: int, begin: bool = True) -> tuple[KVBatchMeta, dict[str, Any]]:
+    """One training step as verl 0.9.1's ``fit()`` runs it: ``global_steps`` set, the async warm-up
+    before step 1 (``on_train_begin``; ``begin=False``: the caller ran it), ``on_step_begin``,
+    verl's own ``step()`` (``prepare_step``, the replay buffer's sample loop with its refills and
+    evictions, verl's batch balancing, the old/ref log-prob stages, the advantage stage, the actor
+    update), then the step's keys cleared (``tq.kv_clear``)."""
+    trainer.global_steps = step
+    if begin and step == 1 and trainer.trainer_mode != "sync":
+        trainer.on_train_begin()
+    trainer.timing_raw = {}
+    trainer.on_step_begin()
+    metrics: dict[str, Any] = {}
+    batch = trainer.step(metrics, trainer.timing_raw)
+    store.clear(batch.keys, batch.partition_id)
+    return batch, metrics

@@ -3,7 +3,8 @@
 Built by their real ``__init__`` through verl's trainer registry (so verl's own async switches
 apply: ``ReplayBufferAsync``, ``gen_batch_size=1``, warm-up batches), with verl's real
 ``ReplayBufferAsync.sample`` (DAPO, stale and failed evictions with exact-k refills). TransferQueue
-is the in-memory store; the agent loop writes trajectories synchronously. No Ray, no GPU: what a
+is the in-memory store; the agent loop writes trajectories synchronously; each step is verl's own
+``PPOTrainer.step`` with the GPU calls stubbed (``integration_harness.verl_step``). No Ray, no GPU: what a
 real separate_async run needs beyond this (standalone rollout pool, nccl/nixl checkpoint engine) is
 not exercised here (docs/integration.md).
 
@@ -24,8 +25,9 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from integration_harness import FakeAgentLoop, FakeTQ, make_trainer
+from integration_harness import FakeAgentLoop, FakeTQ, make_trainer, stub_gpu_calls, verl_step
 from test_integration_trainer import _state_equal
+from transfer_queue import KVBatchMeta
 
 from verl_gdro.integration.trainer import ROLLOUT_N_KEY
 from verl_gdro.step.controller import GDROController
@@ -63,6 +65,7 @@ def make_async(tmp_path: Path, store: FakeTQ, mode: str, *overrides: str, num_ro
     agent = FakeAgentLoop(store, trainer)
     trainer.agent_loop_manager = agent
     trainer.replay_buffer.poll_interval = 0.0
+    stub_gpu_calls(trainer, store)
     return trainer, agent
 
 
@@ -73,15 +76,15 @@ def warm_up(trainer: Any) -> None:
 
 
 def async_step(trainer: Any, store: FakeTQ, step: int) -> dict[str, Any]:
-    """One step as verl's step() runs it: dispatch the step's batch, sample (verl's async buffer:
-    oldest groups first, evict and refill), the advantage stage, then clear the consumed keys."""
-    trainer.global_steps = step
-    trainer._add_batch_to_generate()  # PPOTrainer.prepare_step
-    batch, rb = trainer.replay_buffer.sample(global_steps=step, partition_id="train", batch_size=BATCH)
-    metrics: dict[str, Any] = {}
-    trainer._compute_advantage(batch, metrics)
-    store.clear(batch.keys, "train")
-    return {"batch": batch, "metrics": metrics, "rb": rb}
+    """One step as verl's fit() runs it after the warm-up (``warm_up``): verl 0.9.1's own
+    ``step()`` (the step's batch, verl's async buffer: oldest groups first, evict and refill; batch
+    balancing, log-prob, advantage and actor stages, GPU calls stubbed), then the consumed keys
+    cleared. ``batch``: the trained rows, verl's padding rows (``_balance_batch``) aside."""
+    batch, metrics = verl_step(trainer, store, step, begin=False)
+    real = [i for i, tag in enumerate(batch.tags) if not tag.get("is_padding", False)]
+    trained = KVBatchMeta(keys=[batch.keys[i] for i in real], tags=[batch.tags[i] for i in real],
+                          partition_id=batch.partition_id)
+    return {"batch": trained, "metrics": metrics}
 
 
 def record_drops(trainer: Any) -> list[tuple[str, str]]:
@@ -233,7 +236,8 @@ def test_resume_with_in_flight_prompts_reproduces_decisions(tmp_path: Path, fake
 @pytest.mark.parametrize("mode", list(MODES))
 def test_gdro_disabled_async_is_plain_verl(tmp_path: Path, fake_tq: FakeTQ, mode: str) -> None:
     trainer, agent = make_async(tmp_path, fake_tq, mode, "gdro.enable=false")
-    assert trainer.gdro is None and trainer.replay_buffer.gdro_observer is None
+    assert trainer.gdro is None
+    assert type(trainer.replay_buffer).__name__ == "ReplayBufferAsync"  # verl's own buffer, untouched
     warm_up(trainer)
     out = async_step(trainer, fake_tq, 1)
     assert not any(k.startswith("gdro/") for k in out["metrics"])

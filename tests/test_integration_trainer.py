@@ -39,7 +39,7 @@ from verl_gdro.step.controller import GDROController
 FLOW_KEYS = {
     "gdro/flow/generated_rollouts", "gdro/flow/kept_rollouts", "gdro/flow/filtered_rollouts",
     "gdro/flow/discarded_rollouts", "gdro/flow/lost_groups", "gdro/dispatch/calls", "gdro/dispatch/prompts",
-    "gdro/dispatch/rollouts", "gdro/staleness/mean", "gdro/staleness/max", "gdro/inflight_prompts",
+    "gdro/dispatch/rollouts", "gdro/call_mean_n", "gdro/staleness/mean", "gdro/staleness/max", "gdro/inflight_prompts",
     *(f"gdro/flow/dropped_groups/{r}" for r in ("filtered", "surplus", "stale", "failed")),
     *(f"gdro/flow/filtered_share/bin_{b}" for b in range(10)),
 }
@@ -357,7 +357,7 @@ def test_padded_numpy_pads_jagged_fields_and_selects_rows() -> None:
     """The token fields come jagged from TransferQueue: zero-padded to the longest row, float32
     for the int64 mask, the tensor's own memory when every row is kept, a copy of the kept rows
     otherwise (padding rows dropped)."""
-    from verl_gdro.integration.trainer import _padded_numpy
+    from verl_gdro.integration.reads import padded_numpy as _padded_numpy
 
     jagged = torch.nested.as_nested_tensor([torch.tensor([1, 1, 1]), torch.tensor([1])], layout=torch.jagged)
     out = _padded_numpy(jagged, np.arange(2))

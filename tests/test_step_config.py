@@ -112,6 +112,7 @@ CASES: list[tuple[str, list[str], str]] = [
     ("custom replay buffer", ["trainer.v1.sampler.custom_sampler.path=my.py",
                               "trainer.v1.sampler.custom_sampler.name=MyBuffer"],
      "trainer.v1.sampler.custom_sampler.path"),
+    ("rollout skip", ["skip.rollout_tq.enable=true"], "skip.rollout_tq.enable"),
     ("estimator/trainer mismatch, async", ["trainer.v1.trainer_mode=gdro_separate_async", "algorithm.adv_estimator=grpo"],
      "algorithm.adv_estimator"),
     ("a sampling mode without the GDRO trainer",

@@ -45,7 +45,7 @@ SCALAR_METRICS: tuple[str, ...] = (
     "mu_weight",  # mean bin index under the weights: sum_b b qhat_w(b) (Eq. 32)
     "lead_lag",  # mu_weight - mu_data (Eq. 32)
     "weight_entropy",  # Shannon entropy (nats) of q_t
-    "mean_n",  # realised rollouts per prompt (must equal nbar under Rollout-GDRO)
+    "mean_n",  # mean rollouts per prompt of the step's groups (nbar when they are whole generation calls)
     "shadow_price",  # Rollout-GDRO's mu (Eq. 21 / Eq. 31)
     "wse",  # weighted-standard-error proxy sum_b qhat(b) sigma_b / sqrt(n_b) (Eq. 33)
     "wse_uniform",  # the same with n_b = nbar for every bin: the compute-matched baseline (Eq. 33)

@@ -39,6 +39,7 @@ __all__ = [
     "acc_from_extra_fields",
     "consume",
     "correctness",
+    "first_measurements",
     "flow_metrics",
     "later_outputs",
     "observe_update",
@@ -208,6 +209,21 @@ def later_outputs(keys: Sequence[str]) -> NDArray[np.bool_] | None:
     return out
 
 
+def first_measurements(rows: NDArray[np.int64], losses: NDArray[np.float64],
+                       positions: NDArray[np.int64]) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
+    """The update-time losses the actor reported (one per row and mini-batch pass, ``rows`` the
+    step's row indices) as (plan position, loss) per trained row: each row's first measurement, its
+    mini-batch's pass of the first PPO epoch, in report order; verl's padding rows (position -1)
+    are left out. ``positions``: the plan position of every row of the step's batch."""
+    if rows.size and (rows.min() < 0 or rows.max() >= positions.size):
+        raise RuntimeError(f"verl-gdro: the actor reported rows outside the step's {positions.size} rows")
+    _, first = np.unique(rows, return_index=True)
+    first = np.sort(first)
+    group_index, losses = positions[rows[first]], losses[first]
+    keep = group_index >= 0
+    return group_index[keep], losses[keep]
+
+
 def consume(
     ledger: DispatchLedger, controller: GDROController, uids: list[str],
     tags: Sequence[Mapping[str, Any] | None] | None = None, keys: Sequence[str] | None = None,
@@ -290,6 +306,7 @@ def flow_metrics(num_bins: int, update: ObservedUpdate, kept_group: NDArray[np.i
     for reason, count in counters.get("lost_by_reason", {}).items():  # removed with no trajectory at all
         by_reason[reason] += count
     calls = counters["calls"]
+    prompts, rollouts = sum(p for p, _ in calls), sum(r for _, r in calls)
     staleness = global_steps - update.steps
     out = {
         PREFIX + "flow/generated_rollouts": float(generated.sum()),
@@ -298,8 +315,11 @@ def flow_metrics(num_bins: int, update: ObservedUpdate, kept_group: NDArray[np.i
         PREFIX + "flow/discarded_rollouts": float(discarded),
         PREFIX + "flow/lost_groups": float(counters["lost"]),
         PREFIX + "dispatch/calls": float(len(calls)),
-        PREFIX + "dispatch/prompts": float(sum(p for p, _ in calls)),
-        PREFIX + "dispatch/rollouts": float(sum(r for _, r in calls)),
+        PREFIX + "dispatch/prompts": float(prompts),
+        PREFIX + "dispatch/rollouts": float(rollouts),
+        # the budget of the step's generation calls (each meets it exactly: rollout.n); gdro/mean_n
+        # is the mean over the groups this update observes, which need not be whole calls
+        PREFIX + "call_mean_n": rollouts / prompts if prompts else 0.0,
         PREFIX + "staleness/mean": float(staleness.sum() / staleness.size) if staleness.size else 0.0,
         PREFIX + "staleness/max": float(staleness.max()) if staleness.size else 0.0,
         PREFIX + "inflight_prompts": float(inflight),

@@ -20,8 +20,9 @@ Pure Python and numpy: no verl, no torch.
 
 from __future__ import annotations
 
+import logging
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from itertools import repeat
@@ -30,7 +31,9 @@ from typing import Any, NamedTuple
 import numpy as np
 from numpy.typing import NDArray
 
-__all__ = ["DROP_REASONS", "Decision", "DispatchLedger", "ObservedUpdate"]
+__all__ = ["DROP_REASONS", "Decision", "DispatchLedger", "ObservedUpdate", "ResumedLedger"]
+
+logger = logging.getLogger(__name__)
 
 _STATE_VERSION = 1
 
@@ -262,6 +265,24 @@ class DispatchLedger:
         self._lost_stable = []
         return {"calls": calls, "lost": lost, "lost_by_reason": lost_by_reason}
 
+    def reconcile(self, in_flight: Iterable[str]) -> list[str]:
+        """Forget the outstanding groups that are not ``in_flight`` (verl uids of the prompt groups
+        verl still holds); return their uids.
+
+        A resumed run restores the ledger from ``data.pt`` but its groups only with TransferQueue's
+        own checkpoint (async modes, folder present): resumed without it (as ``gdro_sync``, or the
+        folder absent) they are never generated, consumed or removed again, so their decisions would
+        be held for good, excluded from every draw and counted in ``gdro/inflight_prompts``. Groups
+        already removed with trajectories (``dropped``) stay: their observation is due.
+        """
+        keep = set(in_flight)
+        orphans = [uid for uid in self._row_of if uid not in keep and uid not in self.dropped]
+        for uid in orphans:
+            del self._row_of[uid]
+        if orphans:
+            self._compact()
+        return orphans
+
     def _compact(self) -> None:
         """Drop the rows of observed groups once they are the majority (amortised O(1) per row)."""
         live = len(self._row_of)
@@ -311,3 +332,32 @@ class DispatchLedger:
         saved = state.get("lost_by_reason") or {}
         self.lost_by_reason = {r: int(saved.get(r, 0)) for r in DROP_REASONS}
         self._lost_stable = [int(u) for u in state.get("lost_stable", ())]
+
+
+class ResumedLedger:
+    """The ledger as the sampler checkpoints it (a ``GDROSampler`` companion): loading a state
+    reconciles it with the groups in flight at that moment (:meth:`DispatchLedger.reconcile`).
+
+    ``in_flight``: returns the verl uids of the prompt groups verl holds, read when the state is
+    loaded; ``StatefulDataLoader`` applies the sampler's state at the first fetch after a resume,
+    after verl restored TransferQueue (or did not) and re-issued the pending prompts.
+    """
+
+    def __init__(self, ledger: DispatchLedger, in_flight: Callable[[], Iterable[str]]) -> None:
+        self.ledger = ledger
+        self.in_flight = in_flight
+        #: uids forgotten by the last load (diagnostics)
+        self.forgotten: list[str] = []
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.ledger.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.ledger.load_state_dict(state)
+        self.forgotten = self.ledger.reconcile(self.in_flight())
+        if self.forgotten:
+            logger.warning(
+                "verl-gdro: %d dispatched prompt group(s) of the checkpoint are not in flight after the resume "
+                "(resumed without TransferQueue's checkpoint): their dispatch decisions are forgotten, their "
+                "prompts drawable again", len(self.forgotten),
+            )

@@ -18,7 +18,10 @@ the trainer announces each call (:meth:`GDROSampler.begin_call`: its prompt coun
 still in flight, which the block excludes). Without an announcement a block is ``batch_size``
 prompts (the loader's). That requires ``data.dataloader_num_workers=0`` (workers would pre-draw
 batches with stale state); the trainer enforces it. The other modes (``shuffle``, ``sequential``)
-reproduce verl's epoch semantics (every prompt once per epoch) with a seeded numpy generator.
+reproduce verl's epoch semantics (every prompt once per epoch) with a seeded numpy generator; the
+announced call's held prompts are deferred within the epoch where the epoch's order reaches them
+(only at an epoch boundary: a prompt in flight, or drawn earlier in the same call, comes round
+again), so a call's prompts are distinct and not in flight in these modes too.
 
 An epoch is ``len(dataset)`` draws in ``shuffle`` and ``sequential``, so verl's ``steps_per_epoch``
 stays right; in ``resample`` mode it ends at the first block boundary after ``len(dataset)`` draws
@@ -37,7 +40,7 @@ from torch.utils.data import Sampler
 from verl_gdro.step.controller import GDROController
 from verl_gdro.step.sampler import PromptSampler
 
-__all__ = ["SAMPLER_MODES", "GDROSampler", "step_draw_metrics"]
+__all__ = ["SAMPLER_MODES", "GDROSampler", "sampler_for", "step_draw_metrics"]
 
 SAMPLER_MODES = ("sequential", "shuffle", "resample")
 _STATE_VERSION = 2
@@ -106,10 +109,16 @@ class GDROSampler(Sampler[int]):
         self._block_pos = 0
         if mode == "resample":
             self._draws = PromptSampler(controller, u, seed=self.seed)
-        #: the announced generation call (resample mode): its prompt count and the rows it excludes;
-        #: transient (verl checkpoints between steps, when no call is in progress)
+        #: the announced generation call: its prompt count (resample mode) and the prompts it must not
+        #: draw; transient (verl checkpoints between steps, when no call is in progress)
         self._call_size: int | None = None
         self._call_held: Callable[[], Any] | Any = ()
+        #: shuffle / sequential: the rows the current call must not draw (read at its first draw) and
+        #: the swaps of this epoch's order that deferred a held prompt (checkpointed)
+        self._held_rows: set[int] | None = None
+        self._ordered_call = False  # a call was announced (the trainer announces every one)
+        self._swaps: list[tuple[int, int]] = []
+        self._uid_order = np.argsort(u, kind="stable")
         #: Other state checkpointed with the controller (name -> object with state_dict /
         #: load_state_dict), e.g. the async trainers' dispatch ledger.
         self.companions: dict[str, Any] = {}
@@ -136,24 +145,30 @@ class GDROSampler(Sampler[int]):
         self._cursor = 0
         self._block = np.zeros(0, dtype=np.int64)
         self._block_pos = 0
+        self._swaps = []
+        self._perm = None
         if self.mode == "shuffle":
             self._epoch_rng_state = deepcopy(self._rng.bit_generator.state)
             self._perm = self._rng.permutation(self.uids.size)
 
     def begin_call(self, size: int, held: Callable[[], Any] | Any = ()) -> None:
-        """Announce a generation call of ``size`` prompts (resample mode; a no-op otherwise).
+        """Announce a generation call of ``size`` prompts and the prompts it must not draw.
 
-        The next ``size`` indices (at most the training set) are one block: drawn at once,
-        distinct, none of ``held`` (stable ids of the prompts in flight or dispatched since the
-        last update: the step's earlier calls, the async prefetch) unless the rest of the training
-        set cannot fill it. ``held`` may be a callable, read when the block is drawn: on resume,
-        ``StatefulDataLoader`` restores the sampler's state (and the dispatch ledger with it) only
-        at the first fetch, after the call was announced.
+        ``held``: stable ids of the prompts in flight or dispatched since the last update (the
+        step's earlier calls, the async prefetch). In resample mode the next ``size`` indices (at
+        most the training set) are one block: drawn at once, distinct, none of ``held`` unless the
+        rest of the training set cannot fill it. In shuffle and sequential mode the epoch's order
+        is kept, except that a held prompt, or one drawn earlier in the call, met at an epoch
+        boundary is deferred to the first later position of the epoch that is not held (every
+        prompt still comes once per epoch). ``held`` may be a callable, read at the call's first
+        draw: on resume, ``StatefulDataLoader`` restores the sampler's state (and the dispatch
+        ledger with it) only at the first fetch, after the call was announced.
         """
-        if self.mode != "resample":
-            return
         if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1:
             raise ValueError(f"a generation call of {size!r} prompts is invalid: must be an integer >= 1")
+        if self.mode != "resample":
+            self._call_held, self._held_rows, self._ordered_call = held, None, True
+            return
         if self._block_pos < self._block.size:
             raise RuntimeError(
                 f"verl-gdro: a generation call began with {self._block.size - self._block_pos} prompt(s) of the "
@@ -169,15 +184,48 @@ class GDROSampler(Sampler[int]):
             self._start_epoch()
         if self._cursor >= self.uids.size and (self.mode != "resample" or self._block_pos >= self._block.size):
             raise StopIteration
-        if self.mode == "sequential":
-            index = self._cursor
-        elif self.mode == "shuffle":
-            assert self._perm is not None
-            index = int(self._perm[self._cursor])
-        else:
-            index = self._draw_resample()
+        index = self._draw_resample() if self.mode == "resample" else self._draw_ordered()
         self._cursor += 1
         return index
+
+    def _draw_ordered(self) -> int:
+        """shuffle / sequential: the epoch's prompt at the cursor, a held one deferred (:meth:`begin_call`)."""
+        pos = self._cursor
+        index = pos if self._perm is None else int(self._perm[pos])
+        if not self._ordered_call:  # the loader alone (no trainer): verl's epoch order as it is
+            return index
+        held = self._call_held_rows()
+        if index in held:
+            order = np.arange(self.uids.size) if self._perm is None else self._perm
+            later = order[pos + 1 :]
+            free = np.flatnonzero(~np.isin(later, np.fromiter(held, dtype=np.int64, count=len(held))))
+            if free.size:  # else the rest of the epoch is held: draw it anyway
+                self._swap(pos, pos + 1 + int(free[0]))
+                self._swaps.append((pos, pos + 1 + int(free[0])))
+                index = int(self._perm[pos])  # type: ignore[index]
+        held.add(index)
+        return index
+
+    def _swap(self, i: int, j: int) -> None:
+        """Exchange positions i and j of the epoch's order (sequential: materialised on first use)."""
+        if self._perm is None:
+            self._perm = np.arange(self.uids.size)
+        self._perm[[i, j]] = self._perm[[j, i]]
+
+    def _call_held_rows(self) -> set[int]:
+        """The rows of the announced call's held prompts (read once per call) plus those it drew."""
+        if self._held_rows is None:
+            held = self._call_held() if callable(self._call_held) else self._call_held
+            stable = np.asarray(held, dtype=np.int64).reshape(-1)
+            self._held_rows = set(self._rows_of(stable).tolist()) if stable.size else set()
+        return self._held_rows
+
+    def _rows_of(self, stable: np.ndarray) -> np.ndarray:
+        """Training-set rows of the given stable ids (ids outside the set are left out)."""
+        order = self._uid_order
+        pos = np.minimum(np.searchsorted(self.uids[order], stable), order.size - 1)
+        rows = order[pos]
+        return rows[self.uids[rows] == stable]
 
     def _draw_resample(self) -> int:
         if self._block_pos >= self._block.size:
@@ -210,6 +258,7 @@ class GDROSampler(Sampler[int]):
             "draws": None if self._draws is None else self._draws.state_dict(),
             "block": self._block.copy(),
             "block_pos": self._block_pos,
+            "swaps": [list(pair) for pair in self._swaps],
             "controller": self.controller.state_dict(),
             "companions": {name: obj.state_dict() for name, obj in self.companions.items()},
         }
@@ -238,7 +287,15 @@ class GDROSampler(Sampler[int]):
             # afterwards the generator is exactly where the uninterrupted run's was.
             self._rng.bit_generator.state = deepcopy(self._epoch_rng_state)
             self._perm = self._rng.permutation(self.uids.size)
+        else:
+            self._perm = None
         self._rng.bit_generator.state = deepcopy(state["rng"])
+        # the epoch's deferrals of held prompts (absent in states written before they existed)
+        self._swaps = []
+        for i, j in state.get("swaps", ()):
+            self._swap(int(i), int(j))
+            self._swaps.append((int(i), int(j)))
+        self._held_rows = None
         if self._draws is not None:
             if state.get("draws") is not None:
                 self._draws.load_state_dict(state["draws"])
@@ -249,6 +306,17 @@ class GDROSampler(Sampler[int]):
         self._block = np.asarray(state.get("block", ()), dtype=np.int64).copy()
         self._block_pos = int(state.get("block_pos", 0))
         self._resume = self._epoch > 0
+
+
+def sampler_for(controller: GDROController, uids: Any, data_config: Any, batch_size: int) -> GDROSampler:
+    """The GDRO trainer's sampler: ``resample`` in a sampling mode of Prompt-GDRO, else verl's epoch
+    order (``shuffle``, or ``sequential`` under ``data.shuffle=false``), seeded by ``data.seed``."""
+    if controller.resamples:
+        mode = "resample"
+    else:
+        mode = "shuffle" if data_config.get("shuffle", True) else "sequential"
+    seed = data_config.get("seed", None)
+    return GDROSampler(uids, controller, mode=mode, seed=0 if seed is None else int(seed), batch_size=batch_size)
 
 
 def step_draw_metrics(sampler: GDROSampler | None, batch_price: float | None) -> dict[str, float]:

@@ -16,10 +16,12 @@ The mixin overrides narrow hooks of verl's step pipeline and always calls ``supe
   (:mod:`verl_gdro.integration.replay_buffer`) that reports every group it removes untrained
   (DAPO-filtered, surplus, stale, failed) before deleting it.
 - ``_init_dataloader``: validate the stable prompt ids, install :class:`GDROSampler` (controller
-  state and the dispatch ledger ride in verl's ``data.pt`` checkpoint), ``dataloader_num_workers=0``.
+  state and the dispatch ledger ride in verl's ``data.pt`` checkpoint; on resume the ledger keeps
+  only the groups TransferQueue holds, :class:`ResumedLedger`), ``dataloader_num_workers=0``.
 - ``_next_train_batch``: every generation call (the step's batch, DAPO refills, async warm-up and
-  eviction refills) is announced to the sampler first (a sampling mode draws the call as one block
-  of distinct prompts, none in flight, whatever verl's ``gen_batch_size``), then classifies its
+  eviction refills) is announced to the sampler first (its prompts are distinct and none in flight,
+  whatever verl's ``gen_batch_size``: one block in a sampling mode, verl's epoch order with held
+  prompts deferred in ``reweight``), then classifies its
   prompts and allocates their rollouts with the controller state of that moment
   (:meth:`GDROController.decide`), asserts the exact budget
   ``sum(__rollout_n__) == prompts * rollout.n`` for that call, and records the decisions in the
@@ -30,6 +32,10 @@ The mixin overrides narrow hooks of verl's step pipeline and always calls ``supe
   exactly once, and the ``gdro/`` metrics (docs/algorithm.md, section 4 plus the flow counters of
   :func:`flow_metrics`) go into the step's metrics. This runs before verl saves the step's
   checkpoint, so the saved state includes the step.
+
+What the hooks read from and write to TransferQueue is in :mod:`verl_gdro.integration.reads`, the
+per-row numpy work in :mod:`verl_gdro.integration.glue`, the dispatch decisions in
+:mod:`verl_gdro.integration.ledger`: the mixin only sequences them around verl's stages.
 
 At init the whole config is validated (:func:`validate_gdro_config`) and the registrations are
 checked (:func:`check_registered`), so a broken install or a bad key fails before Ray starts any
@@ -45,7 +51,6 @@ import time
 from typing import Any
 
 import numpy as np
-import torch
 import transfer_queue as tq
 from omegaconf import DictConfig, OmegaConf, open_dict
 from torchdata.stateful_dataloader import StatefulDataLoader
@@ -60,24 +65,25 @@ from verl.utils.dataset.rl_dataset import collate_fn
 from verl_gdro.integration.dataset import stable_prompt_uids, uid_field
 from verl_gdro.integration.glue import (
     ConsumedBatch,
-    acc_from_extra_fields,
     consume,
-    correctness,
+    first_measurements,
     flow_metrics,
-    later_outputs,
     observe_update,
 )
-from verl_gdro.integration.ledger import DispatchLedger
-from verl_gdro.integration.policy_loss import (
-    RAW_ADV_FIELD,
-    ROW_FIELD,
-    gdro_ppo_loss,
-    pop_update_losses,
-    raw_grpo_advantages,
+from verl_gdro.integration.ledger import DispatchLedger, ResumedLedger
+from verl_gdro.integration.policy_loss import gdro_ppo_loss, pop_update_losses
+from verl_gdro.integration.reads import as_list as _as_list
+from verl_gdro.integration.reads import int_column as _int_column
+from verl_gdro.integration.reads import (
+    observe_removed,
+    put_update_fields,
+    read_acc,
+    token_fields,
+    tq_prompt_groups,
 )
 from verl_gdro.integration.registry import check_registered
 from verl_gdro.integration.replay_buffer import with_observer
-from verl_gdro.integration.sampler import GDROSampler, step_draw_metrics
+from verl_gdro.integration.sampler import GDROSampler, sampler_for, step_draw_metrics
 from verl_gdro.presets import UPDATE_TIME_SIGNALS
 from verl_gdro.step.config import (
     TRAINER_MODES,
@@ -103,50 +109,6 @@ logger = logging.getLogger(__name__)
 ROLLOUT_N_KEY = "__rollout_n__"
 
 
-def _as_list(value: Any) -> list[Any]:
-    """A TensorDict column (NonTensorStack / NonTensorData / tensor / array) as a Python list."""
-    if isinstance(value, torch.Tensor):
-        return value.tolist()
-    if hasattr(value, "tolist"):
-        out = value.tolist()
-        return out if isinstance(out, list) else [out]
-    if hasattr(value, "data"):
-        return list(value.data) if isinstance(value.data, (list, tuple)) else [value.data]
-    return list(value)
-
-
-def _int_column(value: Any) -> np.ndarray:
-    """A column of integer ids (ints, numpy ints or numeric strings) as int64, in one C-level pass.
-
-    A 1-D object or integer array is converted by numpy's ``astype``, which calls ``int`` on each
-    object item as the general path does (same values, same errors), without a Python-level map.
-    """
-    if isinstance(value, np.ndarray) and value.ndim == 1 and (value.dtype == object or value.dtype.kind == "i"):
-        return value.astype(np.int64)
-    values = _as_list(value)
-    return np.fromiter(map(int, values), dtype=np.int64, count=len(values))
-
-
-def _padded_numpy(value: torch.Tensor, rows: np.ndarray) -> np.ndarray:
-    """A (possibly nested/jagged) per-token field as a zero-padded float array of the given rows.
-
-    float32 / float64 stay as they are and other dtypes (the int64 mask, bf16) become float32:
-    the loss signals accumulate their sums in float64 themselves. Without padding rows (the usual
-    case under the exact budget) the tensor's memory is returned without a copy. Converting every
-    [N, T] field to float64 and fancy-indexing it cost ~1 s per step at 512 x 4 x 4096, more than
-    the whole GRPO advantage stage (benchmarks/overhead.py).
-    """
-    if getattr(value, "is_nested", False):
-        value = value.to_padded_tensor(0.0)
-    value = value.detach().cpu()
-    if value.dtype not in (torch.float32, torch.float64):
-        value = value.to(torch.float32)
-    out = value.numpy()
-    if rows.size == out.shape[0] and np.array_equal(rows, np.arange(out.shape[0])):
-        return out
-    return out[rows]
-
-
 class GDROTrainerMixin:
     """GDRO for a verl V1 trainer class: put it first in the bases (``class X(GDROTrainerMixin, PPOTrainerSync)``).
 
@@ -169,12 +131,12 @@ class GDROTrainerMixin:
             # and the estimator, which only sees the `algorithm` group, gets the same group.
             config.gdro = OmegaConf.create(settings.to_dict())
             config.algorithm.gdro = OmegaConf.create(settings.to_dict())
+        self.gdro_settings: GDROSettings = settings  # read by _build_replay_buffer, inside verl's __init__
         super().__init__(config)  # type: ignore[call-arg]
         with open_dict(config):
             # verl read its mode above (self.trainer_mode); the config it logs at fit() names the
             # GDRO mode that runs
             config.trainer.v1.trainer_mode = self.GDRO_MODE
-        self.gdro_settings: GDROSettings = settings
         # one line at start naming the adversaries (both are on by default, so a user who sets one
         # switch still runs the other: say so before the first step)
         self.gdro_mode_line = describe_mode(settings, int(config.actor_rollout_ref.rollout.n))
@@ -200,41 +162,16 @@ class GDROTrainerMixin:
     # ------------------------------------------------------------------------------------------
 
     def _build_replay_buffer(self) -> Any:
-        return with_observer(super()._build_replay_buffer(), None)  # type: ignore[misc]
+        buffer = super()._build_replay_buffer()  # type: ignore[misc]
+        if not self.gdro_settings.enable:
+            return buffer  # GDRO off: verl's buffer (or the user's custom_sampler) as it is
+        return with_observer(buffer, None)
 
     def _gdro_observe_removed(self, partition_id: str, keys: dict[str, list[str]], reasons: dict[str, str]) -> None:
-        """Record the correctness of groups the replay buffer is about to delete (read before the clear)."""
-        assert self.gdro is not None
+        """Record the correctness of groups the replay buffer is about to delete (:func:`observe_removed`)."""
         t0 = time.perf_counter()
-        known = [u for u in keys if u in self.gdro_ledger.entries]
-        unknown = len(keys) - len(known)
-        if unknown:
-            logger.warning("verl-gdro: %d removed group(s) were not dispatched by this run's GDRO trainer", unknown)
-        # one trial per session: a multi-output agent loop's later outputs are left out (later_outputs);
-        # the replay buffer's own key lists stay untouched (it clears every row)
-        keys = dict(keys)
-        for u in known:
-            later = later_outputs(keys[u])
-            if later is not None:
-                keys[u] = [k for k, extra in zip(keys[u], later.tolist(), strict=True) if not extra]
-        flat = [k for u in known for k in keys[u]]
-        acc: np.ndarray | None = None
-        if flat:
-            data = tq.kv_batch_get(keys=flat, partition_id=partition_id, select_fields=["extra_fields"])
-            try:
-                acc = self._read_acc(data, np.arange(len(flat)), flat, partition_id)
-            except ValueError as e:
-                # e.g. a colocated reward model scores only after sampling: evicted groups have no
-                # reward yet. They are generated but cannot be observed; count them as lost.
-                if not self._gdro_warned_missing_acc:
-                    logger.warning("verl-gdro: removed groups without correctness are not observed: %s", e)
-                    self._gdro_warned_missing_acc = True
-        pos = 0
-        for uid in known:
-            count = len(keys[uid])
-            values = [] if acc is None else acc[pos : pos + count].tolist()
-            pos += count
-            self.gdro_ledger.drop(uid, values, reasons[uid])
+        self._gdro_warned_missing_acc = observe_removed(self.gdro_ledger, self.gdro_settings, partition_id, keys,
+                                                        reasons, self._gdro_warned_missing_acc)
         self._gdro_time += time.perf_counter() - t0
 
     # ------------------------------------------------------------------------------------------
@@ -248,16 +185,10 @@ class GDROTrainerMixin:
         # data.dataloader_num_workers is 0 here: validate_gdro_config refused any other value at
         # __init__ (worker processes would draw batches ahead of the controller updates).
         uids = stable_prompt_uids(self.train_dataset, self.gdro_settings.uid_key)
-        if self.gdro.resamples:
-            mode = "resample"
-        else:
-            mode = "shuffle" if self.config.data.get("shuffle", True) else "sequential"
-        seed = self.config.data.get("seed", None)
         batch_size = self.train_dataloader.batch_size  # verl's choice (gen_batch_size or train_batch_size)
-        self.gdro_sampler = GDROSampler(
-            uids, self.gdro, mode=mode, seed=0 if seed is None else int(seed), batch_size=int(batch_size)
-        )
-        self.gdro_sampler.companions["ledger"] = self.gdro_ledger
+        self.gdro_sampler = sampler_for(self.gdro, uids, self.config.data, int(batch_size))
+        # the dispatch ledger rides in data.pt and, on load, keeps only the groups verl holds
+        self.gdro_sampler.companions["ledger"] = ResumedLedger(self.gdro_ledger, in_flight=tq_prompt_groups)
         self.train_dataloader = StatefulDataLoader(
             dataset=self.train_dataset,
             batch_size=batch_size,
@@ -267,18 +198,18 @@ class GDROTrainerMixin:
             sampler=self.gdro_sampler,
         )
         self.train_dataloader_it = None
-        logger.info("verl-gdro: GDROSampler installed (mode=%s, %d prompts)", mode, uids.size)
+        logger.info("verl-gdro: GDROSampler installed (mode=%s, %d prompts)", self.gdro_sampler.mode, uids.size)
 
     # ------------------------------------------------------------------------------------------
     # 2. classification and rollout allocation at every generation call
     # ------------------------------------------------------------------------------------------
 
     def _next_train_batch(self, num_prompts: int | None = None) -> Any:
-        if self.gdro_sampler is not None and self.gdro_sampler.mode == "resample":
-            # one draw per generation call, whatever verl's loader batch size (gen_batch_size=1 in
-            # the async modes, under DAPO and sync_refill_failed_groups): the call's prompts are one
-            # block of distinct prompts, none of them in flight or dispatched since the last update
-            # (docs/integration.md)
+        if self.gdro_sampler is not None:
+            # whatever verl's loader batch size (gen_batch_size=1 in the async modes, under DAPO and
+            # sync_refill_failed_groups), the call's prompts are distinct, none of them in flight or
+            # dispatched since the last update: one block in a sampling mode, verl's epoch order
+            # with held prompts deferred otherwise (docs/integration.md)
             size = int(self.config.data.train_batch_size) if num_prompts is None else int(num_prompts)
             self.gdro_sampler.begin_call(size, self.gdro_ledger.held_stable_uids)
         batch = super()._next_train_batch(num_prompts)  # type: ignore[misc]
@@ -313,34 +244,6 @@ class GDROTrainerMixin:
     # 3. multipliers into verl's advantage stage, then controller updates and metrics
     # ------------------------------------------------------------------------------------------
 
-    def _read_acc(self, data: Any, rows: np.ndarray, keys: list[str], partition_id: str) -> np.ndarray:
-        """Per-trajectory correctness from the reward's extra info (streaming reward: inside
-        ``extra_fields.reward_extra_info``; colocated reward model: a top-level field), thresholded
-        at ``gdro.correct_threshold``."""
-        key = self.gdro_settings.acc_key
-        available: set[str] = set()
-        if "extra_fields" in data.keys():
-            found, available = acc_from_extra_fields(_as_list(data["extra_fields"]), rows, key)
-            if found is not None:
-                return correctness(found, self.gdro_settings.correct_threshold, f"gdro.acc_key={key!r}")
-        values: list[Any] | None = None
-        try:
-            top = tq.kv_batch_get(keys=keys, partition_id=partition_id, select_fields=[key])
-            if key in top.keys():
-                col = _as_list(top[key])
-                values = [col[i] for i in rows.tolist()]
-        except Exception:  # the field does not exist in the store
-            values = None
-        if values is None or any(v is None for v in values):
-            raise ValueError(
-                f"gdro.acc_key={key!r} is missing from the reward output (reward_extra_info keys: "
-                f"{sorted(available)}): the reward function must return a dict with the binary correctness under "
-                f"'{key}' (e.g. verl's math_dapo returns 'acc'), or set gdro.acc_key to the key it uses"
-            )
-        # bools, ints, floats, numpy scalars: one C-level pass
-        return correctness(np.asarray(values, dtype=np.float64), self.gdro_settings.correct_threshold,
-                           f"gdro.acc_key={key!r}")
-
     def _compute_advantage(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
         if self.gdro is None:
             return super()._compute_advantage(batch, metrics)  # type: ignore[misc]
@@ -355,7 +258,7 @@ class GDROTrainerMixin:
             stable = _int_column(data[self._gdro_uid_field])[rows]
             if not np.array_equal(stable, self.gdro.planned_uids(group_index)):
                 raise RuntimeError("verl-gdro: trajectories carry other stable prompt ids than their planned prompts")
-        acc = self._read_acc(data, rows, batch.keys, batch.partition_id)
+        acc = read_acc(self.gdro_settings, data, rows, batch.keys, batch.partition_id)
         self._gdro_time += time.perf_counter() - t0
         multipliers = self.gdro.advantage_multipliers(group_index)
         # the per-row view of the batch; the per-group table only when the batch has padding rows
@@ -372,7 +275,10 @@ class GDROTrainerMixin:
         with gdro_step(table, settings=self.gdro_settings, rows=row_plan, norm_adv_by_std=self._gdro_norm_by_std):
             batch = super()._compute_advantage(batch, metrics)  # type: ignore[misc]
         if needs_log_probs:
-            metrics.update(self._gdro_update(consumed, acc, self._gdro_token_fields(batch, consumed)))
+            t1 = time.perf_counter()
+            fields = token_fields(self.gdro_settings, batch, consumed)
+            self._gdro_time += time.perf_counter() - t1
+            metrics.update(self._gdro_update(consumed, acc, fields))
         if self.gdro.wants_update_losses:
             batch = self._gdro_put_update_fields(batch, consumed)
         return batch
@@ -402,27 +308,10 @@ class GDROTrainerMixin:
         logger.info("verl-gdro: the actor's loss reports the update-time loss signal (update_surrogate)")
 
     def _gdro_put_update_fields(self, batch: KVBatchMeta, consumed: ConsumedBatch) -> KVBatchMeta:
-        """Write each row's raw GRPO advantage and plan position next to verl's advantages, for
-        the actor's loss (:func:`verl_gdro.integration.policy_loss.gdro_ppo_loss`)."""
+        """Each row's raw GRPO advantage and plan position for the actor's loss (:func:`put_update_fields`)."""
         t0 = time.perf_counter()
-        from tensordict import TensorDict
-
         reward_field = "token_level_rewards" if self.config.algorithm.get("use_kl_in_reward", False) else "rm_scores"
-        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["uid", reward_field])
-        rewards = data[reward_field]
-        if getattr(rewards, "is_nested", False):
-            rewards = rewards.to_padded_tensor(0.0)
-        scores = rewards.float().reshape(rewards.shape[0], -1).sum(-1, keepdim=True)
-        raw = raw_grpo_advantages(scores, uid_keys(_as_list(data["uid"])), self._gdro_norm_by_std)
-        # each row's plan position, read back by _update_actor (-1: verl's padding rows)
-        positions = np.full(len(batch), -1, dtype=np.int64)
-        positions[consumed.rows] = consumed.group_index
-        self._gdro_row_positions = positions
-        fields = TensorDict(
-            {RAW_ADV_FIELD: raw.to(torch.float32), ROW_FIELD: torch.arange(len(batch), dtype=torch.float64)},
-            batch_size=len(batch),
-        )
-        batch = tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=fields)
+        batch, self._gdro_row_positions = put_update_fields(batch, consumed, reward_field, self._gdro_norm_by_std)
         self._gdro_time += time.perf_counter() - t0
         return batch
 
@@ -450,41 +339,9 @@ class GDROTrainerMixin:
                 "verl-gdro: the actor reported no update-time losses (gdro.prompt.loss_signal=update_surrogate); "
                 "was its loss replaced after init?"
             )
-        rows, losses = taken[0]
-        positions = self._gdro_row_positions
-        if rows.size and (rows.min() < 0 or rows.max() >= positions.size):
-            raise RuntimeError(f"verl-gdro: the actor reported rows outside the step's {positions.size} rows")
-        # the first measurement of each row: its mini-batch's pass of the first PPO epoch
-        _, first = np.unique(rows, return_index=True)
-        first = np.sort(first)
-        group_index, losses = positions[rows[first]], losses[first]
-        keep = group_index >= 0  # verl's padding rows
-        metrics.update(self.gdro.after_update(group_index[keep], losses[keep]))
+        group_index, losses = first_measurements(*taken[0], self._gdro_row_positions)
+        metrics.update(self.gdro.after_update(group_index, losses))
         return batch
-
-    def _gdro_token_fields(self, batch: KVBatchMeta, consumed: ConsumedBatch) -> dict[str, np.ndarray]:
-        """The [N, T] fields the surrogate loss signals read, for the trained rows and, zero-masked,
-        the rows of groups removed untrained."""
-        t1 = time.perf_counter()
-        dropped_rows = consumed.dropped()[0].size
-        extra: dict[str, np.ndarray] = {}
-        wanted = ["response_mask", "old_log_probs", "advantages"]
-        if self.gdro_settings.prompt.loss_signal == "surrogate_kl":
-            wanted.append("ref_log_prob")
-        td = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=wanted)
-        names = {"ref_log_prob": "ref_log_probs"}
-        for field in wanted:
-            if field in td.keys():
-                arr = _padded_numpy(td[field], consumed.rows)
-                if dropped_rows:
-                    # Removed groups reached no log-prob stage. verl's GRPO advantage of a
-                    # filtered group is exactly 0 (identical rewards), so its surrogate term is 0;
-                    # a zero mask makes every token term of these rows 0 (masked_token_mean).
-                    pad = np.zeros((dropped_rows, arr.shape[1]), dtype=arr.dtype)
-                    arr = np.concatenate([arr, pad])
-                extra[names.get(field, field)] = arr
-        self._gdro_time += time.perf_counter() - t1
-        return extra
 
     def _gdro_update(self, consumed: ConsumedBatch, acc: np.ndarray, extra: dict[str, np.ndarray]) -> dict[str, float]:
         """:func:`observe_update` with the reads timed so far counted as controller time."""

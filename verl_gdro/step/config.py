@@ -716,6 +716,13 @@ def validate_gdro_config(cfg: Any) -> GDROSettings:
                 f"{trainer_mode}: the GDRO trainer installs its own replay buffer to observe every generated group, "
                 "including those verl filters, evicts or discards; remove the custom sampler"
             )
+        skip = _select(cfg, "skip.rollout_tq.enable", False)
+        if skip and settings.enable:
+            raise ValueError(
+                f"skip.rollout_tq.enable={skip!r} is invalid with trainer.v1.trainer_mode={trainer_mode}: verl's rollout "
+                "cache replays trajectories GDRO did not plan (no dispatch-time bin or rollout count); set "
+                "skip.rollout_tq.enable=false, or gdro.enable=false"
+            )
 
     if gdro_trainer or gdro_estimator:
         if not isinstance(n, int) or isinstance(n, bool) or n < 2:
