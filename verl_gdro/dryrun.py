@@ -139,6 +139,10 @@ def verl_checks(cfg) -> list[str]:
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import omega_conf_to_dataclass, validate_config
 
+    # verl's own function: verl-gdro's driver wrapper of it (verl_gdro/integration/driver.py) would
+    # also refuse data files missing here, which the dry run only notes (it may run off the cluster);
+    # its gdro checks are gdro_checks, run before this
+    validate_config = getattr(validate_config, "__wrapped__", validate_config)
     done = []
     try:
         validate_config(
@@ -236,9 +240,52 @@ def gdro_checks(cfg):
     except ImportError as e:
         raise DryRunError(f"verl_gdro.step.config.validate_gdro_config is not importable: {e}") from e
     try:
-        return validate_gdro_config(cfg)
+        settings = validate_gdro_config(cfg)
+        return estimator_alone_settings(cfg, settings)
     except ValueError as e:
         raise DryRunError(str(e)) from e
+
+
+def estimator_alone_settings(cfg, settings):
+    """The estimator alone: the settings it runs with (:func:`estimator_path_settings`, which
+    refuses every ``algorithm.gdro`` key the path does not read); other paths: ``settings``."""
+    from verl_gdro.integration.estimator_keys import estimator_path_settings, runs_estimator_alone
+
+    if settings is None or not runs_estimator_alone(cfg):
+        return settings
+    return estimator_path_settings(cfg.algorithm)
+
+
+#: the ``verl.plugins`` entry point that registers verl-gdro (pyproject.toml)
+PLUGIN_ENTRY_POINT = "verl_gdro"
+
+
+def registration_checks(cfg) -> list[str]:
+    """The launch's ``import verl`` registers verl-gdro through its ``verl.plugins`` entry point, unless
+    ``VERL_USE_EXTERNAL_PLUGINS`` (verl's switch: ``auto``, ``none`` or a list of names) leaves it out or
+    the package is not installed: then verl refuses ``gdro_grpo`` / ``gdro_sync`` after Ray has started.
+    Refuse here with the error the trainer would raise (:func:`check_registered`)."""
+    from importlib.metadata import entry_points
+
+    from omegaconf import OmegaConf
+
+    from verl_gdro.step.config import ESTIMATOR_NAME, TRAINER_MODES
+
+    mode = OmegaConf.select(cfg, "trainer.v1.trainer_mode")
+    adv = OmegaConf.select(cfg, "algorithm.adv_estimator")
+    if mode not in TRAINER_MODES and adv != ESTIMATOR_NAME:
+        return []
+    policy = os.getenv("VERL_USE_EXTERNAL_PLUGINS", "auto").strip().lower()
+    allowed = policy == "auto" or PLUGIN_ENTRY_POINT in {p.strip() for p in policy.split(",")}
+    installed = any(ep.name == PLUGIN_ENTRY_POINT for ep in entry_points(group="verl.plugins"))
+    if policy == "none" or not allowed or not installed:
+        why = f"VERL_USE_EXTERNAL_PLUGINS={policy}" if installed else "the verl.plugins entry point is not installed"
+        raise DryRunError(
+            f"verl-gdro is not registered with verl ({why}): verl would refuse "
+            f"{mode if mode in TRAINER_MODES else ESTIMATOR_NAME!r} after Ray starts; install the package "
+            f"(pip install -e .) and unset VERL_USE_EXTERNAL_PLUGINS or include {PLUGIN_ENTRY_POINT} in it"
+        )
+    return [f"verl-gdro registered through the verl.plugins entry point (VERL_USE_EXTERNAL_PLUGINS={policy})"]
 
 
 def _as_list(v: Any) -> list[str]:
@@ -293,8 +340,8 @@ def data_checks(cfg, settings: Any = None, require: bool = False) -> tuple[list[
             p = Path(os.path.expanduser(f))
             if not p.is_file():
                 if require:
-                    raise DryRunError(f"{key}: {f} does not exist (run scripts/prepare_data.sh)")
-                notes.append(f"{key}: {f} not found here (checked on the cluster at launch)")
+                    raise DryRunError(f"{key}={f} does not exist{_prepare_hint(cfg, f)}")
+                notes.append(f"{key}: {f} not found here (the launch's driver check refuses a missing local file)")
                 if key == "data.train_files":
                     train_column = None
                 continue
@@ -326,6 +373,31 @@ def data_checks(cfg, settings: Any = None, require: bool = False) -> tuple[list[
         if isinstance(cap, int) and 0 < cap < train_rows:
             train_rows = cap  # verl keeps the first train_max_samples rows
     return notes, train_rows
+
+
+def _prepare_hint(cfg, path: str) -> str:
+    """How to make a missing file: ``scripts/prepare_data.sh`` for the package's own data (a file
+    under ``paths.data_dir``), nothing to suggest for one's own."""
+    from omegaconf import OmegaConf
+
+    data_dir = OmegaConf.select(cfg, "paths.data_dir", default=None)
+    if data_dir and Path(os.path.expanduser(path)).resolve().is_relative_to(Path(os.path.expanduser(data_dir)).resolve()):
+        return " (run scripts/prepare_data.sh)"
+    return ""
+
+
+def epoch_checks(cfg, train_rows: int | None) -> list[str]:
+    """A training set smaller than one batch gives 0 steps per epoch (verl's loader drops the
+    incomplete last batch), and verl's ``fit`` then divides by it after the first validation pass."""
+    from verl_gdro.integration.driver import check_batch_fits
+
+    if train_rows is None:
+        return []
+    try:
+        check_batch_fits(cfg, train_rows)
+    except ValueError as e:
+        raise DryRunError(str(e)) from e
+    return [f"data: {train_rows} training rows fill {train_rows // int(cfg.data.train_batch_size)} batch(es) per epoch"]
 
 
 def derived_quantities(cfg, settings: Any, train_rows: int | None) -> dict[str, Any]:
@@ -376,6 +448,23 @@ def derived_quantities(cfg, settings: Any, train_rows: int | None) -> dict[str, 
     return out
 
 
+def settled_config(resolved: dict[str, Any], cfg, settings: Any) -> dict[str, Any]:
+    """The resolved config as the run will use it: the ``gdro`` group (and its ``algorithm.gdro``
+    mirror) with the values the preset and the actor decide instead of ``null``; for the estimator
+    alone, ``algorithm.gdro`` with the keys that path reads (what the driver hands it)."""
+    from verl_gdro.integration.estimator_keys import honoured_group, runs_estimator_alone
+
+    if settings is None:
+        return resolved
+    if runs_estimator_alone(cfg):
+        resolved["algorithm"]["gdro"] = honoured_group(settings)
+    elif isinstance(resolved.get("gdro"), dict):
+        resolved["gdro"] = settings.to_dict()
+        if isinstance(resolved.get("algorithm", {}).get("gdro"), dict):
+            resolved["algorithm"]["gdro"] = settings.to_dict()
+    return resolved
+
+
 def dry_run(argv: list[str], require_data: bool = False, print_config: bool = True, out: Any = None) -> int:
     """Compose and validate; print the config and derived quantities. Returns the exit status:
     0, or 2 with one ``DRY RUN FAILED: <reason>`` line on stderr for a config that fails a check."""
@@ -391,13 +480,16 @@ def dry_run(argv: list[str], require_data: bool = False, print_config: bool = Tr
             raise DryRunError(f"config does not resolve: {e}") from e
         # ours first: a gdro key error names the key itself, not verl's validate_config (which the
         # plugin wraps with the same check in main_ppo's driver)
+        checks = registration_checks(cfg)
         settings = gdro_checks(cfg)
-        checks = verl_checks(cfg)
+        checks += verl_checks(cfg)
         checks += batch_checks(cfg)
         checks.append("verl_gdro.step.config.validate_gdro_config")
         checks += separate_async_checks(cfg)
         notes, train_rows = data_checks(cfg, settings, require=require_data)
+        notes += epoch_checks(cfg, train_rows)
         derived = derived_quantities(cfg, settings, train_rows)
+        resolved = settled_config(resolved, cfg, settings)
     except DryRunError as e:
         print(f"DRY RUN FAILED: {e}", file=sys.stderr)
         return 2  # bad input, as argparse and every other verl-gdro subcommand answer it

@@ -8,17 +8,30 @@ in the driver right before ``run_ppo`` starts Ray, and ``main_ppo`` imports that
 ``import verl`` has loaded the ``verl.plugins`` entry points. So the plugin wraps
 ``verl.utils.config.validate_config``: the wrapper runs verl-gdro's validation first whenever the
 run uses the GDRO trainer or the ``gdro_grpo`` estimator, then verl's own checks. Every other caller is unaffected.
+
+The wrapper also refuses what would otherwise fail inside the TaskRunner (:func:`check_data_files`):
+a local training or validation file that does not exist, and a training set smaller than one batch.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import os
+import re
 from typing import Any
 
+from verl_gdro.integration.estimator_keys import estimator_path_settings
 from verl_gdro.step.config import ESTIMATOR_NAME, TRAINER_MODES, validate_gdro_config
 
-__all__ = ["install_driver_validation", "select_standalone_checkpoint", "uses_gdro", "uses_gdro_trainer"]
+__all__ = [
+    "check_batch_fits",
+    "check_data_files",
+    "install_driver_validation",
+    "select_standalone_checkpoint",
+    "uses_gdro",
+    "uses_gdro_trainer",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -53,13 +66,15 @@ def uses_gdro(config: Any) -> bool:
 
 
 def _log_resolved_estimator_group(config: Any, settings: Any) -> None:
-    """The estimator alone: ``algorithm.gdro`` becomes its resolved settings (the preset's values
-    instead of nulls), so the config verl logs (e.g. wandb's run config) says what ran; the
-    estimator resolves it to the same settings."""
+    """The estimator alone: ``algorithm.gdro`` becomes the keys it reads with their resolved values
+    (the preset's values instead of nulls, no key it does not read), so the config verl logs (e.g.
+    wandb's run config) says what ran; the estimator resolves it to the same settings."""
     from omegaconf import OmegaConf, open_dict
 
+    from verl_gdro.integration.estimator_keys import honoured_group
+
     with open_dict(config):
-        config.algorithm.gdro = OmegaConf.create(settings.to_dict())
+        config.algorithm.gdro = OmegaConf.create(honoured_group(settings))
 
 
 def select_standalone_checkpoint(config: Any) -> str:
@@ -90,6 +105,67 @@ def select_standalone_checkpoint(config: Any) -> str:
     return "warned"
 
 
+#: a URI verl copies or streams from elsewhere (``hdfs://``, ``s3://``, ``gs://``, ...): not checked here
+_REMOTE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def _files(config: Any, key: str) -> list[str]:
+    node = config
+    for part in key.split("."):
+        try:
+            node = node.get(part, None)
+        except Exception:
+            return []
+        if node is None:
+            return []
+    return [node] if isinstance(node, str) else [str(f) for f in node]
+
+
+def check_batch_fits(config: Any, train_rows: int) -> None:
+    """Refuse a training set that does not fill one batch (after ``data.train_max_samples``): verl's
+    loader drops the incomplete last batch, so an epoch has 0 steps and ``fit`` divides by it."""
+    bs = int(config.data.train_batch_size)
+    if train_rows < bs:
+        raise ValueError(
+            f"data.train_files has {train_rows} rows, fewer than data.train_batch_size={bs}: verl drops the incomplete "
+            "last batch, so an epoch would have 0 steps; use more training rows or a smaller data.train_batch_size"
+        )
+
+
+def check_data_files(config: Any) -> None:
+    """Before Ray: every local ``data.train_files`` / ``data.val_files`` path exists (remote URIs apart),
+    and the local training parquet files hold at least one batch. Raises ValueError naming the key."""
+    rows: int | None = 0
+    for key in ("data.train_files", "data.val_files"):
+        for f in _files(config, key):
+            if _REMOTE.match(f):
+                rows = None if key == "data.train_files" else rows
+                continue
+            path = os.path.expanduser(f)
+            if not os.path.isfile(path):
+                raise ValueError(
+                    f"{key}={f} does not exist on this machine ({os.path.abspath(path)}); give an existing local "
+                    "file or a remote URI (hdfs://, s3://, gs://)"
+                )
+            if key == "data.train_files" and rows is not None:
+                rows = rows + _parquet_rows(path) if path.endswith(".parquet") else None
+    if rows is None or not _files(config, "data.train_files"):
+        return
+    try:
+        cap = config.data.get("train_max_samples", -1)
+    except Exception:
+        cap = -1
+    if isinstance(cap, int) and 0 < cap < rows:
+        rows = cap
+    check_batch_fits(config, rows)
+
+
+def _parquet_rows(path: str) -> int:
+    import pyarrow.parquet as pq
+
+    return int(pq.read_metadata(path).num_rows)
+
+
 def install_driver_validation() -> bool:
     """Wrap ``verl.utils.config.validate_config`` once; returns True when the wrapper is in place."""
     import verl.utils.config as verl_config
@@ -103,7 +179,9 @@ def install_driver_validation() -> bool:
         config = kwargs.get("config", args[0] if args else None)
         if config is not None and uses_gdro(config):
             settings = validate_gdro_config(config)
+            check_data_files(config)
             if not uses_gdro_trainer(config) and config.algorithm.get("adv_estimator") == ESTIMATOR_NAME:
+                settings = estimator_path_settings(config.algorithm)
                 _log_resolved_estimator_group(config, settings)
                 if settings.enable and settings.prompt.enable:
                     select_standalone_checkpoint(config)

@@ -28,8 +28,9 @@ With Prompt-GDRO disabled (or multipliers all exactly 1) and no advantage clip, 
 equals verl's ``grpo`` bit for bit on every group of two or more responses.
 
 Settings: standalone, ``config["gdro"]`` (i.e. ``algorithm.gdro``, the only namespace this path
-reads), resolved by :func:`verl_gdro.step.config.estimator_settings`, the function the dry run and
-the driver check use too; inside a GDRO trainer step, the trainer's settings (its top-level
+reads), resolved by :func:`verl_gdro.integration.estimator_keys.estimator_path_settings`, the
+function the dry run and the driver check use too: it refuses every key this path does not read
+(:data:`~verl_gdro.integration.estimator_keys.ESTIMATOR_READS`); inside a GDRO trainer step, the trainer's settings (its top-level
 ``gdro`` group, also copied to ``algorithm.gdro``). Missing keys take the package defaults.
 """
 
@@ -45,10 +46,11 @@ import torch
 from verl.trainer.ppo import core_algos
 
 from verl_gdro.classifier import raw_bin
+from verl_gdro.integration.estimator_keys import estimator_path_settings
 from verl_gdro.integration.glue import correctness
 from verl_gdro.metrics import step_metrics
 from verl_gdro.prompt_gdro import PromptGDRO
-from verl_gdro.step.config import ESTIMATOR_NAME, GDROSettings, estimator_settings, resolve_gdro
+from verl_gdro.step.config import ESTIMATOR_NAME, GDROSettings, resolve_gdro
 from verl_gdro.step.context import PADDING_UID_PREFIX, current_step, uid_keys
 
 __all__ = [
@@ -163,7 +165,7 @@ def reset_standalone() -> None:
 
 def _settings_from(config: Any, standalone: bool = False) -> GDROSettings:
     if standalone:
-        return estimator_settings(config)
+        return estimator_path_settings(config)
     group = None
     if config is not None:
         try:
@@ -217,9 +219,10 @@ def _standalone_multipliers(
         logger.warning(
             "gdro_grpo runs STANDALONE (no GDRO trainer step open): each prompt is binned by its own group's "
             "correctness this step (outcome reward > algorithm.gdro.correct_threshold=%s), Prompt-GDRO "
-            "state is kept in this process, loss signal = failure rate. Use trainer.v1.trainer_mode=gdro_sync "
-            "for the online classifier and Rollout-GDRO.",
+            "state is kept in this process, loss signal = failure rate (preset %s). Use "
+            "trainer.v1.trainer_mode=gdro_sync for the online classifier, the preset's loss signal and Rollout-GDRO.",
             settings.correct_threshold,
+            settings.preset,
         )
         _STANDALONE.logged = True
     t0 = time.perf_counter()
