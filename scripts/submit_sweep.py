@@ -6,8 +6,8 @@
 
 Each job is scripts/slurm/ray_job.sbatch running recipes/<method>_qwen3_<model>.sh with SEED,
 PRESET and TEMPLATE exported (through sbatch's environment, so values may contain commas), on the
-recipe's node count, logging to logs/%x-%j.out (the folder is created before submitting). The GRPO baseline ignores the preset, so it is submitted once per
-(model, seed, template), not once per preset. Standard library only: runs on a login node.
+recipe's node count, logging to logs/%x-%j.out (the folder is created before submitting). The GRPO baseline runs no adversary, so it is submitted once per
+(model, seed, template), with the first preset (its run's name says which). Standard library only: runs on a login node.
 """
 
 from __future__ import annotations
