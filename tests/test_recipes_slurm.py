@@ -306,3 +306,15 @@ def test_sbatch_template_validates_before_starting_ray(tmp_path):
     dry, calls, argv = _run_sbatch(tmp_path, DRY_RUN="1")
     assert dry.returncode == 0 and "ray start" not in calls and "main_ppo" not in calls, calls
     assert "trainer.nnodes=3" in argv and argv[-1] == "trainer.total_training_steps=5"
+
+
+def test_documented_launches_keep_the_file_logger_plot_reads():
+    """issue 36, item 15: ``verl-gdro plot`` reads verl's ``file`` logger; every documented LOGGER of
+    a launch keeps it."""
+    import re
+
+    for doc in ("docs/multinode.md", "scripts/slurm/ray_job.sbatch"):
+        text = (REPO / doc).read_text(encoding="utf-8")
+        launches = re.findall(r"LOGGER='(\[[^']*\])'", text)
+        assert launches, doc
+        assert all("file" in value.strip("[]").split(",") for value in launches), (doc, launches)
