@@ -43,6 +43,7 @@ for arg in "$@"; do
     case $arg in
         trainer.resume_mode=*|trainer.resume_from_path=*|trainer.logger=*|trainer.save_freq=*|\
         trainer.test_freq=*|trainer.val_before_train=*|trainer.experiment_name=*|trainer.project_name=*) ;;
+        --*) ;;  # the dry run's own flags (--quiet, --require-data), not overrides
         gdro.classifier.num_bins=*) BINS=_b${arg#*=}; RUN_OVERRIDES+=("$arg") ;;
         *) RUN_OVERRIDES+=("$arg") ;;
     esac

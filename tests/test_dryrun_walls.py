@@ -94,3 +94,24 @@ def test_gdro_trainer_resolved_config_has_no_preset_nulls(capsys) -> None:
         assert group["classifier"]["bin_edges"] == [0.4, 0.75] and group["classifier"]["num_bins"] == 3
         assert group["prompt"]["loss_signal"] == "update_surrogate" and group["rollout"]["allocator"] == "bandit"
         assert group["prompt"]["kl_coef"] is not None
+
+
+@pytest.mark.slow
+def test_reproduce_section_3_shows_what_the_command_prints(tmp_path: Path) -> None:
+    """docs/reproduce.md, section 3: the shown output is the command's (the derived quantities, the
+    last line up to its ``...``)."""
+    import os
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[1]
+    text = (repo / "docs" / "reproduce.md").read_text(encoding="utf-8")
+    section = text.split("## 3. Check a run on any machine (no GPU)", 1)[1].split("## 4.", 1)[0]
+    shown = section.split("```\n=== derived quantities ===", 1)[1].split("```", 1)[0].splitlines()
+    env = {**os.environ, "DRY_RUN": "1", "PYTHON": sys.executable, "DATA_DIR": str(tmp_path / "data")}
+    res = subprocess.run(["bash", str(repo / "recipes" / "prompt_gdro_qwen3_4b.sh"), "--quiet"], env=env,
+                         capture_output=True, text=True, timeout=300, check=False)
+    assert res.returncode == 0, res.stderr
+    printed = res.stdout.split("=== derived quantities ===", 1)[1].splitlines()
+    assert printed[:-1] == shown[:-1]
+    assert shown[-1].endswith(" ...") and printed[-1].startswith(shown[-1][: -len(" ...")])

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -130,7 +131,41 @@ def compose_config(args: HydraArgs):
         with initialize_config_dir(config_dir=cdir, version_base=None):
             return compose(config_name=args.config_name, overrides=overrides)
     except (HydraException, OmegaConfBaseException) as e:
-        raise DryRunError(f"Hydra composition failed: {e}") from e
+        raise DryRunError(unknown_gdro_key(str(e), overrides) or f"Hydra composition failed: {e}") from e
+
+
+_NOT_OVERRIDABLE = re.compile(r"Could not override '([^']+)'")
+
+
+def unknown_gdro_key(hydra_message: str, overrides: list[str]) -> str | None:
+    """Our message for a ``gdro`` key Hydra cannot override because it is not in the config.
+
+    Hydra answers an unknown key with "Could not override 'gdro.prompt.etaa'. To append to your
+    config use +gdro.prompt.etaa=...", which invites the user to add the typo. When the key lies
+    under ``gdro`` or ``algorithm.gdro`` and is not a key of the group, say so with the group's own
+    message (the known keys); a known key that is merely absent keeps Hydra's answer.
+    """
+    from verl_gdro.step.config import estimator_settings, resolve_gdro
+
+    match = _NOT_OVERRIDABLE.search(hydra_message)
+    if match is None:
+        return None
+    key = match.group(1)
+    for prefix, resolve in (("gdro.", resolve_gdro), ("algorithm.gdro.", lambda g: estimator_settings({"gdro": g}))):
+        if not key.startswith(prefix):
+            continue
+        group: dict[str, Any] = {}
+        node = group
+        *parents, leaf = key[len(prefix) :].split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = None
+        try:
+            resolve(group)
+        except ValueError as e:
+            if "is not a known key" in str(e) or "must be a group of keys" in str(e):
+                return str(e)
+    return None
 
 
 def verl_checks(cfg) -> list[str]:
@@ -239,7 +274,10 @@ def gdro_checks(cfg):
         from verl_gdro.step.config import validate_gdro_config
     except ImportError as e:
         raise DryRunError(f"verl_gdro.step.config.validate_gdro_config is not importable: {e}") from e
+    from verl_gdro.integration.driver import check_launch_keys
+
     try:
+        check_launch_keys(cfg)
         settings = validate_gdro_config(cfg)
         return estimator_alone_settings(cfg, settings)
     except ValueError as e:
@@ -448,6 +486,26 @@ def derived_quantities(cfg, settings: Any, train_rows: int | None) -> dict[str, 
     return out
 
 
+def resolve_config(cfg) -> dict[str, Any]:
+    """The composed config with its interpolations resolved; a dangling one named with its fix.
+
+    The package config mirrors ``gdro`` into ``algorithm.gdro: ${gdro}``: removing the group alone
+    (``~gdro``) leaves that mirror pointing at nothing.
+    """
+    from omegaconf import OmegaConf
+
+    try:
+        return OmegaConf.to_container(cfg, resolve=True)
+    except Exception as e:
+        if "Interpolation key 'gdro' not found" in str(e):
+            raise DryRunError(
+                "algorithm.gdro=${gdro} does not resolve: ~gdro removed the group the package config mirrors "
+                "into algorithm.gdro; remove both (~algorithm.gdro ~gdro) and give the estimator's keys as "
+                "+algorithm.gdro.<key>=..."
+            ) from e
+        raise DryRunError(f"config does not resolve: {e}") from e
+
+
 def settled_config(resolved: dict[str, Any], cfg, settings: Any) -> dict[str, Any]:
     """The resolved config as the run will use it: the ``gdro`` group (and its ``algorithm.gdro``
     mirror) with the values the preset and the actor decide instead of ``null``; for the estimator
@@ -465,19 +523,20 @@ def settled_config(resolved: dict[str, Any], cfg, settings: Any) -> dict[str, An
     return resolved
 
 
-def dry_run(argv: list[str], require_data: bool = False, print_config: bool = True, out: Any = None) -> int:
+def dry_run(
+    argv: list[str], require_data: bool = False, print_config: bool = True, out: Any = None, cli: bool = False
+) -> int:
     """Compose and validate; print the config and derived quantities. Returns the exit status:
-    0, or 2 with one ``DRY RUN FAILED: <reason>`` line on stderr for a config that fails a check."""
+    0, or 2 with one ``DRY RUN FAILED: <reason>`` line on stderr for a config that fails a check
+    (``cli``: raises :class:`verl_gdro.errors.UsageError` instead, which ``verl-gdro dry-run``
+    prints as ``verl-gdro dry-run: error: <reason>``, docs/cli.md's convention)."""
     from omegaconf import OmegaConf
 
     out = sys.stdout if out is None else out  # looked up per call (pytest's capsys swaps it)
     try:
         args = parse_hydra_argv(argv)
         cfg = compose_config(args)
-        try:
-            resolved = OmegaConf.to_container(cfg, resolve=True)
-        except Exception as e:
-            raise DryRunError(f"config does not resolve: {e}") from e
+        resolved = resolve_config(cfg)
         # ours first: a gdro key error names the key itself, not verl's validate_config (which the
         # plugin wraps with the same check in main_ppo's driver)
         checks = registration_checks(cfg)
@@ -491,7 +550,12 @@ def dry_run(argv: list[str], require_data: bool = False, print_config: bool = Tr
         derived = derived_quantities(cfg, settings, train_rows)
         resolved = settled_config(resolved, cfg, settings)
     except DryRunError as e:
-        print(f"DRY RUN FAILED: {e}", file=sys.stderr)
+        reason = " ".join(str(e).split())  # one line, whatever Hydra or verl put in it
+        if cli:
+            from verl_gdro.errors import UsageError
+
+            raise UsageError(reason) from e
+        print(f"DRY RUN FAILED: {reason}", file=sys.stderr)
         return 2  # bad input, as argparse and every other verl-gdro subcommand answer it
     if print_config:
         print("=== resolved config ===", file=out)
@@ -525,7 +589,7 @@ def main(argv: list[str] | argparse.Namespace | None = None) -> int:
         a = argv
         hydra_argv = [f"--config-path={a.config_path}", f"--config-name={a.config_name}"]
         hydra_argv += [f"--config-dir={d}" for d in a.config_dir] + list(a.overrides)
-        return dry_run(hydra_argv, require_data=a.require_data, print_config=not a.quiet)
+        return dry_run(hydra_argv, require_data=a.require_data, print_config=not a.quiet, cli=True)
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument("--require-data", action="store_true")

@@ -27,6 +27,7 @@ from verl_gdro.step.config import ESTIMATOR_NAME, TRAINER_MODES, validate_gdro_c
 __all__ = [
     "check_batch_fits",
     "check_data_files",
+    "check_launch_keys",
     "install_driver_validation",
     "select_standalone_checkpoint",
     "uses_gdro",
@@ -110,15 +111,47 @@ _REMOTE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 
 def _files(config: Any, key: str) -> list[str]:
+    node = _get(config, key)
+    if node is None:
+        return []
+    return [node] if isinstance(node, str) else [str(f) for f in node]
+
+
+def check_launch_keys(config: Any) -> None:
+    """verl keys a verl-gdro launch reads whose mistakes verl reports late or under another name:
+
+    - ``data.custom_cls.path`` without ``data.custom_cls.name``: verl's ``get_dataset_class`` fails
+      in the TaskRunner with ``TypeError: attribute name must be string``;
+    - the recipes' top-level ``seed`` (data order, vLLM sampling and ``gdro.rollout.seed`` interpolate
+      it): not an integer, the error would name ``gdro.rollout.seed``.
+    """
+    custom = _get(config, "data.custom_cls")
+    if custom is not None and custom.get("path", None) and not custom.get("name", None):
+        raise ValueError(
+            f"data.custom_cls.name={custom.get('name', None)!r} is invalid with data.custom_cls.path="
+            f"{custom.get('path')}: name the dataset class in that file (e.g. data.custom_cls.name=GDRODataset)"
+        )
+    try:
+        seed = config.get("seed", None) if "seed" in config else None
+    except Exception:
+        return
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+        raise ValueError(
+            f"seed={seed!r} is invalid: must be an integer >= 0 (it seeds the data order, vLLM sampling and "
+            "gdro.rollout.seed)"
+        )
+
+
+def _get(config: Any, path: str) -> Any:
     node = config
-    for part in key.split("."):
+    for part in path.split("."):
         try:
             node = node.get(part, None)
         except Exception:
-            return []
+            return None
         if node is None:
-            return []
-    return [node] if isinstance(node, str) else [str(f) for f in node]
+            return None
+    return node
 
 
 def check_batch_fits(config: Any, train_rows: int) -> None:
@@ -178,6 +211,7 @@ def install_driver_validation() -> bool:
     def validate_config(*args: Any, **kwargs: Any) -> Any:
         config = kwargs.get("config", args[0] if args else None)
         if config is not None and uses_gdro(config):
+            check_launch_keys(config)
             settings = validate_gdro_config(config)
             check_data_files(config)
             if not uses_gdro_trainer(config) and config.algorithm.get("adv_estimator") == ESTIMATOR_NAME:
