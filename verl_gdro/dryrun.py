@@ -572,11 +572,13 @@ def dry_run(
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments for a ``verl-gdro dry-run`` subcommand (same options as main_ppo's Hydra CLI)."""
-    parser.add_argument("--require-data", action="store_true", help="fail when a data file is missing")
+    parser.add_argument("--require-data", action="store_true",
+                        help="fail when a local data file is missing here (default: note it)")
     parser.add_argument("--quiet", action="store_true", help="do not print the resolved config")
-    parser.add_argument("--config-path", "-cp", required=True)
-    parser.add_argument("--config-name", "-cn", required=True)
-    parser.add_argument("--config-dir", "-cd", action="append", default=[])
+    parser.add_argument("--config-path", "-cp", required=True, help="config folder, or pkg://package.path (as main_ppo)")
+    parser.add_argument("--config-name", "-cn", required=True, help="config name in that folder (as main_ppo)")
+    parser.add_argument("--config-dir", "-cd", action="append", default=[],
+                        help="extra config folder searched first (repeatable, as main_ppo)")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides")
 
 
