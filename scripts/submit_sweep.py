@@ -59,6 +59,19 @@ class Job:
         return " ".join([*(shlex.quote(f"{k}={v}") for k, v in self.env.items()), shlex.join(self.argv)])
 
 
+def _check_choices(methods: list[str], models: list[str], seeds: list[int], presets: list[str]) -> None:
+    for name, given, allowed in (
+        ("--methods", methods, METHODS),
+        ("--models", models, MODELS),
+        ("--presets", presets, PRESETS),
+    ):
+        bad = [x for x in given if x not in allowed]
+        if bad or not given:
+            raise ValueError(f"{name}={given} is invalid; allowed (non-empty): {list(allowed)}")
+    if not seeds:
+        raise ValueError("--seeds must name at least one seed")
+
+
 def build_jobs(
     methods: list[str],
     models: list[str],
@@ -80,16 +93,7 @@ def build_jobs(
     writes its log to ``log_dir/%x-%j.out`` (``<repo>/logs``), a folder :func:`main` creates before
     it submits (sbatch opens the output file before the job's script runs).
     """
-    for name, given, allowed in (
-        ("--methods", methods, METHODS),
-        ("--models", models, MODELS),
-        ("--presets", presets, PRESETS),
-    ):
-        bad = [x for x in given if x not in allowed]
-        if bad or not given:
-            raise ValueError(f"{name}={given} is invalid; allowed (non-empty): {list(allowed)}")
-    if not seeds:
-        raise ValueError("--seeds must name at least one seed")
+    _check_choices(methods, models, seeds, presets)
     log_dir = (REPO / "logs") if log_dir is None else Path(log_dir)
     jobs: list[Job] = []
     for model in models:

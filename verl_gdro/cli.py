@@ -20,10 +20,15 @@ import re
 import sys
 import warnings
 
+from verl_gdro.demo.config import QUICK_METHODS  # standard library only
 from verl_gdro.errors import UsageError
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "demo": ("verl_gdro.demo.run", "CPU demo: GRPO vs Prompt-GDRO, Rollout-GDRO and joint (the default) on a tiny model"),
+    "demo": (
+        "verl_gdro.demo.run",
+        "CPU demo: GRPO vs Prompt-GDRO, Rollout-GDRO and joint (the default) on a tiny model; --quick runs "
+        f"{len(QUICK_METHODS)} methods ({', '.join(QUICK_METHODS)})",
+    ),
     "study": ("verl_gdro.demo.study", "paired multi-seed study: GDRO vs GRPO at equal rollouts, with intervals"),
     "decide": ("verl_gdro.demo.decide", "apply the stated rule that picks the robust default from study results"),
     "plot": ("verl_gdro.plots", "redraw the curriculum figures from metrics.jsonl or verl's file-logger JSONL"),

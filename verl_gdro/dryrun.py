@@ -334,6 +334,24 @@ def _as_list(v: Any) -> list[str]:
     return [str(x) for x in v]
 
 
+def row_index_checks(cfg) -> list[str]:
+    """``gdro.uid_key=row_index``: the dataset class verl would load (``data.custom_cls``, with
+    verl's ``get_dataset_class``) must be a ``GDRODataset``."""
+    from verl.utils.dataset.rl_dataset import get_dataset_class
+
+    from verl_gdro.integration.dataset import check_row_index_class
+
+    try:
+        dataset_cls = get_dataset_class(cfg.data)
+    except Exception as e:
+        raise DryRunError(f"data.custom_cls: verl cannot load the dataset class: {type(e).__name__}: {e}") from e
+    try:
+        check_row_index_class(dataset_cls)
+    except ValueError as e:
+        raise DryRunError(str(e)) from e
+    return [f"gdro.uid_key=row_index: data.custom_cls is {dataset_cls.__name__} (a GDRODataset)"]
+
+
 def data_checks(cfg, settings: Any = None, require: bool = False) -> tuple[list[str], int | None]:
     """What the launch will check on the data, on the parquet files that exist here; returns notes
     and the training row count (None unless every training file is here: never a guess).
@@ -357,21 +375,7 @@ def data_checks(cfg, settings: Any = None, require: bool = False) -> tuple[list[
         and settings.enable
         and OmegaConf.select(cfg, "trainer.v1.trainer_mode") in TRAINER_MODES
     )
-    notes: list[str] = []
-    if ids and settings.uid_key == "row_index":
-        from verl.utils.dataset.rl_dataset import get_dataset_class
-
-        from verl_gdro.integration.dataset import check_row_index_class
-
-        try:
-            dataset_cls = get_dataset_class(cfg.data)
-        except Exception as e:
-            raise DryRunError(f"data.custom_cls: verl cannot load the dataset class: {type(e).__name__}: {e}") from e
-        try:
-            check_row_index_class(dataset_cls)
-        except ValueError as e:
-            raise DryRunError(str(e)) from e
-        notes.append(f"gdro.uid_key=row_index: data.custom_cls is {dataset_cls.__name__} (a GDRODataset)")
+    notes: list[str] = row_index_checks(cfg) if ids and settings.uid_key == "row_index" else []
     train_column: list[Any] | None = []
     for key in ("data.train_files", "data.val_files"):
         for f in _as_list(OmegaConf.select(cfg, key)):
@@ -399,18 +403,23 @@ def data_checks(cfg, settings: Any = None, require: bool = False) -> tuple[list[
                 train_column += table
     train_rows = None if train_column is None else len(train_column)
     if ids and settings.uid_key == "index" and train_column:
-        from verl_gdro.integration.dataset import stable_ids_from_extra_info
-
-        try:
-            stable_ids_from_extra_info(train_column)
-        except ValueError as e:
-            raise DryRunError(f"data.train_files: {e}") from e
-        notes.append(f"gdro.uid_key=index: {len(train_column)} training rows, unique extra_info.index")
+        notes.append(index_checks(train_column))
     if train_rows is not None:
         cap = OmegaConf.select(cfg, "data.train_max_samples", default=-1)
         if isinstance(cap, int) and 0 < cap < train_rows:
             train_rows = cap  # verl keeps the first train_max_samples rows
     return notes, train_rows
+
+
+def index_checks(train_column: list[Any]) -> str:
+    """``gdro.uid_key=index``: the GDRO trainer's own check of the training rows' ids."""
+    from verl_gdro.integration.dataset import stable_ids_from_extra_info
+
+    try:
+        stable_ids_from_extra_info(train_column)
+    except ValueError as e:
+        raise DryRunError(f"data.train_files: {e}") from e
+    return f"gdro.uid_key=index: {len(train_column)} training rows, unique extra_info.index"
 
 
 def _prepare_hint(cfg, path: str) -> str:
