@@ -5,7 +5,8 @@
     python scripts/submit_sweep.py --partition gpu --seeds 0 1 2              # validate, submit them
 
 Every job is validated first by its recipe's dry run (``DRY_RUN=1``, with the job's variables and
-node count; needs verl and verl-gdro in ``--python``); one refusal submits nothing.
+node count, all jobs in one ``python -m verl_gdro.dryrun --each`` process; needs verl and
+verl-gdro in ``--python``); one refusal submits nothing.
 
 Each job is scripts/slurm/ray_job.sbatch running recipes/<method>_qwen3_<model>.sh with SEED,
 PRESET and TEMPLATE exported (through sbatch's environment, so values may contain commas), on the
@@ -197,18 +198,40 @@ def _nodes(items: list[str]) -> dict[str, int]:
     return out
 
 
-def validate_job(job: Job, python: str) -> str | None:
-    """The job's recipe dry run (``DRY_RUN=1``, the job's variables and node count), as the sbatch
-    script runs it before starting Ray; returns its one-line refusal, or None when it passes."""
+def recipe_dry_run_argv(job: Job, capture: Path) -> list[str]:
+    """The arguments the job's recipe gives its dry run (``DRY_RUN=1``, the job's variables and node
+    count), read with a stand-in interpreter that records them: shell only, no verl."""
     nodes = next(a.split("=", 1)[1] for a in job.argv if a.startswith("--nodes="))
     gpus = next(a.split("=", 1)[1] for a in job.argv if a.startswith("--gpus-per-node="))
-    env = {**os.environ, **job.env, "DRY_RUN": "1", "PYTHON": python, "NNODES": nodes, "GPUS_PER_NODE": gpus}
+    out = capture.parent / "argv"
+    env = {**os.environ, **job.env, "DRY_RUN": "1", "PYTHON": str(capture), "ARGV_OUT": str(out), "NNODES": nodes,
+           "GPUS_PER_NODE": gpus}
     cmd = ["bash", str(REPO / "recipes" / f"{job.env['RECIPE']}.sh"), *job.env.get("EXTRA_ARGS", "").split()]
-    res = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
-    if res.returncode == 0:
-        return None
-    lines = [line for line in res.stderr.splitlines() if line.strip()]
-    return next((line for line in lines if line.startswith("DRY RUN FAILED")), lines[-1] if lines else f"exit {res.returncode}")
+    subprocess.run(cmd, env=env, check=True, capture_output=True)
+    argv = out.read_text(encoding="utf-8").split("\0")[:-1]
+    assert argv[:2] == ["-m", "verl_gdro.dryrun"], argv
+    return argv[2:]
+
+
+def validate_jobs(jobs: list[Job], python: str) -> list[tuple[Job, str]]:
+    """Each job's recipe dry run, as the sbatch script runs it before starting Ray, all in one
+    ``python -m verl_gdro.dryrun --each`` process; returns the refused jobs with their one line."""
+    import json
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        capture = Path(tmp) / "capture"
+        capture.write_text('#!/usr/bin/env bash\nfor a in "$@"; do printf "%s\\0" "$a"; done > "$ARGV_OUT"\n')
+        capture.chmod(0o755)
+        listing = Path(tmp) / "jobs.jsonl"
+        listing.write_text("".join(json.dumps(recipe_dry_run_argv(job, capture)) + "\n" for job in jobs))
+        res = subprocess.run([python, "-m", "verl_gdro.dryrun", "--each", str(listing)], capture_output=True,
+                             text=True, check=False, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    refused = [line.split("\t", 1) for line in res.stdout.splitlines() if "\t" in line]
+    if res.returncode not in (0, 2) or (res.returncode == 2 and not refused):
+        tail = (res.stderr.strip().splitlines() or [f"exit {res.returncode}"])[-1]
+        raise RuntimeError(f"--python {python}: the validation did not run: {tail}")
+    return [(jobs[int(number)], reason) for number, reason in refused]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -233,13 +256,12 @@ def main(argv: list[str] | None = None) -> int:
         )
     except ValueError as e:
         parser.error(str(e))  # one line, exit 2
-    if not a.no_validate:
-        for job in jobs:
-            refusal = validate_job(job, a.python)
-            if refusal is not None:
-                name = next(x for x in job.argv if x.startswith("--job-name=")).split("=", 1)[1]
-                print(f"submit_sweep.py: error: job {name}: {refusal}; nothing submitted", file=sys.stderr)
-                return 2
+    refused = [] if a.no_validate else validate_jobs(jobs, a.python)
+    for job, reason in refused:
+        name = next(x for x in job.argv if x.startswith("--job-name=")).split("=", 1)[1]
+        print(f"submit_sweep.py: error: job {name}: {reason}; nothing submitted", file=sys.stderr)
+    if refused:
+        return 2
     for job in jobs:
         print(job.shell())
         if not a.dry_run:

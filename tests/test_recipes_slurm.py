@@ -131,27 +131,35 @@ echo "Submitted batch job 4$n"
 
 
 def _ok_python(tmp_path: Path, fail_on: str = "") -> Path:
-    """An interpreter stub for the jobs' validation: records each dry run's arguments and the job's
-    PRESET, refuses the one whose arguments contain ``fail_on``."""
+    """An interpreter stub for the jobs' validation (``-m verl_gdro.dryrun --each FILE``): keeps FILE,
+    refuses the jobs whose arguments contain ``fail_on`` as the dry run would."""
     stub, calls = tmp_path / "validate_python", tmp_path / "validations"
     calls.mkdir(exist_ok=True)
     _stub(stub, f"""
-n=$(ls {calls} | wc -l)
-printf '%s\\n' "$@" > {calls}/$n.argv
-if [[ -n "{fail_on}" && " $* " == *"{fail_on}"* ]]; then echo "DRY RUN FAILED: gdro.prompt.eta=-1 is invalid" >&2; exit 2; fi
+[[ $1 == -m && $2 == verl_gdro.dryrun && $3 == --each ]] || exit 3
+cp "$4" {calls}/$(ls {calls} | wc -l).jsonl
+n=0; status=0
+while IFS= read -r line; do
+  if [[ -n "{fail_on}" && $line == *"{fail_on}"* ]]; then
+    printf '%s\\tDRY RUN FAILED: gdro.prompt.eta=-1 is invalid\\n' $n; status=2
+  fi
+  n=$((n+1))
+done < "$4"
+exit $status
 """)
     return stub
 
 
 def test_sweep_validates_every_job_before_submitting_any(tmp_path, capsys, monkeypatch):
-    """issue 36, item 10: --dry-run runs each job's recipe dry run (with its node count); one refusal
-    prints one line naming the job and submits nothing."""
+    """issue 36, item 10: --dry-run runs each job's recipe dry run (with its node count, all in one
+    process); one refusal prints one line naming the job and submits nothing."""
+    import json
+
     stub = _ok_python(tmp_path)
     assert sweep.main(["--dry-run", "--models", "4b", "8b", "--methods", "joint", "--python", str(stub)]) == 0
-    runs = sorted((tmp_path / "validations").glob("*.argv"))
-    assert len(runs) == 2
-    argvs = [p.read_text().splitlines() for p in runs]
-    assert all(a[:2] == ["-m", "verl_gdro.dryrun"] for a in argvs)
+    (listing,) = sorted((tmp_path / "validations").glob("*.jsonl"))
+    argvs = [json.loads(line) for line in listing.read_text().splitlines()]
+    assert len(argvs) == 2 and all("--config-name=gdro_trainer" in a for a in argvs)
     assert {"trainer.nnodes=1", "trainer.nnodes=2"} == {x for a in argvs for x in a if x.startswith("trainer.nnodes=")}
     assert "2 job(s) validated, listed (dry run)" in capsys.readouterr().err
 
@@ -167,6 +175,23 @@ def test_sweep_validates_every_job_before_submitting_any(tmp_path, capsys, monke
     err = capsys.readouterr().err.strip()
     assert err == ("submit_sweep.py: error: job gdro_joint_qwen3_8b_robust_s0: DRY RUN FAILED: gdro.prompt.eta=-1 "
                    "is invalid; nothing submitted"), err
+
+
+@pytest.mark.slow
+def test_dry_run_each_validates_every_line_in_one_process(tmp_path, capsys):
+    """The real validator behind the sweep: one refusal line per refused job, exit 2."""
+    import json
+
+    from verl_gdro.dryrun import main as dryrun_main
+
+    ok = ["--config-path=pkg://verl_gdro.config", "--config-name=gdro_trainer",
+          "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+          "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
+          "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8", "actor_rollout_ref.rollout.name=vllm"]
+    listing = tmp_path / "jobs.jsonl"
+    listing.write_text(json.dumps(ok) + "\n" + json.dumps([*ok, "gdro.prompt.eta=-1"]) + "\n")
+    assert dryrun_main(["--each", str(listing)]) == 2
+    assert capsys.readouterr().out == "1\tDRY RUN FAILED: gdro.prompt.eta=-1 is invalid: must be a finite number > 0.0\n"
 
 
 @pytest.mark.parametrize(

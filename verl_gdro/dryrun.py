@@ -605,8 +605,32 @@ def main(argv: list[str] | argparse.Namespace | None = None) -> int:
     parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument("--require-data", action="store_true")
     parser.add_argument("--quiet", action="store_true")
+    parser.add_argument("--each", default=None)
     own, rest = parser.parse_known_args(argv)
+    if own.each is not None:
+        return dry_run_each(Path(own.each), require_data=own.require_data)
     return dry_run(rest, require_data=own.require_data, print_config=not own.quiet)
+
+
+def dry_run_each(path: Path, require_data: bool = False) -> int:
+    """``--each FILE``: one dry run per line of FILE (a JSON list: a recipe's dryrun arguments after
+    ``-m verl_gdro.dryrun``) in this one process (verl is imported once; ``scripts/submit_sweep.py``
+    validates a sweep's jobs this way). Prints ``<line>\tDRY RUN FAILED: <reason>`` for each
+    refusal; exit status 2 when any, else 0."""
+    import contextlib
+    import io
+    import json
+
+    failed = 0
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines()):
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):  # verl prints too
+            status = dry_run(json.loads(line), require_data=require_data, print_config=False, out=io.StringIO())
+        if status != 0:
+            failed += 1
+            reason = next((x for x in err.getvalue().splitlines() if x.startswith("DRY RUN FAILED")), f"exit {status}")
+            print(f"{number}\t{reason}")
+    return 2 if failed else 0
 
 
 if __name__ == "__main__":
