@@ -9,17 +9,22 @@ the recipe would give ``python -m verl.trainer.main_ppo`` (``--config-path``, ``
    before Ray: batch divisibility, actor dataclass and its ``validate``, micro-batch settings), the
    dataclass conversion of the rollout and checkpoint-engine configs, and loading the custom reward
    function the config names;
-3. ours: ``verl_gdro.step.config.validate_gdro_config`` (must be importable: a dry run that
-   skips it would pass configs the trainer refuses), and for ``gdro_separate_async`` verl's own
-   start-up checks of that trainer (:func:`separate_async_checks`);
+3. ours: that verl will load the plugin (:func:`registration_checks`, ``VERL_USE_EXTERNAL_PLUGINS``),
+   the launch keys the driver check refuses (:func:`verl_gdro.integration.driver.check_launch_keys`),
+   ``verl_gdro.step.config.validate_gdro_config`` (must be importable: a dry run that skips it would
+   pass configs the trainer refuses), for the estimator alone the keys it reads and nothing else
+   (:func:`verl_gdro.integration.estimator_keys.estimator_path_settings`), and for
+   ``gdro_separate_async`` verl's own start-up checks of that trainer (:func:`separate_async_checks`);
 4. the data, where the parquet files exist here: every row's ``extra_info.template`` must be the
-   config's template, and the stable prompt ids are checked exactly as the GDRO trainer checks
-   them (only where it reads them; :func:`data_checks`);
+   config's template, the stable prompt ids are checked exactly as the GDRO trainer checks
+   them (only where it reads them; :func:`data_checks`), and the training set must fill one batch
+   (:func:`epoch_checks`); a file missing here is a note (the launch's driver check refuses it);
 5. the resolved config and the derived quantities (rollouts per step, mini-batches per step,
    mean budget, arms, steps per epoch: unknown without the training file, never assumed) are
    printed.
 
-Exit status 0 when valid, 2 with ``DRY RUN FAILED: <reason>`` on stderr when not.
+Exit status 0 when valid, 2 with one ``DRY RUN FAILED: <reason>`` line on stderr when not
+(``verl-gdro dry-run``: ``verl-gdro dry-run: error: <reason>``).
 """
 
 from __future__ import annotations
