@@ -9,8 +9,11 @@ in the driver right before ``run_ppo`` starts Ray, and ``main_ppo`` imports that
 ``verl.utils.config.validate_config``: the wrapper runs verl-gdro's validation first whenever the
 run uses the GDRO trainer or the ``gdro_grpo`` estimator, then verl's own checks. Every other caller is unaffected.
 
-The wrapper also refuses what would otherwise fail inside the TaskRunner (:func:`check_data_files`):
-a local training or validation file that does not exist, and a training set smaller than one batch.
+The wrapper also refuses what would otherwise fail inside the TaskRunner: a local training or
+validation file that does not exist, a training set smaller than one batch (:func:`check_data_files`),
+``data.custom_cls.path`` without a class name or a non-integer ``seed`` (:func:`check_launch_keys`),
+and, for the GDRO trainer, a checkpoint folder holding a run of other settings
+(:mod:`verl_gdro.integration.resume_check`).
 """
 
 from __future__ import annotations
@@ -199,6 +202,19 @@ def _parquet_rows(path: str) -> int:
     return int(pq.read_metadata(path).num_rows)
 
 
+def _check_resume(config: Any, settings: Any) -> None:
+    """:func:`verl_gdro.integration.resume_check.check_resume_folder`; a checkpoint this check cannot
+    read (not a refusal) is left to verl, with a warning."""
+    from verl_gdro.integration.resume_check import check_resume_folder
+
+    try:
+        check_resume_folder(config, settings)
+    except ValueError:
+        raise
+    except Exception as e:  # a partial or foreign data.pt: verl reports it when it loads it
+        logger.warning("verl-gdro: could not read the checkpoint to resume from before Ray: %s", e)
+
+
 def install_driver_validation() -> bool:
     """Wrap ``verl.utils.config.validate_config`` once; returns True when the wrapper is in place."""
     import verl.utils.config as verl_config
@@ -214,6 +230,8 @@ def install_driver_validation() -> bool:
             check_launch_keys(config)
             settings = validate_gdro_config(config)
             check_data_files(config)
+            if uses_gdro_trainer(config):
+                _check_resume(config, settings)
             if not uses_gdro_trainer(config) and config.algorithm.get("adv_estimator") == ESTIMATOR_NAME:
                 settings = estimator_path_settings(config.algorithm)
                 _log_resolved_estimator_group(config, settings)
