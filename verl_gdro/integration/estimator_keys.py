@@ -18,6 +18,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Mapping
 from dataclasses import replace
+from functools import lru_cache
 from typing import Any
 
 from verl_gdro.prompt_gdro import PromptGDRO
@@ -67,13 +68,14 @@ def _leaves(group: Mapping[str, Any], prefix: str = "") -> list[str]:
     return out
 
 
+@lru_cache(maxsize=1)
+def _known_keys() -> frozenset[str]:
+    """Every leaf key of the package YAML's ``gdro`` group (read once: the estimator checks every step)."""
+    return frozenset(_leaves(default_gdro_group()))
+
+
 def _known(key: str) -> bool:
-    node: Any = default_gdro_group()
-    for part in key.split("."):
-        if not isinstance(node, Mapping) or part not in node:
-            return False
-        node = node[part]
-    return True
+    return key in _known_keys()
 
 
 def check_estimator_keys(group: Any, prefix: str = "algorithm.gdro") -> None:
