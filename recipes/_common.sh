@@ -32,12 +32,27 @@ TEMPLATE=${TEMPLATE:-answer}
 SEED=${SEED:-0}
 PROJECT=${PROJECT:-verl_gdro}
 LOGGER=${LOGGER:-[console,file]}
-if [[ $EXPERIMENT == grpo_* ]]; then
-    # The preset only configures the adversaries, which the baseline turns off.
-    EXP_NAME=${EXP_NAME:-${EXPERIMENT}_${TEMPLATE}_seed${SEED}}
-else
-    EXP_NAME=${EXP_NAME:-${EXPERIMENT}_${PRESET}_${TEMPLATE}_seed${SEED}}
+# The run's name (its checkpoint and log folder) carries every setting that changes the run, so
+# two different runs never share a folder (resume_mode=auto would load one into the other): the
+# preset (also for the GRPO baseline: it sets the classifier whose bins it logs and saves), the
+# template, the seed, the bins an override sets, and a digest of the other overrides. Overrides
+# that only say how to run (resume, logging, save and test frequency) are left out of the digest.
+RUN_OVERRIDES=()
+BINS=""
+for arg in "$@"; do
+    case $arg in
+        trainer.resume_mode=*|trainer.resume_from_path=*|trainer.logger=*|trainer.save_freq=*|\
+        trainer.test_freq=*|trainer.val_before_train=*|trainer.experiment_name=*|trainer.project_name=*) ;;
+        --*) ;;  # the dry run's own flags (--quiet, --require-data), not overrides
+        gdro.classifier.num_bins=*) BINS=_b${arg#*=}; RUN_OVERRIDES+=("$arg") ;;
+        *) RUN_OVERRIDES+=("$arg") ;;
+    esac
+done
+DIGEST=""
+if (( ${#RUN_OVERRIDES[@]} )); then
+    DIGEST=_o$(printf '%s\n' "${RUN_OVERRIDES[@]}" | cksum | awk '{printf "%08x", $1}')
 fi
+EXP_NAME=${EXP_NAME:-${EXPERIMENT}_${PRESET}_${TEMPLATE}${BINS}_seed${SEED}${DIGEST}}
 
 ARGS=(
     --config-path="$REPO_DIR/verl_gdro/config"

@@ -72,3 +72,44 @@ def test_console_entry_point_exit_status() -> None:
     ]
 
 
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--version"])
+    assert e.value.code == 0
+    assert capsys.readouterr().out.strip() == f"verl-gdro {version('verl-gdro')}"
+
+
+@pytest.mark.parametrize("command", [None, *cli.SUBCOMMANDS])
+def test_help_has_no_rest_markup(command: str | None, capsys: pytest.CaptureFixture[str]) -> None:
+    """--help is read in a terminal: no ``literal`` or :func:`role` markup from the docstrings."""
+    with pytest.raises(SystemExit):
+        cli.main([*([command] if command else []), "--help"])
+    out = capsys.readouterr().out
+    assert "``" not in out and ":func:" not in out and ":class:" not in out, out
+
+
+def test_quick_demo_says_how_many_methods_it_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    from verl_gdro.demo.config import QUICK_METHODS
+
+    with pytest.raises(SystemExit):
+        cli.main(["demo", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"{len(QUICK_METHODS)} methods ({', '.join(QUICK_METHODS)}" in out
+
+
+@pytest.mark.slow
+def test_dry_run_errors_follow_the_cli_convention(capsys: pytest.CaptureFixture[str]) -> None:
+    """docs/cli.md: ``verl-gdro dry-run`` answers a bad config with one ``verl-gdro dry-run: error:``
+    line and exit 2, like every subcommand (the recipes' ``python -m verl_gdro.dryrun`` keeps its
+    ``DRY RUN FAILED:`` line); Hydra's multi-line answers become one line."""
+    package = ["dry-run", "--config-path=pkg://verl_gdro.config", "--config-name=gdro_trainer"]
+    assert cli.main([*package, "gdro.prompt.eta=-1"]) == 2
+    err = capsys.readouterr().err
+    assert err == "verl-gdro dry-run: error: gdro.prompt.eta=-1 is invalid: must be a finite number > 0.0\n", err
+    assert cli.main([*package, "trainer.no_such_key=1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("verl-gdro dry-run: error: Hydra composition failed:"), err

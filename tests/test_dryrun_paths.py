@@ -18,8 +18,9 @@ from typing import Any
 import pytest
 from integration_harness import make_trainer, write_dataset
 
-from verl_gdro.dryrun import compose_config, dry_run, gdro_checks, parse_hydra_argv
+from verl_gdro.dryrun import DryRunError, compose_config, dry_run, gdro_checks, parse_hydra_argv
 from verl_gdro.integration import estimator as est
+from verl_gdro.integration.estimator_keys import ESTIMATOR_READS
 from verl_gdro.step.config import default_gdro_group, resolve_gdro
 
 #: one valid, non-default value per key of the gdro group (every key must be here: a new key
@@ -107,10 +108,14 @@ TRAINER_EXTRA = {
 @pytest.mark.slow
 @pytest.mark.parametrize("key", sorted(VALUES))
 def test_dry_run_resolves_every_key_as_the_estimator_does(key: str) -> None:
-    """The estimator in verl's own trainer: ``+algorithm.gdro.<key>`` on verl's ppo_trainer."""
-    extra = {"rollout.rate_decay": ["+algorithm.gdro.rollout.allocator=per_prompt"],
-             "prompt.mix_support": ["+algorithm.gdro.prompt.min_ess=0"]}.get(key, [])
+    """The estimator in verl's own trainer: ``+algorithm.gdro.<key>`` on verl's ppo_trainer; a key
+    that path does not read is refused by the dry run as by the estimator (tests/test_estimator_keys.py)."""
+    extra = {"prompt.mix_support": ["+algorithm.gdro.prompt.min_ess=0"]}.get(key, [])
     cfg = _composed(ESTIMATOR_ONLY + [f"+algorithm.gdro.{key}={VALUES[key]}", *extra])
+    if key not in ESTIMATOR_READS:
+        with pytest.raises(DryRunError, match=f"algorithm.gdro.{key} is invalid for the gdro_grpo estimator alone"):
+            gdro_checks(cfg)
+        return
     dry = gdro_checks(cfg)
     est.reset_standalone()
     runtime = est._settings_from(cfg.algorithm, standalone=True)  # what gdro_grpo resolves at its first call

@@ -49,13 +49,16 @@ def test_overrides_reach_the_estimator_group() -> None:
     assert settings.num_bins == 4 and settings.rollout.enable
 
 
-def test_verl_accepts_the_composed_config() -> None:
-    """verl's own validate_config (main_ppo runs it before Ray) passes on the package config."""
+def test_verl_accepts_the_composed_config(tmp_path) -> None:
+    """verl's own validate_config (main_ppo runs it before Ray, wrapped by the plugin's driver
+    check, which also wants the data files to exist) passes on the package config."""
+    from integration_harness import write_dataset
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import validate_config
 
+    data = write_dataset(tmp_path, 8)
     cfg = composed(
-        "gdro.rollout.enable=true", "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+        f"data.train_files={data}", f"data.val_files={data}", "gdro.rollout.enable=true", "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
         "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=2",

@@ -32,7 +32,8 @@ def documented_command() -> list[str]:
 
 def write_own_data(root: Path) -> None:
     (root / "mine").mkdir(parents=True)
-    for name, count in (("train", 24), ("test_a", 5), ("test_b", 3)):
+    # at least one batch of verl's default data.train_batch_size (1024): a smaller set is refused
+    for name, count in (("train", 1030), ("test_a", 5), ("test_b", 3)):
         rows = [{
             "data_source": "mine",
             "prompt": [{"role": "user", "content": f"What is {i} + {i}?"}],
@@ -68,7 +69,7 @@ def test_the_documented_own_data_command_dry_runs_and_the_trainer_runs_it(tmp_pa
     assert cli.main(["dry-run", "--require-data", "--quiet", *args]) == 0, capsys.readouterr().err
     out = capsys.readouterr().out
     assert "gdro.uid_key=row_index: data.custom_cls is GDRODataset" in out
-    assert "train.parquet: 24 rows" in out and "test_a.parquet: 5 rows" in out and "steps per epoch" in out
+    assert "train.parquet: 1030 rows" in out and "test_a.parquet: 5 rows" in out and "steps per epoch" in out
     # without the dataset class: refused, naming every key it needs
     bare = [a for a in args if not a.startswith("data.custom_cls")]
     assert cli.main(["dry-run", "--quiet", *bare]) == 2

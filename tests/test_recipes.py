@@ -76,7 +76,7 @@ def test_recipe_calls_verl_main_ppo_and_dry_run_with_the_same_arguments(tmp_path
     assert launch[-1] == "trainer.total_training_steps=7"  # "$@" passed through, last wins
     env = recipe_argv(tmp_path, "grpo_qwen3_8b.sh", env={"NNODES": "4", "GPUS_PER_NODE": "4", "SEED": "3"})
     assert {"trainer.nnodes=4", "trainer.n_gpus_per_node=4", "seed=3"} <= set(env)
-    assert "trainer.experiment_name=grpo_qwen3_8b_answer_seed3" in env
+    assert "trainer.experiment_name=grpo_qwen3_8b_robust_answer_seed3" in env
 
 
 def test_appendix_a_settings(tmp_path):
@@ -176,11 +176,15 @@ def test_data_prepared_with_another_template_is_refused(tmp_path, capsys):
 
     prepare_all(tmp_path / "data", template="answer", loader=loader)
     argv = recipe_argv(tmp_path, "grpo_qwen3_1.7b.sh", env={"DRY_RUN": "1"})[2:]
-    assert dry_run(argv, print_config=False) == 0
+    # 3 fixture rows < one batch of 256: refused (verl would divide by 0 steps per epoch)
+    assert dry_run(argv, print_config=False) == 2
+    assert "data.train_files has 3 rows, fewer than data.train_batch_size=256" in capsys.readouterr().err
+    small = ["data.train_batch_size=3", "actor_rollout_ref.actor.ppo_mini_batch_size=3", "trainer.n_gpus_per_node=4"]
+    assert dry_run(argv + small, print_config=False) == 0, capsys.readouterr().err
     out = capsys.readouterr().out
     assert "data.train_files" in out and "3 rows, template answer" in out
     assert "gdro.uid_key=index: 3 training rows, unique extra_info.index" in out
-    assert "steps per epoch: 0" in out  # 3 fixture rows < one batch of 256
+    assert "steps per epoch: 1" in out
     # Boxed-prepared rows placed where the answer template's data is expected (defect 5).
     prepare_all(tmp_path / "boxed_data", template="boxed", loader=loader)
     (tmp_path / "data" / "answer" / "val.parquet").unlink()
@@ -238,8 +242,10 @@ def test_dry_run_cli_namespace_entry(tmp_path, capsys):
     dryrun.add_arguments(parser)
     ns = parser.parse_args(["--quiet", *argv[2:]])
     assert ns.config_name == "gdro_trainer" and ns.config_dir == [str(REPO / "hydra_configs")]
-    assert dryrun.main(ns) == 2
-    assert "gdro.rollout.n_max=3" in capsys.readouterr().err
+    from verl_gdro.errors import UsageError
+
+    with pytest.raises(UsageError, match="gdro.rollout.n_max=3"):  # verl-gdro prints it as one usage line
+        dryrun.main(ns)
 
 
 def test_verl_gdro_dry_run_answers_a_bad_key_with_one_line_and_exit_2(tmp_path, capsys):
@@ -250,8 +256,7 @@ def test_verl_gdro_dry_run_answers_a_bad_key_with_one_line_and_exit_2(tmp_path, 
     assert cli.main(["dry-run", "--quiet", *argv[2:]]) == 2
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if not line.lstrip().startswith(("warnings.warn", "/"))]
-    assert len([line for line in lines if "DRY RUN FAILED" in line]) == 1 and "gdro.prompt.eta" in err
-    assert "Traceback" not in err
+    assert lines == ["verl-gdro dry-run: error: gdro.prompt.eta=-1 is invalid: must be a finite number > 0.0"], err
 
 
 @pytest.mark.parametrize(
@@ -267,11 +272,42 @@ def test_verl_gdro_dry_run_answers_a_bad_key_with_one_line_and_exit_2(tmp_path, 
 def test_release_launch_cases_compose_and_validate(tmp_path, recipe, extra, bins):
     from verl_gdro.step.config import validate_gdro_config
 
-    cfg = compose(recipe_argv(tmp_path, recipe, env={"PRESET": "release"})[2:] + extra)
+    cfg = compose(recipe_argv(tmp_path, recipe, env={"PRESET": "release"}, args=tuple(extra))[2:])
     s = validate_gdro_config(cfg)
     assert s.preset == "release" and s.num_bins == bins
     assert s.classifier.passk_estimator == "any_of_n" and s.prompt.loss_signal == "update_surrogate"
-    assert flat(cfg)["trainer.experiment_name"].endswith("_release_answer_seed0")
+    name = flat(cfg)["trainer.experiment_name"]
+    assert name.startswith(recipe[:-3] + "_release_answer_seed0") and (name.endswith("_seed0") == (not extra))
+
+
+def test_run_names_carry_every_setting_that_changes_the_run(tmp_path):
+    """issue 36, item 13: two different runs never share a checkpoint folder (resume_mode=auto would
+    load one's controller into the other after the models load); resuming keeps the name."""
+
+    def name(recipe: str, env: dict[str, str] | None = None, args: tuple[str, ...] = ()) -> str:
+        argv = recipe_argv(tmp_path, recipe, env={"DRY_RUN": "1", **(env or {})}, args=args)
+        return next(a.split("=", 1)[1] for a in argv if a.startswith("trainer.experiment_name="))
+
+    runs = {
+        "grpo robust": name("grpo_qwen3_1.7b.sh"),
+        "grpo release": name("grpo_qwen3_1.7b.sh", {"PRESET": "release"}),
+        "release 3 bins": name("prompt_gdro_qwen3_1.7b.sh", {"PRESET": "release"}),
+        "release 7 bins": name("prompt_gdro_qwen3_1.7b.sh", {"PRESET": "release"},
+                               ("gdro.classifier.bin_edges=[0.1,0.2,0.4,0.6,0.8,0.9]",)),
+        "release 10 bins": name("prompt_gdro_qwen3_1.7b.sh", {"PRESET": "release"},
+                                ("gdro.classifier.bin_edges=[0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9]",)),
+        "6 bins": name("prompt_gdro_qwen3_1.7b.sh", args=("gdro.classifier.num_bins=6",)),
+        "boxed": name("prompt_gdro_qwen3_1.7b.sh", {"TEMPLATE": "boxed"}),
+        "seed 1": name("prompt_gdro_qwen3_1.7b.sh", {"SEED": "1"}),
+        "robust": name("prompt_gdro_qwen3_1.7b.sh"),
+    }
+    assert len(set(runs.values())) == len(runs), runs
+    assert runs["grpo release"] == "grpo_qwen3_1.7b_release_answer_seed0"
+    assert "_b6_" in runs["6 bins"]
+    resumed = name("prompt_gdro_qwen3_1.7b.sh", args=("trainer.resume_mode=auto", "trainer.test_freq=5",
+                                                     "trainer.logger=[console,file,wandb]"))
+    assert resumed == runs["robust"] == "prompt_gdro_qwen3_1.7b_robust_answer_seed0"
+    assert name("prompt_gdro_qwen3_1.7b.sh", {"EXP_NAME": "mine"}, ("gdro.prompt.eta=0.3",)) == "mine"
 
 
 def _table1_rows() -> list[tuple[str, str, str]]:
@@ -316,7 +352,7 @@ def test_table1_as_run_commands_compose_and_validate(tmp_path):
         s = validate_gdro_config(cfg)
         f = flat(cfg)
         assert s.advantage_clip is None, row  # the release's adv_clip keys are read by nothing
-        assert f["trainer.experiment_name"].endswith("_boxed_seed0"), row  # the release prompt: boxed
+        assert "_boxed_seed0" in f["trainer.experiment_name"], row  # the release prompt: boxed
         prompts = int(f["data.train_batch_size"])
         mini_batches = prompts // int(f["actor_rollout_ref.actor.ppo_mini_batch_size"])
         if method == "Rollout-GDRO":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -74,7 +75,7 @@ def test_sweep_dry_run_prints_and_submits_nothing(capsys, monkeypatch, tmp_path)
     logs = tmp_path / "logs"
     assert (
         sweep.main(
-            ["--dry-run", "--models", "4b", "--seeds", "0", "1", "2", "--nodes", "4b=2", "--env", "DATA_DIR=/data",
+            ["--dry-run", "--no-validate", "--models", "4b", "--seeds", "0", "1", "2", "--nodes", "4b=2", "--env", "DATA_DIR=/data",
              "--log-dir", str(logs)]
         )
         == 0
@@ -83,7 +84,7 @@ def test_sweep_dry_run_prints_and_submits_nothing(capsys, monkeypatch, tmp_path)
     lines = out.out.strip().splitlines()
     assert len(lines) == 3 * 3 and all(" sbatch " in line for line in lines)
     assert all("--nodes=2" in line and "DATA_DIR=/data" in line for line in lines)
-    assert "9 job(s) listed (dry run)" in out.err
+    assert "9 job(s) listed (dry run)" in out.err and "validated" not in out.err
     assert not logs.exists()  # a dry run creates nothing
 
 
@@ -110,7 +111,8 @@ echo "Submitted batch job 4$n"
     res = subprocess.run(
         [sys.executable, str(REPO / "scripts" / "submit_sweep.py"), "--methods", "grpo", "joint", "--models", "8b",
          "--presets", "release", "--log-dir", str(logs), "--env", "LOGGER=[console,wandb]", "DATA_DIR=/data",
-         "--extra-args", "gdro.classifier.bin_edges=[0.4,0.75] trainer.total_training_steps=5"],
+         "--extra-args", "gdro.classifier.bin_edges=[0.4,0.75] trainer.total_training_steps=5",
+         "--python", str(_ok_python(tmp_path))],
         env=env, capture_output=True, text=True, timeout=60, check=False,
     )
     assert res.returncode == 0, res.stderr
@@ -128,6 +130,92 @@ echo "Submitted batch job 4$n"
         "grpo_qwen3_8b", "joint_qwen3_8b"}
 
 
+def _ok_python(tmp_path: Path, fail_on: str = "") -> Path:
+    """An interpreter stub for the jobs' validation (``-m verl_gdro.dryrun --each FILE``): keeps FILE,
+    refuses the jobs whose arguments contain ``fail_on`` as the dry run would."""
+    stub, calls = tmp_path / "validate_python", tmp_path / "validations"
+    calls.mkdir(exist_ok=True)
+    _stub(stub, f"""
+[[ $1 == -m && $2 == verl_gdro.dryrun && $3 == --each ]] || exit 3
+cp "$4" {calls}/$(ls {calls} | wc -l).jsonl
+n=0; status=0
+while IFS= read -r line; do
+  if [[ -n "{fail_on}" && $line == *"{fail_on}"* ]]; then
+    printf '%s\\tDRY RUN FAILED: gdro.prompt.eta=-1 is invalid\\n' $n; status=2
+  fi
+  n=$((n+1))
+done < "$4"
+exit $status
+""")
+    return stub
+
+
+def test_sweep_validates_every_job_before_submitting_any(tmp_path, capsys, monkeypatch):
+    """issue 36, item 10: --dry-run runs each job's recipe dry run (with its node count, all in one
+    process); one refusal prints one line naming the job and submits nothing."""
+    import json
+
+    stub = _ok_python(tmp_path)
+    assert sweep.main(["--dry-run", "--models", "4b", "8b", "--methods", "joint", "--python", str(stub)]) == 0
+    (listing,) = sorted((tmp_path / "validations").glob("*.jsonl"))
+    argvs = [json.loads(line) for line in listing.read_text().splitlines()]
+    assert len(argvs) == 2 and all("--config-name=gdro_trainer" in a for a in argvs)
+    assert {"trainer.nnodes=1", "trainer.nnodes=2"} == {x for a in argvs for x in a if x.startswith("trainer.nnodes=")}
+    assert "2 job(s) validated, listed (dry run)" in capsys.readouterr().err
+
+    def refuse(argv, **kwargs):
+        if argv[0] == "sbatch":
+            raise AssertionError("nothing may be submitted")
+        return real_run(argv, **kwargs)
+
+    real_run = subprocess.run
+    monkeypatch.setattr(sweep.subprocess, "run", refuse)
+    bad = _ok_python(tmp_path, fail_on="+experiment=joint_qwen3_8b")
+    assert sweep.main(["--models", "4b", "8b", "--methods", "joint", "--python", str(bad)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("submit_sweep.py: error: job gdro_joint_qwen3_8b_robust_s0: DRY RUN FAILED: gdro.prompt.eta=-1 "
+                   "is invalid; nothing submitted"), err
+
+
+@pytest.mark.slow
+def test_dry_run_each_validates_every_line_in_one_process(tmp_path, capsys):
+    """The real validator behind the sweep: one refusal line per refused job, exit 2."""
+    import json
+
+    from verl_gdro.dryrun import main as dryrun_main
+
+    ok = ["--config-path=pkg://verl_gdro.config", "--config-name=gdro_trainer",
+          "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+          "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
+          "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8", "actor_rollout_ref.rollout.name=vllm"]
+    listing = tmp_path / "jobs.jsonl"
+    listing.write_text(json.dumps(ok) + "\n" + json.dumps([*ok, "gdro.prompt.eta=-1"]) + "\n")
+    assert dryrun_main(["--each", str(listing)]) == 2
+    assert capsys.readouterr().out == "1\tDRY RUN FAILED: gdro.prompt.eta=-1 is invalid: must be a finite number > 0.0\n"
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--nodes", "8b=x"], "--nodes 8b=x is invalid"),
+        (["--nodes", "9b=2"], "--nodes 9b=2 is invalid"),
+        (["--env", "DATA_DIR"], "--env expects KEY=VALUE, got 'DATA_DIR'"),
+        (["--presets", "fast"], "argument --presets: invalid choice: 'fast'"),
+        (["--gpus-per-node", "0"], "argument --gpus-per-node: 0 is invalid"),
+    ],
+)
+def test_sweep_bad_values_get_one_line(args, needle):
+    res = subprocess.run([sys.executable, str(REPO / "scripts" / "submit_sweep.py"), "--dry-run", *args],
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    assert needle in res.stderr.strip().splitlines()[-1], res.stderr
+
+
+def test_sweep_flags_all_have_help():
+    actions = [a for a in sweep.build_parser()._actions if a.option_strings]
+    assert all(a.help for a in actions), [a.option_strings for a in actions if not a.help]
+
+
 def test_sbatch_template_logs_to_an_existing_folder_and_nodes_default_to_one():
     """sbatch opens --output before the script runs: the template's default is the submit folder
     itself, and it asks for no node count of its own (1, what the 1.7B and 4B recipes assume)."""
@@ -143,8 +231,11 @@ def _stub(path: Path, body: str) -> None:
     path.chmod(0o755)
 
 
-def test_sbatch_template_starts_head_then_workers_then_the_recipe(tmp_path):
-    """Run the sbatch script with stub SLURM/Ray commands: head, workers, recipe on the head."""
+def _sbatch_env(tmp_path: Path) -> tuple[dict[str, str], Path, Path]:
+    """Stub SLURM/Ray commands and interpreter; returns (env, call log, argv file)."""
+    for old in ("bin", "venv"):
+        shutil.rmtree(tmp_path / old, ignore_errors=True)
+    (tmp_path / "calls.log").unlink(missing_ok=True)
     bin_dir, log = tmp_path / "bin", tmp_path / "calls.log"
     bin_dir.mkdir()
     _stub(bin_dir / "scontrol", 'printf "gpu-a\\ngpu-b\\ngpu-c\\n"\n')
@@ -164,7 +255,11 @@ esac
     )
     _stub(bin_dir / "python3", "echo 24\n")  # the Ray GPU count poll: 3 nodes x 8 GPUs
     argv_out = tmp_path / "argv"
-    _stub(tmp_path / "py_capture", f'printf "%s\\n" "$@" > {argv_out}\n')
+    # the interpreter the recipe runs: records its module in the call log, its argv in argv_out, and
+    # refuses the dry run when FAIL_DRY_RUN is set
+    _stub(tmp_path / "py_capture", f'echo "python $2" >> {log}\nprintf "%s\\n" "$@" > {argv_out}\n'
+                                   '[[ $2 == verl_gdro.dryrun && -n ${FAIL_DRY_RUN:-} ]] && '
+                                   '{ echo "DRY RUN FAILED: gdro.prompt.eta=-1 is invalid" >&2; exit 2; }\nexit 0\n')
     venv = tmp_path / "venv"
     (venv / "bin").mkdir(parents=True)
     (venv / "bin" / "activate").write_text("")
@@ -182,6 +277,20 @@ esac
         "EXTRA_ARGS": "gdro.classifier.bin_edges=[0.4,0.75] trainer.total_training_steps=5",
         "DATA_DIR": "/data",
     }
+    return env, log, argv_out
+
+
+def _run_sbatch(tmp_path: Path, **extra: str) -> tuple[subprocess.CompletedProcess, str, list[str]]:
+    env, log, argv_out = _sbatch_env(tmp_path)
+    res = subprocess.run(["bash", str(REPO / "scripts" / "slurm" / "ray_job.sbatch")], env={**env, **extra},
+                         cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    calls = log.read_text() if log.exists() else ""
+    return res, calls, argv_out.read_text().splitlines() if argv_out.exists() else []
+
+
+def test_sbatch_template_starts_head_then_workers_then_the_recipe(tmp_path):
+    """Run the sbatch script with stub SLURM/Ray commands: head, workers, recipe on the head."""
+    env, log, argv_out = _sbatch_env(tmp_path)
     res = subprocess.run(
         ["bash", str(REPO / "scripts" / "slurm" / "ray_job.sbatch")],
         env=env,
@@ -207,3 +316,30 @@ esac
         env={**env, "SLURM_JOB_NUM_NODES": "1"}, cwd=tmp_path, capture_output=True, text=True, timeout=60,
     )
     assert small.returncode == 2 and "sbatch --nodes=2" in small.stderr, small.stderr
+
+
+def test_sbatch_template_validates_before_starting_ray(tmp_path):
+    """issue 36, item 10: the recipe's dry run runs first, with the allocation's node count; a config
+    it refuses ends the job before any Ray process starts; DRY_RUN=1 stops after it."""
+    res, calls, argv = _run_sbatch(tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert calls.index("python verl_gdro.dryrun") < calls.index("ray start --head") < calls.index(
+        "python verl.trainer.main_ppo")
+    bad, calls, _ = _run_sbatch(tmp_path, FAIL_DRY_RUN="1")
+    assert bad.returncode == 2 and "ray start" not in calls and "main_ppo" not in calls, calls
+    assert "Ray was not started" in bad.stderr and "gdro.prompt.eta=-1" in bad.stderr
+    dry, calls, argv = _run_sbatch(tmp_path, DRY_RUN="1")
+    assert dry.returncode == 0 and "ray start" not in calls and "main_ppo" not in calls, calls
+    assert "trainer.nnodes=3" in argv and argv[-1] == "trainer.total_training_steps=5"
+
+
+def test_documented_launches_keep_the_file_logger_plot_reads():
+    """issue 36, item 15: ``verl-gdro plot`` reads verl's ``file`` logger; every documented LOGGER of
+    a launch keeps it."""
+    import re
+
+    for doc in ("docs/multinode.md", "scripts/slurm/ray_job.sbatch"):
+        text = (REPO / doc).read_text(encoding="utf-8")
+        launches = re.findall(r"LOGGER='(\[[^']*\])'", text)
+        assert launches, doc
+        assert all("file" in value.strip("[]").split(",") for value in launches), (doc, launches)

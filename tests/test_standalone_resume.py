@@ -116,28 +116,33 @@ def test_the_driver_selects_the_callback_for_the_estimator_alone() -> None:
     assert select_standalone_checkpoint(cfg) == "warned"
 
 
-def test_the_driver_logs_the_estimators_resolved_group() -> None:
+def test_the_driver_logs_the_estimators_resolved_group(tmp_path: Path) -> None:
     """issue 32, item 5 for the estimator alone: after main_ppo's (wrapped) validate_config the
-    config verl will log carries the resolved algorithm.gdro (preset values), which the estimator
-    resolves to the very same settings."""
+    config verl will log carries the resolved algorithm.gdro (preset values; issue 36: only the keys
+    this path reads, no preset loss signal it does not run), which the estimator resolves to the
+    very same settings."""
     from hydra import compose, initialize_config_module
+    from integration_harness import write_dataset
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils import config as verl_config
 
     from verl_gdro.integration.driver import install_driver_validation
-    from verl_gdro.step.config import estimator_settings
+    from verl_gdro.integration.estimator_keys import ESTIMATOR_READS, estimator_path_settings
 
     install_driver_validation()
+    data = write_dataset(tmp_path, 1024)
     with initialize_config_module(config_module="verl.trainer.config", version_base=None):
         cfg = compose(config_name="ppo_trainer", overrides=[
             "algorithm.adv_estimator=gdro_grpo", "actor_rollout_ref.rollout.n=4", "+algorithm.gdro.preset=paper",
             "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
             "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
-            "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8"])
-    before = estimator_settings(cfg.algorithm)
+            "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8",
+            f"data.train_files={data}", f"data.val_files={data}"])
+    before = estimator_path_settings(cfg.algorithm)
     verl_config.validate_config(config=cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
     group = OmegaConf.to_container(cfg.algorithm.gdro, resolve=True)
-    assert (group["prompt"]["mode"], group["prompt"]["loss_signal"], group["rollout"]["enable"]) == (
-        "reweight", "surrogate_kl", False)
-    assert estimator_settings(cfg.algorithm) == before
+    assert (group["prompt"]["mode"], group["prompt"]["min_ess"], group["rollout"]) == ("reweight", 0.0, {"enable": False})
+    assert "loss_signal" not in group["prompt"] and "window" not in group["classifier"]
+    assert len(ESTIMATOR_READS) == sum(len(v) if isinstance(v, dict) else 1 for v in group.values())
+    assert estimator_path_settings(cfg.algorithm) == before and before.prompt.loss_signal == "failure_rate"
     assert cfg.trainer.checkpoint_callback_class == ckpt.CALLBACK_CLASS

@@ -16,13 +16,19 @@ import argparse
 import importlib
 import logging
 import os
+import re
 import sys
 import warnings
 
+from verl_gdro.demo.config import QUICK_METHODS  # standard library only
 from verl_gdro.errors import UsageError
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "demo": ("verl_gdro.demo.run", "CPU demo: GRPO vs Prompt-GDRO, Rollout-GDRO and joint (the default) on a tiny model"),
+    "demo": (
+        "verl_gdro.demo.run",
+        "CPU demo: GRPO vs Prompt-GDRO, Rollout-GDRO and joint (the default) on a tiny model; --quick runs "
+        f"{len(QUICK_METHODS)} methods ({', '.join(QUICK_METHODS)})",
+    ),
     "study": ("verl_gdro.demo.study", "paired multi-seed study: GDRO vs GRPO at equal rollouts, with intervals"),
     "decide": ("verl_gdro.demo.decide", "apply the stated rule that picks the robust default from study results"),
     "plot": ("verl_gdro.plots", "redraw the curriculum figures from metrics.jsonl or verl's file-logger JSONL"),
@@ -65,8 +71,36 @@ def quiet_third_party_warnings() -> None:
         os.environ["PYTHONWARNINGS"] = f"{current},{extra}" if current else extra
 
 
+def plain_help(text: str | None) -> str | None:
+    """Help text for a terminal: the docstrings' reST literals (````x````, ``:func:`x```) as plain ``x``."""
+    if not text:
+        return text
+    return re.sub(r":\w+:`~?([^`]+)`", r"\1", text).replace("``", "")
+
+
+def _plain_parser(parser: argparse.ArgumentParser) -> None:
+    parser.description = plain_help(parser.description)
+    for action in parser._actions:
+        action.help = plain_help(action.help)
+        for choice in getattr(action, "_choices_actions", []):
+            choice.help = plain_help(choice.help)
+        for sub in (getattr(action, "choices", None) or {}).values() if isinstance(action, argparse._SubParsersAction) else []:
+            _plain_parser(sub)
+
+
+def package_version() -> str:
+    """The installed distribution's version (pyproject.toml), or ``unknown`` from a bare checkout."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("verl-gdro")
+    except PackageNotFoundError:
+        return "unknown"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="verl-gdro", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"verl-gdro {package_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (module, help_text) in SUBCOMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
@@ -78,6 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
             p.set_defaults(_missing=True)
             continue
         mod.add_arguments(p)
+    _plain_parser(parser)
     return parser
 
 

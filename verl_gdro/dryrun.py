@@ -9,23 +9,29 @@ the recipe would give ``python -m verl.trainer.main_ppo`` (``--config-path``, ``
    before Ray: batch divisibility, actor dataclass and its ``validate``, micro-batch settings), the
    dataclass conversion of the rollout and checkpoint-engine configs, and loading the custom reward
    function the config names;
-3. ours: ``verl_gdro.step.config.validate_gdro_config`` (must be importable: a dry run that
-   skips it would pass configs the trainer refuses), and for ``gdro_separate_async`` verl's own
-   start-up checks of that trainer (:func:`separate_async_checks`);
+3. ours: that verl will load the plugin (:func:`registration_checks`, ``VERL_USE_EXTERNAL_PLUGINS``),
+   the launch keys the driver check refuses (:func:`verl_gdro.integration.driver.check_launch_keys`),
+   ``verl_gdro.step.config.validate_gdro_config`` (must be importable: a dry run that skips it would
+   pass configs the trainer refuses), for the estimator alone the keys it reads and nothing else
+   (:func:`verl_gdro.integration.estimator_keys.estimator_path_settings`), and for
+   ``gdro_separate_async`` verl's own start-up checks of that trainer (:func:`separate_async_checks`);
 4. the data, where the parquet files exist here: every row's ``extra_info.template`` must be the
-   config's template, and the stable prompt ids are checked exactly as the GDRO trainer checks
-   them (only where it reads them; :func:`data_checks`);
+   config's template, the stable prompt ids are checked exactly as the GDRO trainer checks
+   them (only where it reads them; :func:`data_checks`), and the training set must fill one batch
+   (:func:`epoch_checks`); a file missing here is a note (the launch's driver check refuses it);
 5. the resolved config and the derived quantities (rollouts per step, mini-batches per step,
    mean budget, arms, steps per epoch: unknown without the training file, never assumed) are
    printed.
 
-Exit status 0 when valid, 2 with ``DRY RUN FAILED: <reason>`` on stderr when not.
+Exit status 0 when valid, 2 with one ``DRY RUN FAILED: <reason>`` line on stderr when not
+(``verl-gdro dry-run``: ``verl-gdro dry-run: error: <reason>``).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -130,7 +136,41 @@ def compose_config(args: HydraArgs):
         with initialize_config_dir(config_dir=cdir, version_base=None):
             return compose(config_name=args.config_name, overrides=overrides)
     except (HydraException, OmegaConfBaseException) as e:
-        raise DryRunError(f"Hydra composition failed: {e}") from e
+        raise DryRunError(unknown_gdro_key(str(e), overrides) or f"Hydra composition failed: {e}") from e
+
+
+_NOT_OVERRIDABLE = re.compile(r"Could not override '([^']+)'")
+
+
+def unknown_gdro_key(hydra_message: str, overrides: list[str]) -> str | None:
+    """Our message for a ``gdro`` key Hydra cannot override because it is not in the config.
+
+    Hydra answers an unknown key with "Could not override 'gdro.prompt.etaa'. To append to your
+    config use +gdro.prompt.etaa=...", which invites the user to add the typo. When the key lies
+    under ``gdro`` or ``algorithm.gdro`` and is not a key of the group, say so with the group's own
+    message (the known keys); a known key that is merely absent keeps Hydra's answer.
+    """
+    from verl_gdro.step.config import estimator_settings, resolve_gdro
+
+    match = _NOT_OVERRIDABLE.search(hydra_message)
+    if match is None:
+        return None
+    key = match.group(1)
+    for prefix, resolve in (("gdro.", resolve_gdro), ("algorithm.gdro.", lambda g: estimator_settings({"gdro": g}))):
+        if not key.startswith(prefix):
+            continue
+        group: dict[str, Any] = {}
+        node = group
+        *parents, leaf = key[len(prefix) :].split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = None
+        try:
+            resolve(group)
+        except ValueError as e:
+            if "is not a known key" in str(e) or "must be a group of keys" in str(e):
+                return str(e)
+    return None
 
 
 def verl_checks(cfg) -> list[str]:
@@ -139,6 +179,10 @@ def verl_checks(cfg) -> list[str]:
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import omega_conf_to_dataclass, validate_config
 
+    # verl's own function: verl-gdro's driver wrapper of it (verl_gdro/integration/driver.py) would
+    # also refuse data files missing here, which the dry run only notes (it may run off the cluster);
+    # its gdro checks are gdro_checks, run before this
+    validate_config = getattr(validate_config, "__wrapped__", validate_config)
     done = []
     try:
         validate_config(
@@ -235,10 +279,56 @@ def gdro_checks(cfg):
         from verl_gdro.step.config import validate_gdro_config
     except ImportError as e:
         raise DryRunError(f"verl_gdro.step.config.validate_gdro_config is not importable: {e}") from e
+    from verl_gdro.integration.driver import check_launch_keys
+
     try:
-        return validate_gdro_config(cfg)
+        check_launch_keys(cfg)
+        settings = validate_gdro_config(cfg)
+        return estimator_alone_settings(cfg, settings)
     except ValueError as e:
         raise DryRunError(str(e)) from e
+
+
+def estimator_alone_settings(cfg, settings):
+    """The estimator alone: the settings it runs with (:func:`estimator_path_settings`, which
+    refuses every ``algorithm.gdro`` key the path does not read); other paths: ``settings``."""
+    from verl_gdro.integration.estimator_keys import estimator_path_settings, runs_estimator_alone
+
+    if settings is None or not runs_estimator_alone(cfg):
+        return settings
+    return estimator_path_settings(cfg.algorithm)
+
+
+#: the ``verl.plugins`` entry point that registers verl-gdro (pyproject.toml)
+PLUGIN_ENTRY_POINT = "verl_gdro"
+
+
+def registration_checks(cfg) -> list[str]:
+    """The launch's ``import verl`` registers verl-gdro through its ``verl.plugins`` entry point, unless
+    ``VERL_USE_EXTERNAL_PLUGINS`` (verl's switch: ``auto``, ``none`` or a list of names) leaves it out or
+    the package is not installed: then verl refuses ``gdro_grpo`` / ``gdro_sync`` after Ray has started.
+    Refuse here with the error the trainer would raise (:func:`check_registered`)."""
+    from importlib.metadata import entry_points
+
+    from omegaconf import OmegaConf
+
+    from verl_gdro.step.config import ESTIMATOR_NAME, TRAINER_MODES
+
+    mode = OmegaConf.select(cfg, "trainer.v1.trainer_mode")
+    adv = OmegaConf.select(cfg, "algorithm.adv_estimator")
+    if mode not in TRAINER_MODES and adv != ESTIMATOR_NAME:
+        return []
+    policy = os.getenv("VERL_USE_EXTERNAL_PLUGINS", "auto").strip().lower()
+    allowed = policy == "auto" or PLUGIN_ENTRY_POINT in {p.strip() for p in policy.split(",")}
+    installed = any(ep.name == PLUGIN_ENTRY_POINT for ep in entry_points(group="verl.plugins"))
+    if policy == "none" or not allowed or not installed:
+        why = f"VERL_USE_EXTERNAL_PLUGINS={policy}" if installed else "the verl.plugins entry point is not installed"
+        raise DryRunError(
+            f"verl-gdro is not registered with verl ({why}): verl would refuse "
+            f"{mode if mode in TRAINER_MODES else ESTIMATOR_NAME!r} after Ray starts; install the package "
+            f"(pip install -e .) and unset VERL_USE_EXTERNAL_PLUGINS or include {PLUGIN_ENTRY_POINT} in it"
+        )
+    return [f"verl-gdro registered through the verl.plugins entry point (VERL_USE_EXTERNAL_PLUGINS={policy})"]
 
 
 def _as_list(v: Any) -> list[str]:
@@ -247,6 +337,24 @@ def _as_list(v: Any) -> list[str]:
     if isinstance(v, str):
         return [v]
     return [str(x) for x in v]
+
+
+def row_index_checks(cfg) -> list[str]:
+    """``gdro.uid_key=row_index``: the dataset class verl would load (``data.custom_cls``, with
+    verl's ``get_dataset_class``) must be a ``GDRODataset``."""
+    from verl.utils.dataset.rl_dataset import get_dataset_class
+
+    from verl_gdro.integration.dataset import check_row_index_class
+
+    try:
+        dataset_cls = get_dataset_class(cfg.data)
+    except Exception as e:
+        raise DryRunError(f"data.custom_cls: verl cannot load the dataset class: {type(e).__name__}: {e}") from e
+    try:
+        check_row_index_class(dataset_cls)
+    except ValueError as e:
+        raise DryRunError(str(e)) from e
+    return [f"gdro.uid_key=row_index: data.custom_cls is {dataset_cls.__name__} (a GDRODataset)"]
 
 
 def data_checks(cfg, settings: Any = None, require: bool = False) -> tuple[list[str], int | None]:
@@ -272,29 +380,15 @@ def data_checks(cfg, settings: Any = None, require: bool = False) -> tuple[list[
         and settings.enable
         and OmegaConf.select(cfg, "trainer.v1.trainer_mode") in TRAINER_MODES
     )
-    notes: list[str] = []
-    if ids and settings.uid_key == "row_index":
-        from verl.utils.dataset.rl_dataset import get_dataset_class
-
-        from verl_gdro.integration.dataset import check_row_index_class
-
-        try:
-            dataset_cls = get_dataset_class(cfg.data)
-        except Exception as e:
-            raise DryRunError(f"data.custom_cls: verl cannot load the dataset class: {type(e).__name__}: {e}") from e
-        try:
-            check_row_index_class(dataset_cls)
-        except ValueError as e:
-            raise DryRunError(str(e)) from e
-        notes.append(f"gdro.uid_key=row_index: data.custom_cls is {dataset_cls.__name__} (a GDRODataset)")
+    notes: list[str] = row_index_checks(cfg) if ids and settings.uid_key == "row_index" else []
     train_column: list[Any] | None = []
     for key in ("data.train_files", "data.val_files"):
         for f in _as_list(OmegaConf.select(cfg, key)):
             p = Path(os.path.expanduser(f))
             if not p.is_file():
                 if require:
-                    raise DryRunError(f"{key}: {f} does not exist (run scripts/prepare_data.sh)")
-                notes.append(f"{key}: {f} not found here (checked on the cluster at launch)")
+                    raise DryRunError(f"{key}={f} does not exist{_prepare_hint(cfg, f)}")
+                notes.append(f"{key}: {f} not found here (the launch's driver check refuses a missing local file)")
                 if key == "data.train_files":
                     train_column = None
                 continue
@@ -314,18 +408,48 @@ def data_checks(cfg, settings: Any = None, require: bool = False) -> tuple[list[
                 train_column += table
     train_rows = None if train_column is None else len(train_column)
     if ids and settings.uid_key == "index" and train_column:
-        from verl_gdro.integration.dataset import stable_ids_from_extra_info
-
-        try:
-            stable_ids_from_extra_info(train_column)
-        except ValueError as e:
-            raise DryRunError(f"data.train_files: {e}") from e
-        notes.append(f"gdro.uid_key=index: {len(train_column)} training rows, unique extra_info.index")
+        notes.append(index_checks(train_column))
     if train_rows is not None:
         cap = OmegaConf.select(cfg, "data.train_max_samples", default=-1)
         if isinstance(cap, int) and 0 < cap < train_rows:
             train_rows = cap  # verl keeps the first train_max_samples rows
     return notes, train_rows
+
+
+def index_checks(train_column: list[Any]) -> str:
+    """``gdro.uid_key=index``: the GDRO trainer's own check of the training rows' ids."""
+    from verl_gdro.integration.dataset import stable_ids_from_extra_info
+
+    try:
+        stable_ids_from_extra_info(train_column)
+    except ValueError as e:
+        raise DryRunError(f"data.train_files: {e}") from e
+    return f"gdro.uid_key=index: {len(train_column)} training rows, unique extra_info.index"
+
+
+def _prepare_hint(cfg, path: str) -> str:
+    """How to make a missing file: ``scripts/prepare_data.sh`` for the package's own data (a file
+    under ``paths.data_dir``), nothing to suggest for one's own."""
+    from omegaconf import OmegaConf
+
+    data_dir = OmegaConf.select(cfg, "paths.data_dir", default=None)
+    if data_dir and Path(os.path.expanduser(path)).resolve().is_relative_to(Path(os.path.expanduser(data_dir)).resolve()):
+        return " (run scripts/prepare_data.sh)"
+    return ""
+
+
+def epoch_checks(cfg, train_rows: int | None) -> list[str]:
+    """A training set smaller than one batch gives 0 steps per epoch (verl's loader drops the
+    incomplete last batch), and verl's ``fit`` then divides by it after the first validation pass."""
+    from verl_gdro.integration.driver import check_batch_fits
+
+    if train_rows is None:
+        return []
+    try:
+        check_batch_fits(cfg, train_rows)
+    except ValueError as e:
+        raise DryRunError(str(e)) from e
+    return [f"data: {train_rows} training rows fill {train_rows // int(cfg.data.train_batch_size)} batch(es) per epoch"]
 
 
 def derived_quantities(cfg, settings: Any, train_rows: int | None) -> dict[str, Any]:
@@ -376,30 +500,76 @@ def derived_quantities(cfg, settings: Any, train_rows: int | None) -> dict[str, 
     return out
 
 
-def dry_run(argv: list[str], require_data: bool = False, print_config: bool = True, out: Any = None) -> int:
+def resolve_config(cfg) -> dict[str, Any]:
+    """The composed config with its interpolations resolved; a dangling one named with its fix.
+
+    The package config mirrors ``gdro`` into ``algorithm.gdro: ${gdro}``: removing the group alone
+    (``~gdro``) leaves that mirror pointing at nothing.
+    """
+    from omegaconf import OmegaConf
+
+    try:
+        return OmegaConf.to_container(cfg, resolve=True)
+    except Exception as e:
+        if "Interpolation key 'gdro' not found" in str(e):
+            raise DryRunError(
+                "algorithm.gdro=${gdro} does not resolve: ~gdro removed the group the package config mirrors "
+                "into algorithm.gdro; remove both (~algorithm.gdro ~gdro) and give the estimator's keys as "
+                "+algorithm.gdro.<key>=..."
+            ) from e
+        raise DryRunError(f"config does not resolve: {e}") from e
+
+
+def settled_config(resolved: dict[str, Any], cfg, settings: Any) -> dict[str, Any]:
+    """The resolved config as the run will use it: the ``gdro`` group (and its ``algorithm.gdro``
+    mirror) with the values the preset and the actor decide instead of ``null``; for the estimator
+    alone, ``algorithm.gdro`` with the keys that path reads (what the driver hands it)."""
+    from verl_gdro.integration.estimator_keys import honoured_group, runs_estimator_alone
+
+    if settings is None:
+        return resolved
+    if runs_estimator_alone(cfg):
+        resolved["algorithm"]["gdro"] = honoured_group(settings)
+    elif isinstance(resolved.get("gdro"), dict):
+        resolved["gdro"] = settings.to_dict()
+        if isinstance(resolved.get("algorithm", {}).get("gdro"), dict):
+            resolved["algorithm"]["gdro"] = settings.to_dict()
+    return resolved
+
+
+def dry_run(
+    argv: list[str], require_data: bool = False, print_config: bool = True, out: Any = None, cli: bool = False
+) -> int:
     """Compose and validate; print the config and derived quantities. Returns the exit status:
-    0, or 2 with one ``DRY RUN FAILED: <reason>`` line on stderr for a config that fails a check."""
+    0, or 2 with one ``DRY RUN FAILED: <reason>`` line on stderr for a config that fails a check
+    (``cli``: raises :class:`verl_gdro.errors.UsageError` instead, which ``verl-gdro dry-run``
+    prints as ``verl-gdro dry-run: error: <reason>``, docs/cli.md's convention)."""
     from omegaconf import OmegaConf
 
     out = sys.stdout if out is None else out  # looked up per call (pytest's capsys swaps it)
     try:
         args = parse_hydra_argv(argv)
         cfg = compose_config(args)
-        try:
-            resolved = OmegaConf.to_container(cfg, resolve=True)
-        except Exception as e:
-            raise DryRunError(f"config does not resolve: {e}") from e
+        resolved = resolve_config(cfg)
         # ours first: a gdro key error names the key itself, not verl's validate_config (which the
         # plugin wraps with the same check in main_ppo's driver)
+        checks = registration_checks(cfg)
         settings = gdro_checks(cfg)
-        checks = verl_checks(cfg)
+        checks += verl_checks(cfg)
         checks += batch_checks(cfg)
         checks.append("verl_gdro.step.config.validate_gdro_config")
         checks += separate_async_checks(cfg)
         notes, train_rows = data_checks(cfg, settings, require=require_data)
+        notes += epoch_checks(cfg, train_rows)
         derived = derived_quantities(cfg, settings, train_rows)
+        resolved = settled_config(resolved, cfg, settings)
     except DryRunError as e:
-        print(f"DRY RUN FAILED: {e}", file=sys.stderr)
+        reason = " ".join(str(e).split())  # one line, whatever Hydra or verl put in it
+        if cli:
+            from verl_gdro.errors import UsageError
+
+            raise UsageError(reason) from e
+        print(f"DRY RUN FAILED: {reason}", file=sys.stderr)
         return 2  # bad input, as argparse and every other verl-gdro subcommand answer it
     if print_config:
         print("=== resolved config ===", file=out)
@@ -416,11 +586,13 @@ def dry_run(argv: list[str], require_data: bool = False, print_config: bool = Tr
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments for a ``verl-gdro dry-run`` subcommand (same options as main_ppo's Hydra CLI)."""
-    parser.add_argument("--require-data", action="store_true", help="fail when a data file is missing")
+    parser.add_argument("--require-data", action="store_true",
+                        help="fail when a local data file is missing here (default: note it)")
     parser.add_argument("--quiet", action="store_true", help="do not print the resolved config")
-    parser.add_argument("--config-path", "-cp", required=True)
-    parser.add_argument("--config-name", "-cn", required=True)
-    parser.add_argument("--config-dir", "-cd", action="append", default=[])
+    parser.add_argument("--config-path", "-cp", required=True, help="config folder, or pkg://package.path (as main_ppo)")
+    parser.add_argument("--config-name", "-cn", required=True, help="config name in that folder (as main_ppo)")
+    parser.add_argument("--config-dir", "-cd", action="append", default=[],
+                        help="extra config folder searched first (repeatable, as main_ppo)")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides")
 
 
@@ -433,13 +605,37 @@ def main(argv: list[str] | argparse.Namespace | None = None) -> int:
         a = argv
         hydra_argv = [f"--config-path={a.config_path}", f"--config-name={a.config_name}"]
         hydra_argv += [f"--config-dir={d}" for d in a.config_dir] + list(a.overrides)
-        return dry_run(hydra_argv, require_data=a.require_data, print_config=not a.quiet)
+        return dry_run(hydra_argv, require_data=a.require_data, print_config=not a.quiet, cli=True)
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument("--require-data", action="store_true")
     parser.add_argument("--quiet", action="store_true")
+    parser.add_argument("--each", default=None)
     own, rest = parser.parse_known_args(argv)
+    if own.each is not None:
+        return dry_run_each(Path(own.each), require_data=own.require_data)
     return dry_run(rest, require_data=own.require_data, print_config=not own.quiet)
+
+
+def dry_run_each(path: Path, require_data: bool = False) -> int:
+    """``--each FILE``: one dry run per line of FILE (a JSON list: a recipe's dryrun arguments after
+    ``-m verl_gdro.dryrun``) in this one process (verl is imported once; ``scripts/submit_sweep.py``
+    validates a sweep's jobs this way). Prints ``<line>\tDRY RUN FAILED: <reason>`` for each
+    refusal; exit status 2 when any, else 0."""
+    import contextlib
+    import io
+    import json
+
+    failed = 0
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines()):
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):  # verl prints too
+            status = dry_run(json.loads(line), require_data=require_data, print_config=False, out=io.StringIO())
+        if status != 0:
+            failed += 1
+            reason = next((x for x in err.getvalue().splitlines() if x.startswith("DRY RUN FAILED")), f"exit {status}")
+            print(f"{number}\t{reason}")
+    return 2 if failed else 0
 
 
 if __name__ == "__main__":

@@ -28,8 +28,9 @@ With Prompt-GDRO disabled (or multipliers all exactly 1) and no advantage clip, 
 equals verl's ``grpo`` bit for bit on every group of two or more responses.
 
 Settings: standalone, ``config["gdro"]`` (i.e. ``algorithm.gdro``, the only namespace this path
-reads), resolved by :func:`verl_gdro.step.config.estimator_settings`, the function the dry run and
-the driver check use too; inside a GDRO trainer step, the trainer's settings (its top-level
+reads), resolved by :func:`verl_gdro.integration.estimator_keys.estimator_path_settings`, the
+function the dry run and the driver check use too: it refuses every key this path does not read
+(:data:`~verl_gdro.integration.estimator_keys.ESTIMATOR_READS`); inside a GDRO trainer step, the trainer's settings (its top-level
 ``gdro`` group, also copied to ``algorithm.gdro``). Missing keys take the package defaults.
 """
 
@@ -45,10 +46,11 @@ import torch
 from verl.trainer.ppo import core_algos
 
 from verl_gdro.classifier import raw_bin
+from verl_gdro.integration.estimator_keys import estimator_path_settings
 from verl_gdro.integration.glue import correctness
 from verl_gdro.metrics import step_metrics
 from verl_gdro.prompt_gdro import PromptGDRO
-from verl_gdro.step.config import ESTIMATOR_NAME, GDROSettings, estimator_settings, resolve_gdro
+from verl_gdro.step.config import ESTIMATOR_NAME, GDROSettings, resolve_gdro
 from verl_gdro.step.context import PADDING_UID_PREFIX, current_step, uid_keys
 
 __all__ = [
@@ -163,7 +165,7 @@ def reset_standalone() -> None:
 
 def _settings_from(config: Any, standalone: bool = False) -> GDROSettings:
     if standalone:
-        return estimator_settings(config)
+        return estimator_path_settings(config)
     group = None
     if config is not None:
         try:
@@ -217,9 +219,10 @@ def _standalone_multipliers(
         logger.warning(
             "gdro_grpo runs STANDALONE (no GDRO trainer step open): each prompt is binned by its own group's "
             "correctness this step (outcome reward > algorithm.gdro.correct_threshold=%s), Prompt-GDRO "
-            "state is kept in this process, loss signal = failure rate. Use trainer.v1.trainer_mode=gdro_sync "
-            "for the online classifier and Rollout-GDRO.",
+            "state is kept in this process, loss signal = failure rate (preset %s). Use "
+            "trainer.v1.trainer_mode=gdro_sync for the online classifier, the preset's loss signal and Rollout-GDRO.",
             settings.correct_threshold,
+            settings.preset,
         )
         _STANDALONE.logged = True
     t0 = time.perf_counter()
@@ -253,6 +256,46 @@ def _standalone_multipliers(
     return mult
 
 
+def _planned_rows(
+    rows: Any, token_level_rewards: torch.Tensor, response_mask: torch.Tensor
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The caller's per-row view of exactly this batch (no grouping, no lookup): the singleton
+    rows to zero and the multiplier column, or None for either.
+
+    Prepared before verl's per-row loop, not after it: right after that loop these few small numpy
+    and conversion calls took 0.2-0.3 ms at 256-512 x 4 (cold caches; benchmarks/overhead.py), warm
+    a tenth of that.
+    """
+    singleton_rows = torch.as_tensor(rows.singleton) if rows.any_singleton else None
+    if rows.all_ones or not token_level_rewards.dtype.is_floating_point:
+        return singleton_rows, None  # integer rewards: multiplied afterwards, as on the table path
+    # the dtype verl's last line gives the advantages: scores (the rewards' float dtype) times the
+    # mask column
+    dtype = torch.promote_types(token_level_rewards.dtype, response_mask.dtype)
+    if dtype == torch.float32 and response_mask.device.type == "cpu":  # prepared by the RowPlan
+        return singleton_rows, torch.from_numpy(rows.multipliers_f32)[:, None]
+    return singleton_rows, torch.as_tensor(rows.multipliers, dtype=dtype, device=response_mask.device)[:, None]
+
+
+def _table_multipliers(
+    advantages: torch.Tensor, index: np.ndarray, step: Any, settings: GDROSettings, token_level_rewards: torch.Tensor
+) -> np.ndarray | None:
+    """No row plan for this batch: group the rows by uid, zero singleton groups in place, and
+    return each row's multiplier (from the open step's table, or standalone), or None for ones."""
+    keys = uid_keys(index)  # str per row, once
+    inverse, sizes, padding, groups = _group_ids(keys)
+    singleton = sizes[inverse] == 1
+    if singleton.any():
+        advantages[torch.as_tensor(singleton)] = 0.0
+    if step is not None:
+        # one lookup per group (every row of a group has its multiplier), spread to the rows
+        return None if step.all_ones() else step.lookup(groups)[inverse]
+    if settings.enable and settings.prompt.enable:
+        scores = token_level_rewards.sum(dim=-1).detach().cpu().double().numpy()
+        return _standalone_multipliers(scores, inverse, padding, settings)
+    return None
+
+
 @core_algos.register_adv_est(ESTIMATOR_NAME)
 def compute_gdro_grpo_advantage(
     token_level_rewards: torch.Tensor,
@@ -275,32 +318,14 @@ def compute_gdro_grpo_advantage(
     )
     rows = step.rows if step is not None else None
     planned = rows is not None and rows.matches(index)
-    scale: torch.Tensor | None = None
-    singleton_rows: torch.Tensor | None = None
     reweighted = planned and not rows.all_ones
-    if planned:
-        # The caller's per-row view of exactly this batch: no grouping, no lookup. Prepared before
-        # verl's per-row loop, not after it: right after that loop these few small numpy and
-        # conversion calls took 0.2-0.3 ms at 256-512 x 4 (cold caches; benchmarks/overhead.py),
-        # warm a tenth of that.
-        if rows.any_singleton:
-            singleton_rows = torch.as_tensor(rows.singleton)
-        if reweighted and token_level_rewards.dtype.is_floating_point:
-            # the dtype verl's last line gives the advantages: scores (the rewards' float dtype)
-            # times the mask column
-            dtype = torch.promote_types(token_level_rewards.dtype, response_mask.dtype)
-            if dtype == torch.float32 and response_mask.device.type == "cpu":  # prepared by the RowPlan
-                scale = torch.from_numpy(rows.multipliers_f32)[:, None]
-            else:
-                scale = torch.as_tensor(rows.multipliers, dtype=dtype, device=response_mask.device)[:, None]
-    # verl's GRPO uses the mask only in its last line, ``scores.unsqueeze(-1) * response_mask``.
-    # Handing it a [bs, 1] column returns the per-row advantages [bs, 1] times that column: ones,
-    # or the row plan's multipliers (the very product ``advantages * multipliers`` took after the
-    # loop before, one small op fewer after it). Singleton zeroing then acts on that column, and
-    # the mask is applied once at the end. Same bits as multiplying afterwards (the mask is 0/1,
-    # multipliers >= 0 and a zeroed singleton is +0 either way), but one [bs, T] pass like verl's
-    # grpo instead of two: the second full-size multiply made this estimator ~1.2x verl's grpo at
-    # 512 x 4 responses of 4096 tokens (benchmarks/overhead.py).
+    singleton_rows, scale = _planned_rows(rows, token_level_rewards, response_mask) if planned else (None, None)
+    # verl's GRPO uses the mask only in its last line (``scores.unsqueeze(-1) * response_mask``):
+    # handed a [bs, 1] column (ones, or the row plan's multipliers) it returns the per-row
+    # advantages times it; singletons are zeroed on that column and the mask applied once at the
+    # end. Same bits as multiplying afterwards (0/1 mask, multipliers >= 0), one [bs, T] pass like
+    # verl's grpo instead of two (the second made it ~1.2x grpo at 512 x 4 x 4096 tokens;
+    # benchmarks/overhead.py).
     column = scale if scale is not None else torch.ones(
         (response_mask.shape[0], 1), dtype=response_mask.dtype, device=response_mask.device
     )
@@ -321,18 +346,7 @@ def compute_gdro_grpo_advantage(
         if reweighted and scale is None:  # integer rewards: multiplied below, as on the table path
             mult = rows.multipliers
     else:
-        keys = uid_keys(index)  # str per row, once
-        inverse, sizes, padding, groups = _group_ids(keys)
-        singleton = sizes[inverse] == 1
-        if singleton.any():
-            advantages[torch.as_tensor(singleton)] = 0.0
-        if step is not None:
-            if not step.all_ones():
-                # one lookup per group (every row of a group has its multiplier), spread to the rows
-                mult = step.lookup(groups)[inverse]
-        elif settings.enable and settings.prompt.enable:
-            scores = token_level_rewards.sum(dim=-1).detach().cpu().double().numpy()
-            mult = _standalone_multipliers(scores, inverse, padding, settings)
+        mult = _table_multipliers(advantages, index, step, settings, token_level_rewards)
     if mult is not None and not np.all(mult == 1.0):
         advantages = advantages * torch.as_tensor(mult, dtype=advantages.dtype, device=advantages.device)[:, None]
     if settings.advantage_clip is not None:

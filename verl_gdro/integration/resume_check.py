@@ -1,0 +1,86 @@
+"""Refuse, in the ``main_ppo`` driver, a checkpoint folder that holds a run of other ``gdro`` settings.
+
+verl resumes from ``trainer.default_local_dir`` (``resume_mode=auto``, verl's default) or
+``trainer.resume_from_path`` inside its TaskRunner, after Ray, the workers and the models have
+started; the GDRO controller's state saved there (in verl's ``data.pt``, through the sampler's
+``state_dict``) is refused only then when it was saved under other settings ("saved under different
+gdro settings"). Two runs that differ in their settings but share a run name (and so a folder) hit
+exactly that. The driver has everything to decide it first: it reads the saved controller state
+and restores it into a controller built from this run's settings, with the controller's own
+``load_state_dict`` (the same comparison the trainer makes), before Ray starts.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["check_resume_folder", "resume_folder", "saved_controller_state"]
+
+#: the keys of :meth:`verl_gdro.step.controller.GDROController.state_dict` that identify it
+_CONTROLLER_KEYS = {"version", "settings", "rollout_n", "controller_version"}
+
+
+def resume_folder(config: Any) -> str | None:
+    """The ``global_step_N`` folder verl would resume from (its own rules), or None."""
+    trainer = config.trainer
+    mode = trainer.get("resume_mode", "auto")
+    if mode == "auto":
+        from verl.utils.checkpoint.checkpoint_manager import find_latest_ckpt_path
+
+        folder = trainer.get("default_local_dir", None)
+        if not folder or not os.path.isfile(os.path.join(str(folder), "latest_checkpointed_iteration.txt")):
+            return None  # a fresh run (verl's own lookup would print that the tracker is missing)
+        return find_latest_ckpt_path(os.path.abspath(str(folder)))
+    if mode == "resume_path" and isinstance(trainer.get("resume_from_path", None), str):
+        return os.path.abspath(trainer.resume_from_path)
+    return None
+
+
+def saved_controller_state(node: Any, depth: int = 0) -> Mapping[str, Any] | None:
+    """The GDRO controller's state anywhere inside verl's dataloader state (depth-first), or None."""
+    if isinstance(node, Mapping):
+        if _CONTROLLER_KEYS <= set(node):
+            return node
+        children = node.values()
+    elif isinstance(node, (list, tuple)):
+        children = node
+    else:
+        return None
+    if depth > 8:
+        return None
+    for child in children:
+        found = saved_controller_state(child, depth + 1)
+        if found is not None:
+            return found
+    return None
+
+
+def check_resume_folder(config: Any, settings: Any) -> None:
+    """Raise ValueError naming the folder when the checkpoint verl would resume from holds
+    controller state that this run's settings cannot take (other settings or rollout budget)."""
+    if not settings.enable:
+        return
+    folder = resume_folder(config)
+    path = None if folder is None else os.path.join(folder, "data.pt")
+    if path is None or not os.path.isfile(path):
+        return
+    import torch
+
+    from verl_gdro.step.controller import GDROController
+
+    state = saved_controller_state(torch.load(path, weights_only=False, map_location="cpu"))
+    if state is None:
+        return
+    rollout_n = int(config.actor_rollout_ref.rollout.n)
+    try:
+        GDROController(settings, rollout_n=rollout_n).load_state_dict(state)
+    except ValueError as e:
+        key = "trainer.resume_from_path" if config.trainer.get("resume_mode", "auto") == "resume_path" else (
+            "trainer.default_local_dir")
+        raise ValueError(
+            f"{key}={config.trainer.get(key.split('.')[1])} holds a run this configuration cannot resume "
+            f"({path}): {e}; give this run its own trainer.experiment_name (the recipes' EXP_NAME) or resume with "
+            "that run's settings"
+        ) from None
