@@ -16,8 +16,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from verl_gdro.allocators import ReleaseAsRunAllocator
 from verl_gdro.prompt_gdro import PromptGDRO
-from verl_gdro.release_as_run import ReleaseAsRunAllocator, lexicographic_exact_arms, release_classes
+from verl_gdro.release_as_run import lexicographic_exact_arms, release_classes
 from verl_gdro.step.config import resolve_gdro
 from verl_gdro.step.controller import GDROController
 
@@ -83,7 +84,7 @@ def test_release_classes_put_extreme_and_unseen_rates_in_excl():
 def test_allocator_applies_the_previous_steps_classes_by_position():
     alloc = ReleaseAsRunAllocator(num_bins=3, n_min=2, n_max=12, n_mean=4)
     assert alloc.allocate(8).tolist() == [4] * 8  # no previous step: the warm-up
-    alloc.observe([3, 0, 3, 1, 1, 3, 0, 3])  # classes in first-appearance order: 3 (x4), 0 (x2), 1 (x2)
+    alloc.observe_classes([3, 0, 3, 1, 1, 3, 0, 3])  # classes in first-appearance order: 3 (x4), 0 (x2), 1 (x2)
     n = alloc.allocate(8)
     # 4 n3 + 2 n0 + 2 n1 = 32, lexicographic over (3, 0, 1): n3 = 2 -> n0 = 2 -> n1 = 10
     assert alloc.last_class_arms == {3: 2, 0: 2, 1: 10}

@@ -78,7 +78,6 @@ from verl_gdro.integration.policy_loss import (
 from verl_gdro.integration.registry import check_registered
 from verl_gdro.integration.replay_buffer import with_observer
 from verl_gdro.integration.sampler import GDROSampler, step_draw_metrics
-from verl_gdro.presets import UPDATE_TIME_SIGNALS
 from verl_gdro.step.config import (
     TRAINER_MODES,
     TRAINER_NAME,
@@ -302,7 +301,7 @@ class GDROTrainerMixin:
                 f"budget {budget} = prompts * actor_rollout_ref.rollout.n"
             )
         self.gdro_ledger.dispatch(verl_uids, plan.uids, plan.bins, n, step=int(self.global_steps))
-        if num_prompts is None and self.gdro.rollout is not None and self.gdro.rollout.allocator == "per_prompt":
+        if num_prompts is None and self.gdro.rollout is not None and self.gdro.rollout.prices_at_plan:
             # the step's own batch (verl's prepare_step), not a refill: gdro/shadow_price reports it
             self._gdro_batch_price = float(self.gdro.rollout.mu)
         if self.gdro.rollout is not None:
@@ -360,9 +359,7 @@ class GDROTrainerMixin:
         multipliers = self.gdro.advantage_multipliers(group_index)
         # the per-row view of the batch; the per-group table only when the batch has padding rows
         table, row_plan = consumed.estimator_inputs(multipliers)
-        needs_log_probs = self.gdro_settings.prompt.loss_signal not in ("failure_rate", *UPDATE_TIME_SIGNALS) and (
-            self.gdro.prompt is not None or self.gdro.rollout is not None
-        )
+        needs_log_probs = bool(self.gdro.token_fields)
         if not needs_log_probs:
             # The failure-rate update reads only acc, and the multipliers were taken above from
             # S_{t-1}: updating now gives the same values as after verl's estimator, while the
@@ -469,7 +466,7 @@ class GDROTrainerMixin:
         dropped_rows = consumed.dropped()[0].size
         extra: dict[str, np.ndarray] = {}
         wanted = ["response_mask", "old_log_probs", "advantages"]
-        if self.gdro_settings.prompt.loss_signal == "surrogate_kl":
+        if "ref_log_probs" in self.gdro.token_fields:
             wanted.append("ref_log_prob")
         td = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=wanted)
         names = {"ref_log_prob": "ref_log_probs"}
