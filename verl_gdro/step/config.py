@@ -610,6 +610,10 @@ _ALWAYS_READ = ("enable", "preset", "uid_key", "acc_key", "correct_threshold", "
                 "classifier.passk_estimator", "classifier.unseen_bin", "prompt.enable", "rollout.enable")
 
 
+#: strategy keys accepted whatever the strategy: the run's seed (a sweep sets it for every method alike)
+RUN_KEYS = ("rollout.seed",)
+
+
 def keys_read(settings: GDROSettings) -> frozenset[str]:
     """The ``gdro`` keys (dotted, relative to the group: ``rollout.eta``) that the controller reads
     under ``settings`` (the GDRO trainer and the step API), from the active strategies' ``reads``.
@@ -671,6 +675,7 @@ def unread_keys(given: Any, settings: GDROSettings, standalone: bool = False) ->
         if key.split(".")[0] in ("prompt", "rollout") and key.count(".") == 1 and key not in read
         and value != defaults.get(key)
         and getattr(settings, key.split(".")[0]).enable and key.split(".")[1] not in ACTOR_SIGNAL_KEYS
+        and key not in RUN_KEYS
     }
     if not candidates:
         return {}
