@@ -31,7 +31,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -41,30 +40,29 @@ from verl_gdro.allocators import ObservedStep, RolloutAllocator, get_allocator
 from verl_gdro.allocators.protocol import Observation
 from verl_gdro.classifier import OnlineDifficultyClassifier
 from verl_gdro.evidence import PromptEvidence
-from verl_gdro.metrics import PREFIX, step_metrics_prepared
-from verl_gdro.prompt_gdro import PromptGDRO, failure_rate_loss, group_mean_from_sums, mix_probs
+from verl_gdro.prompt_gdro import PromptGDRO, failure_rate_loss, group_mean_from_sums
 from verl_gdro.prompt_modes import get_prompt_mode
 from verl_gdro.signals import get_loss_signal, update_time_signals
 from verl_gdro.step.config import GDROSettings, resolve_gdro
-from verl_gdro.step.describe import describe_mode, dict_diff, mode_name, upgrade_saved_settings
+from verl_gdro.step.describe import STATE_VERSION, check_saved_state, describe_mode, mode_name
 from verl_gdro.step.observe import (
     ROLLOUT_SKIP_REASONS,
     StepOutcome,
     acc_array,
     bin_mean,
     count_outcomes,
-    int_array,
+    observation_metrics,
     rollout_metrics,
     update_all_or_nothing,
     update_time_losses,
+    update_time_metrics,
     visit_classifier,
 )
+from verl_gdro.step.plan import StepPlan, StepPlanner
 
 __all__ = ["EXTRA_METRICS", "ROLLOUT_METRICS", "ROLLOUT_SKIP_REASONS", "GDROController", "StepPlan", "describe_mode", "mode_name"]
 
 logger = logging.getLogger(__name__)
-
-_STATE_VERSION = 1
 
 #: Integration counters logged next to :data:`verl_gdro.metrics.METRIC_NAMES` (all under ``gdro/``).
 EXTRA_METRICS: tuple[str, ...] = (
@@ -77,22 +75,7 @@ EXTRA_METRICS: tuple[str, ...] = (
 ROLLOUT_METRICS: tuple[str, ...] = tuple(f"rollout_skip/{r}" for r in ROLLOUT_SKIP_REASONS) + ("rollout_unweighted_bins",)
 
 
-@dataclass(frozen=True)
-class StepPlan:
-    """Decisions for the prompts of one :meth:`GDROController.before_generation` call.
-
-    ``positions`` are these prompts' indices in the step (the ``group_index`` values their
-    trajectories must carry); ``bins`` their difficulty bins; ``rollout_n`` their rollout counts
-    (``rollout_n`` of the controller for every prompt when Rollout-GDRO is off).
-    """
-
-    positions: NDArray[np.int64]
-    uids: NDArray[np.int64]
-    bins: NDArray[np.int64]
-    rollout_n: NDArray[np.int64]
-
-
-class GDROController:
+class GDROController(StepPlanner):
     """The classifier, Prompt-GDRO and Rollout-GDRO of one run, driven one step at a time.
 
     Args:
@@ -177,92 +160,6 @@ class GDROController:
         """A step was observed whose update-time losses :meth:`after_update` has not received yet."""
         return self._awaiting is not None
 
-    @property
-    def pending_prompts(self) -> int:
-        """Prompts planned since the last update."""
-        return int(self._uids.size)
-
-    # ---- plan -> multipliers --------------------------------------------------------------------
-
-    def _reset_pending(self) -> None:
-        self._uids = np.zeros(0, dtype=np.int64)
-        self._bins = np.zeros(0, dtype=np.int64)
-        self._n = np.zeros(0, dtype=np.int64)
-        self._bin_weights: NDArray[np.float64] | None = None
-        self._q_used: NDArray[np.float64] | None = None
-        self._omega_used: NDArray[np.float64] | None = None
-        self._time = 0.0
-
-    def before_generation(self, prompt_uids: ArrayLike) -> StepPlan:
-        """Classify the prompts (history up to t-1) and choose their rollouts. Accumulates until
-        :meth:`after_advantage`. ``prompt_uids`` are stable int ids; repeats are allowed (a
-        resampling sampler may draw a prompt twice: it is then two groups of the step)."""
-        t0 = time.perf_counter()
-        uids, bins, n = self._classify_and_allocate(prompt_uids)
-        positions = self._append(uids, bins, n)
-        self._time += time.perf_counter() - t0
-        return StepPlan(positions=positions, uids=uids.copy(), bins=bins.copy(), rollout_n=n.copy())
-
-    def _append(self, uids: NDArray[np.int64], bins: NDArray[np.int64], n: NDArray[np.int64]) -> NDArray[np.int64]:
-        start = self._uids.size
-        self._uids = np.concatenate([self._uids, uids])
-        self._bins = np.concatenate([self._bins, bins])
-        self._n = np.concatenate([self._n, n])
-        self._bin_weights = None
-        return np.arange(start, start + uids.size, dtype=np.int64)
-
-    def _classify_and_allocate(self, prompt_uids: ArrayLike) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]:
-        """(uids, bins, rollout_n) of one call: the classifier commits the bins, the allocator
-        plans the call's exact budget. The pending plan is not touched."""
-        uids = int_array("prompt_uids", prompt_uids)
-        bins = np.zeros(uids.size, dtype=np.int64) if self.classifier is None else self.classifier.bins(uids)
-        if self.rollout is None:
-            return uids, bins, np.full(uids.size, self.rollout_n, dtype=np.int64)
-        n = self.rollout.plan(uids, bins, self.classifier)
-        budget = self.rollout_n * int(uids.size)
-        if int(n.sum()) != budget:
-            raise AssertionError(
-                f"Rollout-GDRO allocated {int(n.sum())} rollouts for {uids.size} prompts, not the exact "
-                f"budget {budget} = rollout.n * prompts"
-            )
-        return uids, bins, n
-
-    def _group_index(self, group_index: ArrayLike) -> NDArray[np.int64]:
-        g = int_array("group_index", group_index)
-        if g.size and (g.min() < 0 or g.max() >= self._uids.size):
-            raise ValueError(
-                f"group_index must hold plan positions in [0, {self._uids.size}) (prompts planned since the "
-                f"last update), got values in [{g.min()}, {g.max()}]"
-            )
-        return g
-
-    def planned_uids(self, group_index: ArrayLike) -> NDArray[np.int64]:
-        """Stable ids of the planned prompts at these positions (a consistency check for callers)."""
-        return self._uids[self._group_index(group_index)]
-
-    def advantage_multipliers(self, group_index: ArrayLike) -> NDArray[np.float64]:
-        """Eq. 16 multiplier of each trajectory (its prompt's bin weight from S_{t-1}).
-
-        ``mean_one`` normalises over exactly these trajectories, so pass every non-padding
-        trajectory of the step once. Exactly 1.0 everywhere when Prompt-GDRO does not reweight,
-        so the estimator then reproduces verl's ``grpo`` bit for bit.
-        """
-        t0 = time.perf_counter()
-        g = self._group_index(group_index)
-        if self.prompt is None:
-            self._time += time.perf_counter() - t0
-            return np.ones(g.size)
-        response_bins = self._bins[g]
-        self._omega_used = self.prompt.omega()
-        self._q_used = mix_probs(self._omega_used, self.prompt.gamma)  # = bin_probs(), one exp fewer
-        if not self.reweights:
-            self._time += time.perf_counter() - t0
-            return np.ones(g.size)
-        weights = self.prompt.bin_multipliers(response_bins)
-        self._bin_weights = weights
-        self._time += time.perf_counter() - t0
-        return weights[response_bins]
-
     # ---- update -> metrics ----------------------------------------------------------------------
 
     def after_advantage(
@@ -313,7 +210,7 @@ class GDROController:
         self.num_steps += 1
         self.version += 1
         elapsed = self._time + (time.perf_counter() - t0) + float(extra_time_s)
-        metrics = self._metrics(out, bins_p, losses, prompt_info, q_used, omega_used, elapsed)
+        metrics = observation_metrics(self, out, losses, prompt_info, q_used, omega_used, elapsed)
         metrics.update(rollout_metrics(obs, out.incomplete, g.size))
         self._reset_pending()
         return metrics
@@ -338,27 +235,6 @@ class GDROController:
         assert self.classifier is not None
         visit_classifier(self.classifier, self.evidence, uids_p, succ_p, out.keep(out.trials))
         return prompt_info, q_used, omega_used, obs
-
-    def _metrics(self, out: StepOutcome, bins_p: NDArray[np.int64], losses: NDArray[np.float64],
-                 prompt_info: dict[str, Any], q_used: Any, omega_used: Any, elapsed: float) -> dict[str, float]:
-        """docs/algorithm.md section 4's metrics of the step, and the allocator's own."""
-        # Prompt-GDRO's update already took this very mean (Eq. 13 over the finite losses)
-        bin_losses = prompt_info["mean_losses"] if prompt_info else bin_mean(bins_p, losses, self.num_bins)
-        # every input built here in shape (bins validated at plan / adopt, counts from bincount,
-        # controller state finite by its own checks): the metrics skip re-validating them
-        metrics = step_metrics_prepared(
-            self.num_bins, bins_p, out.keep(out.successes).astype(np.float64), out.keep(out.trials).astype(np.float64),
-            n_mean=float(self.rollout_n),
-            per_bin=(self._bin_weights if self.reweights else None, q_used,
-                     None if self.prompt is None else self.prompt.scores, omega_used, bin_losses),
-            shadow_price=0.0 if self.rollout is None else float(self.rollout.mu),
-            controller_time_s=elapsed,
-            dropped_nonfinite=int(prompt_info.get("dropped_nonfinite", 0)),
-            dropped_nonfinite_total=0 if self.prompt is None else int(self.prompt.dropped_nonfinite),
-        )
-        if self.rollout is not None:
-            metrics.update(self.rollout.metrics(self.num_bins))
-        return metrics
 
     def after_update(self, group_index: ArrayLike, losses: ArrayLike) -> dict[str, float]:
         """Feed the update-time loss of the step :meth:`after_advantage` last observed (``update_surrogate``).
@@ -396,22 +272,9 @@ class GDROController:
 
         info, refusal = update_all_or_nothing([self.prompt, self.rollout], update)
         self._awaiting = None
-        return self._update_metrics(bins, per_prompt, info, refusal, finite)
-
-    def _update_metrics(self, bins: NDArray[np.int64], per_prompt: NDArray[np.float64], info: dict[str, Any],
-                        refusal: str | None, finite: int) -> dict[str, float]:
-        in_step = np.bincount(bins, minlength=self.num_bins) > 0
+        scores = None if self.prompt is None else self.prompt.scores
         mean = info["mean_losses"] if info else bin_mean(bins, per_prompt, self.num_bins)
-        out: dict[str, float] = {PREFIX + "update_loss_responses": float(finite)}
-        if refusal is not None:
-            out[PREFIX + "rollout_update_skipped"] = 1.0
-            out[f"{PREFIX}rollout_skip/{refusal}"] = 1.0
-        for b in range(self.num_bins):
-            if in_step[b]:
-                out[f"{PREFIX}loss/bin_{b}"] = float(mean[b])
-            if self.prompt is not None:
-                out[f"{PREFIX}score/bin_{b}"] = float(self.prompt.scores[b])
-        return out
+        return update_time_metrics(self.num_bins, bins, mean, scores, refusal, finite)
 
     def _losses(self, g: NDArray[np.int64], out: StepOutcome, arrays: dict[str, Any]) -> NDArray[np.float64]:
         """Per-prompt loss signal l(x) of docs/algorithm.md section 2 (NaN for prompts without
@@ -422,82 +285,19 @@ class GDROController:
             return np.full(out.num_groups, np.nan)
         return self._signal.driver_losses(self.settings.prompt, g, out.num_groups, out.correct_sums, out.trials, arrays)
 
-    # ---- staged decisions (DAPO refills, async trainers): decide at dispatch, adopt at observation
-
-    def decide(self, prompt_uids: ArrayLike) -> StepPlan:
-        """Classify and allocate like :meth:`before_generation`, without touching the pending plan.
-
-        For trainers whose prompts are observed later than they are dispatched (verl's async
-        trainers, DAPO filtering): the caller keeps the returned decisions (same exact budget per
-        call) and hands the observed ones back with :meth:`adopt`. ``positions`` are -1.
-        """
-        t0 = time.perf_counter()
-        uids, bins, n = self._classify_and_allocate(prompt_uids)
-        self._time += time.perf_counter() - t0
-        none = np.full(uids.size, -1, dtype=np.int64)
-        return StepPlan(positions=none, uids=uids.copy(), bins=bins.copy(), rollout_n=n.copy())
-
-    def adopt(self, prompt_uids: ArrayLike, bins: ArrayLike, rollout_n: ArrayLike) -> NDArray[np.int64]:
-        """Add prompts decided earlier by :meth:`decide` to the pending plan; return their positions.
-        Their bins and rollout counts stay the dispatch-time decisions (what generation used)."""
-        uids = int_array("prompt_uids", prompt_uids)
-        b = int_array("bins", bins)
-        n = int_array("rollout_n", rollout_n)
-        if b.size != uids.size or n.size != uids.size:
-            raise ValueError(f"adopt needs one bin and one rollout_n per prompt ({uids.size}), got {b.size}, {n.size}")
-        if b.size and (b.min() < 0 or b.max() >= self.num_bins):
-            raise ValueError(f"bins must lie in [0, {self.num_bins}), got values in [{b.min()}, {b.max()}]")
-        if n.size and n.min() < 1:
-            raise ValueError(f"rollout_n must be >= 1, got {n.min()}")
-        return self._append(uids, b, n)
-
-    # ---- sampler support ------------------------------------------------------------------------
-
-    def bins_of(self, uids: ArrayLike) -> NDArray[np.int64]:
-        """Current bins of ``uids`` (committing, like :meth:`before_generation`; idempotent without a new visit)."""
-        u = int_array("uids", uids)
-        return np.zeros(u.size, dtype=np.int64) if self.classifier is None else self.classifier.bins(u)
-
-    def attach_prompts(self, uids: ArrayLike) -> PromptEvidence:
-        """Register the training set (stable id per row) whose per-prompt evidence the sampling
-        modes read; every later update feeds it. Idempotent for the same set; another set replaces it."""
-        u = int_array("uids", uids)
-        if self.evidence is None or not np.array_equal(self.evidence.uids, u):
-            self.evidence = PromptEvidence(u, decay=self.settings.prompt.rate_decay)
-        return self.evidence
-
-    def bin_probs(self) -> NDArray[np.float64]:
-        """Prompt-GDRO's q_t (uniform when Prompt-GDRO is off)."""
-        return np.full(self.num_bins, 1.0 / self.num_bins) if self.prompt is None else self.prompt.bin_probs()
-
     # ---- checkpointing --------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
         """All controller state (plain values). No plan is pending when verl checkpoints."""
         parts = {name: None if getattr(self, name) is None else getattr(self, name).state_dict()
                  for name in ("classifier", "prompt", "rollout", "evidence")}
-        return {"version": _STATE_VERSION, "settings": self.settings.to_dict(), "rollout_n": self.rollout_n,
+        return {"version": STATE_VERSION, "settings": self.settings.to_dict(), "rollout_n": self.rollout_n,
                 "num_steps": self.num_steps, "controller_version": self.version, **parts}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore :meth:`state_dict`; refuses state saved under different settings or budget."""
-        if not isinstance(state, Mapping) or state.get("version") != _STATE_VERSION:
-            raise ValueError(f"not a GDROController state of version {_STATE_VERSION}")
-        mine = self.settings.to_dict()
-        saved = upgrade_saved_settings(state.get("settings"), mine)
-        if saved != mine:
-            raise ValueError(
-                f"GDROController state was saved under different gdro settings ({dict_diff(saved or {}, mine)}); "
-                "resume with the same gdro.* config"
-            )
-        if int(state["rollout_n"]) != self.rollout_n:
-            raise ValueError(
-                f"GDROController state was saved with actor_rollout_ref.rollout.n={state['rollout_n']}, "
-                f"this run has {self.rollout_n}"
-            )
-        for name in ("classifier", "prompt", "rollout"):
-            if (getattr(self, name) is None) != (state.get(name) is None):
-                raise ValueError(f"GDROController state: {name} presence differs from this configuration")
+        check_saved_state(state, self.settings.to_dict(), self.rollout_n,
+                          {name: getattr(self, name) is not None for name in ("classifier", "prompt", "rollout")})
         for name in ("classifier", "prompt", "rollout"):
             if getattr(self, name) is not None:
                 getattr(self, name).load_state_dict(state[name] if name == "classifier" else dict(state[name]))

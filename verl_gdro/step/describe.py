@@ -13,7 +13,10 @@ from verl_gdro.allocators import get_allocator
 from verl_gdro.prompt_modes import get_prompt_mode
 from verl_gdro.step.config import GDROSettings
 
-__all__ = ["describe_mode", "dict_diff", "mode_name", "upgrade_saved_settings"]
+__all__ = ["STATE_VERSION", "check_saved_state", "describe_mode", "dict_diff", "mode_name", "upgrade_saved_settings"]
+
+#: the version of ``GDROController.state_dict``
+STATE_VERSION = 1
 
 #: gdro.prompt keys added with the sampling modes (filled in when loading an older state)
 _SAMPLING_KEYS = ("explore", "rate_decay", "revisit", "band_width")
@@ -76,6 +79,27 @@ def upgrade_saved_settings(saved: Any, current: Mapping[str, Any]) -> Any:
         # saved before gdro.prompt.mix_support existed, which meant Eq. 15 over all bins
         saved = {**saved, "prompt": {**saved["prompt"], "mix_support": "all"}}
     return saved
+
+
+def check_saved_state(state: Any, settings: Mapping[str, Any], rollout_n: int, built: Mapping[str, bool]) -> None:
+    """Refuse a controller state of another version, other gdro settings, another ``rollout.n``,
+    or other controllers built (``built``: name -> whether this run has it)."""
+    if not isinstance(state, Mapping) or state.get("version") != STATE_VERSION:
+        raise ValueError(f"not a GDROController state of version {STATE_VERSION}")
+    saved = upgrade_saved_settings(state.get("settings"), settings)
+    if saved != settings:
+        raise ValueError(
+            f"GDROController state was saved under different gdro settings ({dict_diff(saved or {}, settings)}); "
+            "resume with the same gdro.* config"
+        )
+    if int(state["rollout_n"]) != rollout_n:
+        raise ValueError(
+            f"GDROController state was saved with actor_rollout_ref.rollout.n={state['rollout_n']}, "
+            f"this run has {rollout_n}"
+        )
+    for name, has in built.items():
+        if has != (state.get(name) is not None):
+            raise ValueError(f"GDROController state: {name} presence differs from this configuration")
 
 
 def dict_diff(a: Mapping[str, Any], b: Mapping[str, Any], prefix: str = "gdro") -> str:

@@ -18,7 +18,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from verl_gdro.allocators.protocol import Observation
 from verl_gdro.classifier import MAX_TRIALS_PER_VISIT
-from verl_gdro.metrics import PREFIX
+from verl_gdro.metrics import PREFIX, step_metrics_prepared
 from verl_gdro.prompt_gdro import bin_mean_losses
 
 __all__ = [
@@ -28,9 +28,11 @@ __all__ = [
     "bin_mean",
     "count_outcomes",
     "int_array",
+    "observation_metrics",
     "rollout_metrics",
     "update_all_or_nothing",
     "update_time_losses",
+    "update_time_metrics",
     "visit_classifier",
 ]
 
@@ -103,6 +105,29 @@ def visit_classifier(classifier: Any, evidence: Any, uids_p: NDArray[np.int64], 
             evidence.observe(uniq, visit_s, visit_t)
 
 
+def observation_metrics(ctrl: Any, out: StepOutcome, losses: NDArray[np.float64], prompt_info: dict[str, Any],
+                        q_used: Any, omega_used: Any, elapsed: float) -> dict[str, float]:
+    """docs/algorithm.md section 4's metrics of an observed step, and the allocator's own."""
+    bins_p = out.keep(ctrl._bins)
+    # Prompt-GDRO's update already took this very mean (Eq. 13 over the finite losses)
+    bin_losses = prompt_info["mean_losses"] if prompt_info else bin_mean(bins_p, losses, ctrl.num_bins)
+    prompt, rollout = ctrl.prompt, ctrl.rollout
+    # every input built here in shape (bins validated at plan / adopt, counts from bincount,
+    # controller state finite by its own checks): the metrics skip re-validating them
+    metrics = step_metrics_prepared(
+        ctrl.num_bins, bins_p, out.keep(out.successes).astype(np.float64), out.keep(out.trials).astype(np.float64),
+        n_mean=float(ctrl.rollout_n),
+        per_bin=(ctrl._bin_weights if ctrl.reweights else None, q_used,
+                 None if prompt is None else prompt.scores, omega_used, bin_losses),
+        shadow_price=0.0 if rollout is None else float(rollout.mu), controller_time_s=elapsed,
+        dropped_nonfinite=int(prompt_info.get("dropped_nonfinite", 0)),
+        dropped_nonfinite_total=0 if prompt is None else int(prompt.dropped_nonfinite),
+    )
+    if rollout is not None:
+        metrics.update(rollout.metrics(ctrl.num_bins))
+    return metrics
+
+
 def rollout_metrics(obs: Observation | None, incomplete: int, num_trajectories: int) -> dict[str, float]:
     """The integration counters (``EXTRA_METRICS``) and, with Rollout-GDRO on, its skip reasons."""
     skip = None if obs is None else obs.skip
@@ -112,6 +137,23 @@ def rollout_metrics(obs: Observation | None, incomplete: int, num_trajectories: 
             out[f"{PREFIX}rollout_skip/{reason}"] = float(skip == reason)
         out[PREFIX + "rollout_unweighted_bins"] = float(obs.info.get("unweighted_bins", 0))
     out[PREFIX + "num_trajectories"] = float(num_trajectories)
+    return out
+
+
+def update_time_metrics(num_bins: int, bins: NDArray[np.int64], mean: NDArray[np.float64], scores: Any,
+                        refusal: str | None, finite: int) -> dict[str, float]:
+    """What ``after_update`` logs: per-bin ``loss`` (the bins measured) and ``score`` (S after the
+    update), replacing the placeholders ``after_advantage`` logged, and the responses measured."""
+    in_step = np.bincount(bins, minlength=num_bins) > 0
+    out: dict[str, float] = {PREFIX + "update_loss_responses": float(finite)}
+    if refusal is not None:
+        out[PREFIX + "rollout_update_skipped"] = 1.0
+        out[f"{PREFIX}rollout_skip/{refusal}"] = 1.0
+    for b in range(num_bins):
+        if in_step[b]:
+            out[f"{PREFIX}loss/bin_{b}"] = float(mean[b])
+        if scores is not None:
+            out[f"{PREFIX}score/bin_{b}"] = float(scores[b])
     return out
 
 
