@@ -313,11 +313,16 @@ def solve_exact_budget(log_probs: Any, counts: Any, arms: Any, budget: int) -> n
         raise _infeasible(pb)
     if not pb.feasible_range:
         raise _infeasible(pb)
-    pad, lp = pb.pad, pb.log_probs
-    total = int(pb.counts.sum())
     # Integer deviation of each arm scaled by sum(counts): |n * total - budget| is exact.
-    dev = np.abs(pb.arms * total - pb.budget).astype(np.int64)
+    dev = np.abs(pb.arms * int(pb.counts.sum()) - pb.budget).astype(np.int64)
+    value, devs = _suffix_tables(pb, dev)
+    return _reconstruct(pb, dev, value, devs)
 
+
+def _suffix_tables(pb: _BudgetProblem, dev: np.ndarray) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """V_b[c], the best score of bins b.. spending exactly c, and the smallest deviation among the
+    (near-)optimal suffixes, on the windows of :class:`_BudgetProblem` (the DP of :func:`solve_exact_budget`)."""
+    num_bins, pad, lp = pb.counts.size, pb.pad, pb.log_probs
     size = pad + pb.target + 1  # column pad + c holds suffix cost c
     value = [np.full(size, -np.inf) for _ in range(num_bins + 1)]
     devs = [np.full(size, _DEV_SENTINEL, dtype=np.int64) for _ in range(num_bins + 1)]
@@ -338,7 +343,12 @@ def solve_exact_budget(log_probs: Any, counts: Any, arms: Any, budget: int) -> n
         dmin[~np.isfinite(best)] = _DEV_SENTINEL
         devs[b][pad + lo : pad + lo + width] = dmin
         value[b][pad + lo : pad + lo + width] = best
+    return value, devs
 
+
+def _reconstruct(pb: _BudgetProblem, dev: np.ndarray, value: list[np.ndarray], devs: list[np.ndarray]) -> np.ndarray:
+    """Walk from bin 0 taking the smallest optimal arm (the lexicographic tie-break); arm values."""
+    num_bins, pad, lp = pb.counts.size, pb.pad, pb.log_probs
     c = pb.target
     if not np.isfinite(value[0][pad + c]):
         raise _infeasible(pb)

@@ -282,20 +282,9 @@ class RolloutGDRO:
             if defer:  # learns from the update-time loss in observe_update_loss
                 return Observation(awaits_update_loss=True)
             return Observation(info=self.update(step.bins, step.n, step.successes, None if step.deferred else step.losses))
-        if refusal is not None:
-            logger.warning(
-                "verl-gdro: Rollout-GDRO skips this step's update (%s): %s", refusal,
-                "the step's prompts were planned in several calls that gave one bin different n, and the "
-                f"played-arm utility ({self.arm_utility}) needs one arm per bin"
-                if refusal == "mixed_arms" else
-                "no bin's arm comes from exactly one recorded draw, so no importance weight is known",
-            )
-            return Observation(skip=refusal)
-        logger.warning(
-            "verl-gdro: %d planned prompt(s) lack trajectories (generation failures); Rollout-GDRO "
-            "skips this step's update rather than learn from a partial budget", step.incomplete,
-        )
-        return Observation(skip="incomplete")
+        skip = "incomplete" if refusal is None else refusal
+        _warn_skip(skip, self.arm_utility, step.incomplete)
+        return Observation(skip=skip)
 
     def observe_update_loss(self, bins: Any, n: Any, successes: Any, losses: Any) -> str | None:
         """Learn from the update-time losses of the measured prompts; the skip reason, or None."""
@@ -358,6 +347,23 @@ class RolloutGDRO:
         self._mu = float(state["mu"])
         self._rng = rng
         self._steps = int(state["steps"])
+
+
+def _warn_skip(reason: str, arm_utility: str, incomplete: int) -> None:
+    """Log why the allocator skips a step's update (the controller counts it as a metric)."""
+    if reason == "incomplete":
+        logger.warning(
+            "verl-gdro: %d planned prompt(s) lack trajectories (generation failures); Rollout-GDRO "
+            "skips this step's update rather than learn from a partial budget", incomplete,
+        )
+        return
+    logger.warning(
+        "verl-gdro: Rollout-GDRO skips this step's update (%s): %s", reason,
+        "the step's prompts were planned in several calls that gave one bin different n, and the "
+        f"played-arm utility ({arm_utility}) needs one arm per bin"
+        if reason == "mixed_arms" else
+        "no bin's arm comes from exactly one recorded draw, so no importance weight is known",
+    )
 
 
 def _load_draws(saved: Any, num_bins: int) -> list[tuple[np.ndarray, np.ndarray]]:

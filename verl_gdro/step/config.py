@@ -758,7 +758,16 @@ def validate_gdro_config(cfg: Any) -> GDROSettings:
     the config. Raises a ValueError that names the offending key. Callable without Ray, torch or verl.
     """
     trainer_mode = _select(cfg, "trainer.v1.trainer_mode")
-    adv = _select(cfg, "algorithm.adv_estimator")
+    settings = _path_settings(cfg, trainer_mode)
+    if trainer_mode in TRAINER_MODES:
+        _check_trainer(cfg, trainer_mode, settings)
+    _check_budget(cfg, trainer_mode, settings)
+    return _check_strategies(cfg, trainer_mode, settings)
+
+
+def _path_settings(cfg: Any, trainer_mode: Any) -> GDROSettings:
+    """The settings of the path's own namespace: ``gdro`` under the GDRO trainer (an
+    ``algorithm.gdro`` that differs is refused), ``algorithm.gdro`` for the estimator alone."""
     gdro_trainer = trainer_mode in TRAINER_MODES
     top = _select(cfg, "gdro")
     algo_group = _select(cfg, "algorithm.gdro")
@@ -776,7 +785,7 @@ def validate_gdro_config(cfg: Any) -> GDROSettings:
                     "algorithm.gdro disagrees with gdro: the GDRO trainer reads gdro and hands it to the estimator; "
                     "set only gdro.* (the package config mirrors it into algorithm.gdro) or make them equal"
                 )
-        settings = resolve_gdro(top)
+        return resolve_gdro(top)
     else:
         if top is not None:
             raise ValueError(
@@ -785,45 +794,53 @@ def validate_gdro_config(cfg: Any) -> GDROSettings:
                 "trainer reads algorithm.gdro: set +algorithm.gdro.<key>=... on verl's ppo_trainer config instead, or "
                 f"set trainer.v1.trainer_mode={TRAINER_NAME}"
             )
-        settings = estimator_settings(_select(cfg, "algorithm"))
+        return estimator_settings(_select(cfg, "algorithm"))
 
+
+def _check_trainer(cfg: Any, trainer_mode: str, settings: GDROSettings) -> None:
+    """The GDRO trainer against verl's trainer keys (estimator, V1, loader workers, sync step, sampler)."""
+    adv = _select(cfg, "algorithm.adv_estimator")
+    if adv != ESTIMATOR_NAME:
+        raise ValueError(
+            f"algorithm.adv_estimator={adv!r} is invalid with trainer.v1.trainer_mode={trainer_mode}: "
+            f"the GDRO trainer applies Prompt-GDRO through the '{ESTIMATOR_NAME}' estimator; "
+            f"set algorithm.adv_estimator={ESTIMATOR_NAME}"
+        )
+    use_v1 = _select(cfg, "trainer.use_v1", True)
+    if use_v1 is not True:
+        raise ValueError(
+            f"trainer.use_v1={use_v1!r} is invalid with trainer.v1.trainer_mode={trainer_mode}: "
+            "the GDRO trainer is a V1 trainer; set trainer.use_v1=true"
+        )
+    workers = _select(cfg, "data.dataloader_num_workers", 0)
+    if workers != 0:
+        raise ValueError(
+            f"data.dataloader_num_workers={workers!r} is invalid with trainer.v1.trainer_mode={trainer_mode}: "
+            "must be 0, or the adaptive sampler's draws run batches ahead of the controller updates"
+        )
+    base_mode = TRAINER_MODES[trainer_mode]
+    sync_step = _select(cfg, f"trainer.v1.{base_mode}.parameter_sync_step", 1)
+    if sync_step != 1:
+        raise ValueError(
+            f"trainer.v1.{base_mode}.parameter_sync_step={sync_step!r} is invalid with trainer.v1.trainer_mode="
+            f"{trainer_mode}: must be 1 (one generation batch, one advantage stage and one controller "
+            "update per step)"
+        )
+    custom = _select(cfg, "trainer.v1.sampler.custom_sampler.path")
+    if custom and settings.enable:
+        raise ValueError(
+            f"trainer.v1.sampler.custom_sampler.path={custom!r} is invalid with trainer.v1.trainer_mode="
+            f"{trainer_mode}: the GDRO trainer installs its own replay buffer to observe every generated group, "
+            "including those verl filters, evicts or discards; remove the custom sampler"
+        )
+
+
+def _check_budget(cfg: Any, trainer_mode: Any, settings: GDROSettings) -> None:
+    """verl's ``rollout.n``: a group (>= 2) and, under Rollout-GDRO, a mean budget within its arms."""
+    gdro_trainer = trainer_mode in TRAINER_MODES
+    adv = _select(cfg, "algorithm.adv_estimator")
     gdro_estimator = adv == ESTIMATOR_NAME
     n = _select(cfg, "actor_rollout_ref.rollout.n")
-
-    if gdro_trainer:
-        if adv != ESTIMATOR_NAME:
-            raise ValueError(
-                f"algorithm.adv_estimator={adv!r} is invalid with trainer.v1.trainer_mode={trainer_mode}: "
-                f"the GDRO trainer applies Prompt-GDRO through the '{ESTIMATOR_NAME}' estimator; "
-                f"set algorithm.adv_estimator={ESTIMATOR_NAME}"
-            )
-        use_v1 = _select(cfg, "trainer.use_v1", True)
-        if use_v1 is not True:
-            raise ValueError(
-                f"trainer.use_v1={use_v1!r} is invalid with trainer.v1.trainer_mode={trainer_mode}: "
-                "the GDRO trainer is a V1 trainer; set trainer.use_v1=true"
-            )
-        workers = _select(cfg, "data.dataloader_num_workers", 0)
-        if workers != 0:
-            raise ValueError(
-                f"data.dataloader_num_workers={workers!r} is invalid with trainer.v1.trainer_mode={trainer_mode}: "
-                "must be 0, or the adaptive sampler's draws run batches ahead of the controller updates"
-            )
-        base_mode = TRAINER_MODES[trainer_mode]
-        sync_step = _select(cfg, f"trainer.v1.{base_mode}.parameter_sync_step", 1)
-        if sync_step != 1:
-            raise ValueError(
-                f"trainer.v1.{base_mode}.parameter_sync_step={sync_step!r} is invalid with trainer.v1.trainer_mode="
-                f"{trainer_mode}: must be 1 (one generation batch, one advantage stage and one controller "
-                "update per step)"
-            )
-        custom = _select(cfg, "trainer.v1.sampler.custom_sampler.path")
-        if custom and settings.enable:
-            raise ValueError(
-                f"trainer.v1.sampler.custom_sampler.path={custom!r} is invalid with trainer.v1.trainer_mode="
-                f"{trainer_mode}: the GDRO trainer installs its own replay buffer to observe every generated group, "
-                "including those verl filters, evicts or discards; remove the custom sampler"
-            )
 
     if gdro_trainer or gdro_estimator:
         if not isinstance(n, int) or isinstance(n, bool) or n < 2:
@@ -847,6 +864,12 @@ def validate_gdro_config(cfg: Any) -> GDROSettings:
                 "batch_size * n cannot be met"
             )
 
+
+def _check_strategies(cfg: Any, trainer_mode: Any, settings: GDROSettings) -> GDROSettings:
+    """What the strategies need from the path and the rest of the config; the signals' coefficients
+    taken from the actor (the settings returned)."""
+    gdro_trainer = trainer_mode in TRAINER_MODES
+    top = _select(cfg, "gdro")
     if settings.resamples and not gdro_trainer:
         raise ValueError(
             f"algorithm.gdro.prompt.mode={settings.prompt.mode} is invalid with trainer.v1.trainer_mode={trainer_mode!r}: "
@@ -854,12 +877,13 @@ def validate_gdro_config(cfg: Any) -> GDROSettings:
             "algorithm.gdro.prompt.mode=reweight"
         )
 
-    if gdro_trainer and settings.enable and settings.prompt.enable and settings.prompt.loss_signal == "surrogate_kl":
+    needs_ref = "ref_log_probs" in get_loss_signal(settings.prompt.loss_signal).needs
+    if gdro_trainer and settings.enable and settings.prompt.enable and needs_ref:
         use_kl_loss = bool(_select(cfg, "actor_rollout_ref.actor.use_kl_loss", False))
         kl_in_reward = bool(_select(cfg, "algorithm.use_kl_in_reward", False))
         if not (use_kl_loss or kl_in_reward):
             raise ValueError(
-                "gdro.prompt.loss_signal=surrogate_kl is invalid without a reference policy: it needs "
+                f"gdro.prompt.loss_signal={settings.prompt.loss_signal} is invalid without a reference policy: it needs "
                 "ref_log_prob; set actor_rollout_ref.actor.use_kl_loss=true (the paper's KL loss) or choose "
                 "gdro.prompt.loss_signal=failure_rate"
             )
