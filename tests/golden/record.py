@@ -7,6 +7,7 @@ field that differ. Re-record only for an intended change, saying why in the comm
 
     PYTHONPATH=$PWD python tests/golden/record.py            # rewrite tests/golden/traces.json
     PYTHONPATH=$PWD python tests/golden/record.py --check    # compare, print the first difference
+    PYTHONPATH=$PWD python tests/golden/record.py --only NAME --reason "..."  # an intended change
 
 Each scenario drives :class:`~verl_gdro.step.controller.GDROController` through ``from_config``,
 ``before_generation`` (or ``decide`` + ``adopt``: staged, with part of the decided prompts
@@ -243,8 +244,18 @@ def first_difference(name: str, golden: list[dict[str, str]], got: list[dict[str
     return None
 
 
-def record() -> None:
-    out: dict[str, Any] = {"recorded_on": "e627010", "steps": STEPS, "scenarios": {}}
+def record(only: list[str] | None = None, reason: str | None = None) -> None:
+    """Record every scenario (and the e627010 states), or re-record ``only`` these, with ``reason``
+    (the saved states are never rewritten: they are what e627010 wrote)."""
+    if only:
+        out = json.loads(TRACES.read_text())
+        for name in only:
+            digests, values, _ = trace(name)
+            out["scenarios"][name] = {"config": SCENARIOS[name], "digests": digests, "values": values,
+                                      "re_recorded": reason}
+        TRACES.write_text(json.dumps(out, indent=None, separators=(",", ":")) + "\n")
+        return
+    out = {"recorded_on": "e627010", "steps": STEPS, "scenarios": {}}
     for name in SCENARIOS:
         digests, values, saved = trace(name, save_at=CHECKPOINT_STEP if name in CHECKPOINTED else None)
         out["scenarios"][name] = {"config": SCENARIOS[name], "digests": digests, "values": values}
@@ -269,7 +280,11 @@ def check() -> int:
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--check", action="store_true")
+    p.add_argument("--only", nargs="+", help="re-record these scenarios only (an intended change)")
+    p.add_argument("--reason", help="why (stored with the re-recorded scenarios)")
     args = p.parse_args()
     if args.check:
         sys.exit(check())
-    record()
+    if args.only and not args.reason:
+        p.error("--only needs --reason")
+    record(args.only, args.reason)

@@ -31,8 +31,9 @@ class ReleaseAsRunAllocator:
         n_mean: the mean budget (``actor_rollout_ref.rollout.n``).
 
     :meth:`allocate` gives a call's prompts their n from the classes :meth:`observe_classes` recorded for
-    the previous step, position by position, when that step had exactly as many prompts (else
-    every prompt gets ``n_mean``, as the release's warm-up and fallback did). :meth:`observe_classes` takes
+    the previous step, position by position; a step's later calls (DAPO refills, async top-ups)
+    continue the positions, which start over past the previous step's prompts (the release never
+    refilled; before any step, every prompt gets ``n_mean``, the release's warm-up). :meth:`observe_classes` takes
     the step's per-prompt classes (:func:`release_classes`) in plan order. Nothing else is learnt:
     ``mu`` stays 0 (the release's dual step never ran) and :meth:`update` is a no-op.
     """
@@ -56,6 +57,9 @@ class ReleaseAsRunAllocator:
         self.arms = np.arange(self.n_min, self.n_max + 1, dtype=np.int64)
         self.mu = 0.0
         self._prev: NDArray[np.int64] | None = None
+        #: positions of the previous step's classes already given to this step's calls (not saved:
+        #: verl checkpoints after the update, which resets it)
+        self._offset = 0
         self.last_class_arms: dict[int, int] = {}
 
     @classmethod
@@ -73,10 +77,13 @@ class ReleaseAsRunAllocator:
     def allocate(self, num_prompts: int) -> NDArray[np.int64]:
         """Rollouts per prompt for a call of ``num_prompts`` prompts (sum == n_mean * num_prompts)."""
         num_prompts = int(num_prompts)
-        prev = self._prev
-        if prev is None or prev.size != num_prompts or num_prompts == 0:
-            self.last_class_arms = {}
+        if self._prev is None or self._prev.size == 0 or num_prompts == 0:
+            self.last_class_arms = {}  # the release's warm-up: rollout.n for every prompt
             return np.full(num_prompts, self.n_mean, dtype=np.int64)
+        # the previous step's classes by position; a step's later calls (refills) continue the
+        # positions, and positions past the previous step's prompts start over (issue 36)
+        prev = self._prev[(self._offset + np.arange(num_prompts)) % self._prev.size]
+        self._offset += num_prompts
         order, first, sizes = np.unique(prev, return_index=True, return_counts=True)
         by_appearance = np.argsort(first)  # first-appearance order (the release's Counter)
         classes, counts = order[by_appearance], sizes[by_appearance].astype(np.int64)
@@ -92,6 +99,7 @@ class ReleaseAsRunAllocator:
         if c.ndim != 1 or (c.size and (c.min() < 0 or c.max() > self.num_bins)):
             raise ValueError(f"classes must be 1-D in [0, {self.num_bins}], got {c!r}")
         self._prev = c
+        self._offset = 0
 
     def observe(self, step: ObservedStep) -> Observation:
         """The release classifies after generation, before the step's pass@k update: the window as
@@ -131,10 +139,11 @@ class ReleaseAsRunAllocator:
             raise ValueError(f"release_as_run state saved with {state.get('config')}, this run has {self._config()}")
         prev = state.get("prev")
         self._prev = None if prev is None else np.asarray(prev, dtype=np.int64).copy()
+        self._offset = 0
 
     def snapshot(self) -> tuple[Any, ...]:
-        return (None if self._prev is None else self._prev.copy(),)
+        return (None if self._prev is None else self._prev.copy(), self._offset)
 
     def restore(self, snapshot: tuple[Any, ...]) -> None:
-        (prev,) = snapshot
+        prev, self._offset = snapshot
         self._prev = None if prev is None else prev.copy()
