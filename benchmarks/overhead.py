@@ -422,10 +422,11 @@ class Bench:
 PROFILED = (
     ("verl_gdro.classifier", "OnlineDifficultyClassifier", ("bins", "observe_prepared", "_slots")),
     ("verl_gdro.prompt_gdro", "PromptGDRO", ("bin_multipliers", "update")),
-    ("verl_gdro.rollout_gdro", "RolloutGDRO", ("allocate", "update")),
+    ("verl_gdro.allocators.base", "RolloutGDRO", ("plan", "update")),
+    ("verl_gdro.allocators.per_prompt", "PerPrompt", ("plan",)),
     ("verl_gdro.step.controller", "GDROController", ("decide", "adopt", "advantage_multipliers",
                                                            "after_advantage")),
-    ("verl_gdro.step.controller", None, ("step_metrics_prepared",)),
+    ("verl_gdro.step.observe", None, ("step_metrics_prepared",)),
     ("verl_gdro.integration.ledger", "DispatchLedger", ("dispatch", "begin_update", "finish_update")),
     ("verl_gdro.integration.glue", None, ("real_rows", "acc_from_extra_fields", "correctness", "consume",
                                           "observe_update", "flow_metrics")),

@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 import numpy as np
 import pytest
 
-from verl_gdro.allocators import Observation, ObservedStep, register_allocator
+from verl_gdro.allocators import ALLOCATOR_REGISTRY, Observation, ObservedStep, register_allocator
 from verl_gdro.step.config import keys_read, resolve_gdro
 from verl_gdro.step.controller import GDROController, describe_mode
 
@@ -72,6 +72,16 @@ class ToyAlternating:
 
 
 # --- docs/integration.md, "Add your own allocator" (end) ---
+
+# registered only while this module's tests run: the registry is global, and other modules list its names
+ALLOCATOR_REGISTRY.pop("toy_alternating")
+
+
+@pytest.fixture(autouse=True)
+def _registered() -> Any:
+    register_allocator("toy_alternating")(ToyAlternating)
+    yield
+    ALLOCATOR_REGISTRY.pop("toy_alternating", None)
 
 GROUP = {"rollout": {"enable": True, "allocator": "toy_alternating"}}
 
