@@ -44,9 +44,10 @@ from typing import Any
 
 import numpy as np
 
+from verl_gdro.allocators import RolloutGDRO
 from verl_gdro.classifier import OnlineDifficultyClassifier
 from verl_gdro.prompt_gdro import PromptGDRO
-from verl_gdro.rollout_gdro import RolloutGDRO, solve_exact_budget
+from verl_gdro.rollout_gdro import solve_exact_budget
 
 NUM_BINS = 10
 DATASET = 14_116  # DAPO-Math-17k (en) rows

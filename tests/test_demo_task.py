@@ -248,13 +248,15 @@ def test_gdro_overrides_reach_every_method_and_bad_ones_name_the_key():
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)
-    cfg = _config_from_args(parser.parse_args(["--quick", "--gdro", "prompt.max_weight=3", "gdro.prompt.eta=0.3"]))
-    assert cfg.gdro == (("prompt.max_weight", 3), ("prompt.eta", 0.3))
+    # keys every method's active strategies read (a key one of them does not read is refused:
+    # docs/configuration.md, "Keys each strategy reads")
+    cfg = _config_from_args(parser.parse_args(["--quick", "--gdro", "prompt.beta=0.3", "gdro.prompt.eta=0.3"]))
+    assert cfg.gdro == (("prompt.beta", 0.3), ("prompt.eta", 0.3))
     for m in cfg.methods:
         s = resolve_gdro(method_gdro_group(m, 1, cfg.gdro))
-        assert s.prompt.max_weight == 3.0 and s.prompt.eta == 0.3
+        assert s.prompt.beta == 0.3 and s.prompt.eta == 0.3
         assert s.prompt.enable == METHODS[m][1] and s.rollout.seed == 1  # the method still decides these
-    assert cfg.to_dict()["gdro"] == [["prompt.max_weight", 3], ["prompt.eta", 0.3]]
+    assert cfg.to_dict()["gdro"] == [["prompt.beta", 0.3], ["prompt.eta", 0.3]]
     with pytest.raises(ValueError, match=r"gdro\.prompt\.max_weight"):
         _config_from_args(parser.parse_args(["--quick", "--gdro", "prompt.max_weight=-1"]))
     with pytest.raises(ValueError, match=r"prompt\.enable: this key defines the method"):

@@ -18,10 +18,13 @@ from typing import Any
 import pytest
 from integration_harness import make_trainer, write_dataset
 
+from verl_gdro.allocators import ALLOCATOR_REGISTRY
 from verl_gdro.dryrun import DryRunError, compose_config, dry_run, gdro_checks, parse_hydra_argv
 from verl_gdro.integration import estimator as est
 from verl_gdro.integration.estimator_keys import ESTIMATOR_READS
-from verl_gdro.step.config import default_gdro_group, resolve_gdro
+from verl_gdro.prompt_modes import PROMPT_MODE_REGISTRY
+from verl_gdro.signals import LOSS_SIGNAL_REGISTRY
+from verl_gdro.step.config import ACTOR_SIGNAL_KEYS, default_gdro_group, keys_read, resolve_gdro
 
 #: one valid, non-default value per key of the gdro group (every key must be here: a new key
 #: without an entry fails test_every_key_has_a_value)
@@ -98,11 +101,27 @@ def _composed(argv: list[str]):
 # what a key's value needs beside it on the GDRO trainer's path
 TRAINER_EXTRA = {
     "uid_key": ["data.custom_cls.path=pkg://verl_gdro.integration.dataset", "data.custom_cls.name=GDRODataset"],
-    "rollout.rate_decay": ["gdro.rollout.allocator=per_prompt"],
     "rollout.allocator": ["gdro.rollout.arm_utility=variance"],
     "rollout.n_min": ["actor_rollout_ref.rollout.n=4"],
     "prompt.mix_support": ["gdro.prompt.min_ess=0"],
 }
+
+
+def reading_context(key: str) -> list[str]:
+    """Overrides that make a strategy that reads ``key`` active (a key no active strategy reads is
+    refused: docs/configuration.md, "Keys each strategy reads"), from the strategies' declarations."""
+    if key in keys_read(resolve_gdro(None)):
+        out = []
+    elif key.startswith("rollout."):
+        out = [f"gdro.rollout.allocator={next(n for n, c in ALLOCATOR_REGISTRY.items() if key in c.reads)}"]
+    elif any(key in c.reads for c in PROMPT_MODE_REGISTRY.values()):
+        out = [f"gdro.prompt.mode={next(n for n, c in PROMPT_MODE_REGISTRY.items() if key in c.reads)}"]
+    else:
+        out = [f"gdro.prompt.loss_signal={next(n for n, c in LOSS_SIGNAL_REGISTRY.items() if key in c.reads)}"]
+    leaf = key.split(".")[-1]
+    if leaf in ACTOR_SIGNAL_KEYS:  # the signal's coefficient must equal the actor's
+        out.append(f"{ACTOR_SIGNAL_KEYS[leaf]}={VALUES[key]}")
+    return out
 
 
 @pytest.mark.slow
@@ -128,7 +147,7 @@ def test_dry_run_resolves_every_key_as_the_estimator_does(key: str) -> None:
 def test_dry_run_resolves_every_key_as_the_gdro_trainer_does(key: str) -> None:
     """The GDRO trainer: ``gdro.<key>`` on the package config; the trainer hands the estimator the
     group it resolved at init (``algorithm.gdro``), which must give the same settings back."""
-    cfg = _composed(GDRO_TRAINER + [f"gdro.{key}={VALUES[key]}", *TRAINER_EXTRA.get(key, [])])
+    cfg = _composed(GDRO_TRAINER + [f"gdro.{key}={VALUES[key]}", *TRAINER_EXTRA.get(key, []), *reading_context(key)])
     dry = gdro_checks(cfg)
     assert resolve_gdro(dry.to_dict()) == dry  # the logged, resolved group is the same settings
 

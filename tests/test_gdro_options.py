@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from verl_gdro.allocators import RolloutGDRO
 from verl_gdro.classifier import OnlineDifficultyClassifier
 from verl_gdro.demo.config import METHODS, method_gdro_group, parse_method
 from verl_gdro.demo.stats import bootstrap_ci, markdown, rollouts_to_reach, summarise
@@ -23,7 +24,6 @@ from verl_gdro.prompt_gdro import (
     mix_probs,
 )
 from verl_gdro.rollout_gdro import (
-    RolloutGDRO,
     arm_utility_values,
     expected_informative_utility,
     per_prompt_allocation,
@@ -286,7 +286,7 @@ def _drive(ctrl: GDROController, steps: int, seed: int = 0) -> list[np.ndarray]:
 
 
 def test_per_prompt_controller_keeps_the_exact_budget_and_resume_reproduces_it():
-    group = {"prompt": {"enable": True, "min_ess": 0.7}, "rollout": {"enable": True, "allocator": "per_prompt",
+    group = {"prompt": {"enable": True, "mode": "reweight", "min_ess": 0.7}, "rollout": {"enable": True, "allocator": "per_prompt",
                                                                       "arm_utility": "failure_weighted"}}
     a = GDROController.from_config(group, rollout_n=4)
     first = _drive(a, 6)

@@ -28,10 +28,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from verl_gdro.allocators import RolloutGDRO
 from verl_gdro.classifier import OnlineDifficultyClassifier, pooled_pass_at_k, snap
 from verl_gdro.metrics import step_metrics
 from verl_gdro.prompt_gdro import PromptGDRO, failure_rate_loss
-from verl_gdro.rollout_gdro import RolloutGDRO
 
 NUM_BINS = 5
 #: ids a batch draws from: dense small ids, sparse large ones and negative int64s, so that the

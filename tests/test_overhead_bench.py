@@ -114,6 +114,7 @@ def test_trainer_path_digest_is_reproducible_and_sees_a_changed_value(monkeypatc
 #: which are the callers), is wrapped by a recorder.
 STEP_PATH_MODULES = (
     "verl_gdro.step.controller",
+    "verl_gdro.step.plan",
     "verl_gdro.step.context",
     "verl_gdro.integration.glue",
     "verl_gdro.integration.ledger",
@@ -219,6 +220,6 @@ def test_the_benchmark_calls_what_the_trainer_calls(
                     bench.step(shape, tokens, grpo_first=True)
         sequences.append(recorder.calls)
     trainer_calls, bench_calls = sequences
-    assert "GDROController.decide" in trainer_calls and "compute_gdro_grpo_advantage" in trainer_calls
+    assert "StepPlanner.decide" in trainer_calls and "compute_gdro_grpo_advantage" in trainer_calls
     assert "observe_update" in trainer_calls
     assert bench_calls == trainer_calls

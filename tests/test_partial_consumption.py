@@ -7,7 +7,6 @@ never raise, and keep a finite state; a step Rollout-GDRO cannot learn from is c
 
 from __future__ import annotations
 
-import itertools
 import math
 from typing import Any
 
@@ -16,17 +15,25 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from verl_gdro.rollout_gdro import ALLOCATORS, ARM_UTILITIES, PER_PROMPT_UTILITIES, SELECTIONS
+from verl_gdro.allocators import LEARNER_ALLOCATORS as ALLOCATORS
+from verl_gdro.allocators import get_allocator
+from verl_gdro.rollout_gdro import ARM_UTILITIES, PER_PROMPT_UTILITIES, SELECTIONS
 from verl_gdro.step.controller import ROLLOUT_SKIP_REASONS, GDROController
 
 
-def _valid(allocator: str, utility: str) -> bool:
-    if allocator == "per_prompt":
+def _valid(allocator: str, utility: str | None) -> bool:
+    if get_allocator(allocator).per_prompt_evidence:
         return utility in PER_PROMPT_UTILITIES
     return utility != "hit"
 
 
-COMBOS = [c for c in itertools.product(ALLOCATORS, ARM_UTILITIES, SELECTIONS) if _valid(c[0], c[1])]
+def _choices(allocator: str, key: str, values: tuple[str, ...]) -> tuple[str | None, ...]:
+    """Every value of a key the allocator reads; None (left to the preset) for one it does not."""
+    return values if f"rollout.{key}" in get_allocator(allocator).reads else (None,)
+
+
+COMBOS = [(a, u, s) for a in ALLOCATORS for u in _choices(a, "arm_utility", ARM_UTILITIES)
+          for s in _choices(a, "selection", SELECTIONS) if _valid(a, u if u is not None else "failure_weighted")]
 UID_POOL = 40
 
 
@@ -58,16 +65,16 @@ def event_streams(draw: st.DrawFn) -> list[dict[str, Any]]:
     return steps
 
 
-@pytest.mark.parametrize(("allocator", "arm_utility", "selection"), COMBOS, ids=["-".join(c) for c in COMBOS])
+@pytest.mark.parametrize(("allocator", "arm_utility", "selection"), COMBOS, ids=["-".join(str(x) for x in c) for c in COMBOS])
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                  HealthCheck.function_scoped_fixture])
 @given(stream=event_streams())
 def test_partial_consumption_never_stops_training(
-    allocator: str, arm_utility: str, selection: str, stream: list[dict[str, Any]]
+    allocator: str, arm_utility: str | None, selection: str | None, stream: list[dict[str, Any]]
 ) -> None:
+    rollout = {"enable": True, "allocator": allocator, "arm_utility": arm_utility, "selection": selection}
     ctrl = GDROController.from_config(
-        {"preset": "robust", "prompt": {"mode": "reweight"},
-         "rollout": {"enable": True, "allocator": allocator, "arm_utility": arm_utility, "selection": selection}},
+        {"preset": "robust", "prompt": {"mode": "reweight"}, "rollout": {k: v for k, v in rollout.items() if v is not None}},
         rollout_n=4,
     )
     inflight: list[tuple[int, int, int]] = []  # (stable uid, dispatch-time bin, dispatch-time n)

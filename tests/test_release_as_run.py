@@ -16,8 +16,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from verl_gdro.allocators import ReleaseAsRunAllocator
 from verl_gdro.prompt_gdro import PromptGDRO
-from verl_gdro.release_as_run import ReleaseAsRunAllocator, lexicographic_exact_arms, release_classes
+from verl_gdro.release_as_run import lexicographic_exact_arms, release_classes
 from verl_gdro.step.config import resolve_gdro
 from verl_gdro.step.controller import GDROController
 
@@ -83,12 +84,13 @@ def test_release_classes_put_extreme_and_unseen_rates_in_excl():
 def test_allocator_applies_the_previous_steps_classes_by_position():
     alloc = ReleaseAsRunAllocator(num_bins=3, n_min=2, n_max=12, n_mean=4)
     assert alloc.allocate(8).tolist() == [4] * 8  # no previous step: the warm-up
-    alloc.observe([3, 0, 3, 1, 1, 3, 0, 3])  # classes in first-appearance order: 3 (x4), 0 (x2), 1 (x2)
+    alloc.observe_classes([3, 0, 3, 1, 1, 3, 0, 3])  # classes in first-appearance order: 3 (x4), 0 (x2), 1 (x2)
     n = alloc.allocate(8)
     # 4 n3 + 2 n0 + 2 n1 = 32, lexicographic over (3, 0, 1): n3 = 2 -> n0 = 2 -> n1 = 10
     assert alloc.last_class_arms == {3: 2, 0: 2, 1: 10}
     assert n.tolist() == [2, 2, 2, 10, 10, 2, 2, 2]
-    assert alloc.allocate(5).tolist() == [4] * 5  # batch size changed: uniform, as the release fell back
+    refill = alloc.allocate(5)  # a refill continues the positions (8..12 -> 0..4), not n = 4 (issue 36)
+    assert refill.sum() == 20 and alloc.last_class_arms
     state = alloc.state_dict()
     twin = ReleaseAsRunAllocator(num_bins=3, n_min=2, n_max=12, n_mean=4)
     twin.load_state_dict(state)
@@ -256,3 +258,20 @@ def test_release_bandit_learns_from_the_update_time_loss():
     assert np.array_equal(ctrl.rollout.state_dict()["scores"], before)  # nothing learnt yet
     ctrl.after_update(g, np.full(g.size, 0.05))
     assert not np.array_equal(ctrl.rollout.state_dict()["scores"], before)
+
+
+def test_refills_and_partial_steps_keep_the_previous_classes_by_position() -> None:
+    """Issue 36: a step that plans more (or fewer) prompts than the previous one observed still
+    allocates from the previous classes by position (a refill continues the positions, which start
+    over past the previous step's prompts) instead of falling back to n = rollout.n."""
+    alloc = ReleaseAsRunAllocator(num_bins=3, n_min=2, n_max=12, n_mean=4)
+    alloc.observe_classes([3, 0, 3, 1, 1, 3, 0, 3])
+    first = alloc.allocate(8)
+    assert first.sum() == 32 and len(set(first.tolist())) > 1
+    refill = alloc.allocate(2)  # positions 8, 9 -> 0, 1 of the previous step
+    assert refill.sum() == 8 and alloc.last_class_arms  # allocated by class, not the n = 4 fallback
+    more = ReleaseAsRunAllocator(num_bins=3, n_min=2, n_max=12, n_mean=4)
+    more.observe_classes([3, 0, 3, 1, 1, 3])  # 6 observed (two groups removed), 8 planned next
+    n = more.allocate(8)
+    assert n.sum() == 32 and more.last_class_arms
+    np.testing.assert_array_equal(n[6:], n[:2])  # positions 6, 7 start over at the previous step's 0, 1

@@ -14,10 +14,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from verl_gdro.allocators import RolloutGDRO
 from verl_gdro.rollout_gdro import (
     TIE_RTOL,
     InfeasibleBudgetError,
-    RolloutGDRO,
     argmax_toward,
     dual_update,
     exact_budget_marginals,

@@ -129,6 +129,9 @@ CASES: list[tuple[str, list[str], str]] = [
                                                    "actor_rollout_ref.actor.clip_ratio_high=0.2",
                                                    "gdro.prompt.clip_ratio_high=0.28"],
      "gdro.prompt.clip_ratio_high"),
+    # --- a key no active strategy reads (issue 37: derived from the strategies' declarations) ---
+    ("a bandit key under the per-prompt allocator", ["gdro.rollout.dual_lr=0.1"], "gdro.rollout.dual_lr"),
+    ("a sampling key under reweighting", ["gdro.prompt.mode=reweight", "gdro.prompt.explore=0.3"], "gdro.prompt.explore"),
 ]
 
 
@@ -250,9 +253,9 @@ def test_loss_signals_follow_the_actor() -> None:
     assert same.clip_ratio_c == 2.5
     message = refusal(["gdro.preset=paper", *actor, "gdro.prompt.kl_coef=0.001"])
     assert "actor_rollout_ref.actor.kl_loss_coef=0.01" in message
-    # the failure rate reads none of them: an explicit value is not a disagreement
-    robust = validate_gdro_config(config([*actor, "gdro.prompt.clip_ratio_high=0.4"])).prompt
-    assert robust.loss_signal == "failure_rate" and robust.clip_ratio_high == 0.4
+    # the failure rate reads none of them: an explicit value is refused as unread, naming the key
+    message = refusal([*actor, "gdro.prompt.clip_ratio_high=0.4"])
+    assert message.startswith("gdro.prompt.clip_ratio_high=0.4 is set but nothing reads it"), message
     # no actor in the config (the step API): the paper's values
     bare = resolve_gdro({"preset": "paper"}).prompt
     assert (bare.kl_coef, bare.clip_ratio_low, bare.clip_ratio_high, bare.clip_ratio_c) == (0.001, 0.2, 0.28, 3.0)

@@ -195,7 +195,7 @@ def test_bad_group_index_is_refused() -> None:
 
 @pytest.mark.parametrize("utility", ["expected_informative", "loss"])
 def test_joint_mode_matches_the_three_controllers_called_directly(utility: str) -> None:
-    from verl_gdro.rollout_gdro import RolloutGDRO
+    from verl_gdro.allocators import RolloutGDRO
 
     c = ctrl(rollout={"enable": True, "allocator": "bandit", "arm_utility": utility})
     cls, prompt = OnlineDifficultyClassifier(), PromptGDRO(10, min_ess=0.8)

@@ -484,12 +484,12 @@ def derived_quantities(cfg, settings: Any, train_rows: int | None) -> dict[str, 
             else "off"
         )
         if settings.enable and settings.rollout.enable:
+            from verl_gdro.allocators import get_allocator
+
             r = settings.rollout
-            if r.allocator == "per_prompt":
-                evidence = "the classifier's window" if r.rate_decay is None else f"rate_decay={r.rate_decay}"
-                detail = f"allocator=per_prompt, arm_utility={r.arm_utility}, {evidence}"
-            else:
-                detail = f"allocator={r.allocator}, arm_utility={r.arm_utility}, selection={r.selection}"
+            reads = get_allocator(r.allocator).reads  # the keys the allocator reads, as it declares them
+            detail = ", ".join([f"allocator={r.allocator}"] + [
+                f"{k}={getattr(r, k)}" for k in ("arm_utility", "selection", "rate_decay") if f"rollout.{k}" in reads])
             out["Rollout-GDRO"] = f"on ({detail})"
             out["rollout arms per prompt"] = f"[{r.n_min}, {r.n_max}], mean exactly {n}"
         else:

@@ -22,6 +22,8 @@ from __future__ import annotations
 from copy import deepcopy
 from typing import Any
 
+from verl_gdro.signals import LOSS_SIGNAL_REGISTRY, update_time_signals
+
 DEFAULT_PRESET = "robust"
 
 #: The classifier's geometry every reading shares unless it says otherwise.
@@ -70,10 +72,11 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     },
 }
 
-LOSS_SIGNALS = ("failure_rate", "surrogate_kl", "surrogate", "update_surrogate")
+#: The loss signals (the registry of verl_gdro/signals.py: one class each, declaring what it reads)
+LOSS_SIGNALS = tuple(LOSS_SIGNAL_REGISTRY)
 #: The loss signal measured during the actor's PPO update (verl_gdro/integration/policy_loss.py), fed
 #: to Prompt-GDRO through ``GDROController.after_update`` for the next step.
-UPDATE_TIME_SIGNALS = ("update_surrogate",)
+UPDATE_TIME_SIGNALS = update_time_signals()
 #: Which bins Eq. 15's exploration mixture spreads gamma over: all B, or the bins present in the step
 #: (the release: gamma / number of classes present).
 MIX_SUPPORTS = ("all", "present")

@@ -3,14 +3,15 @@
 Every prompt of difficulty bin b gets n_b rollouts, n_b in the arm set {n_min, ..., n_max}, and the
 step spends exactly ``n_mean * len(bins)`` rollouts: compute-neutral against GRPO at n = n_mean.
 
-Two allocators share one exact solver, :func:`solve_exact_budget`:
+The allocators (one class each, registered by name in :mod:`verl_gdro.allocators`) share this
+module's functions; the per-bin ones share one exact solver, :func:`solve_exact_budget`:
 
 - ``bandit`` (default): one exponential-weights learner per bin over the arms (Eq. 17), gains with a
   shadow price (Eq. 18), an arm-score EMA (Eq. 19), a configuration chosen under the exact budget
   (Eq. 20: most probable, ``map``, or drawn from the conditioned product distribution, ``sample``)
   and a dual update of the shadow price from the unconstrained preference (Eq. 21).
 - ``neyman`` (Thm 4.2): minimise sum_b count_b v_b / n_b (Eqs. 28-30) under the same budget, with
-  the implied shadow price of the continuous solution (Eq. 31) reported as :attr:`RolloutGDRO.mu`.
+  the implied shadow price of the continuous solution (Eq. 31) reported as the allocator's ``mu``.
 
 Why an exact dynamic program rather than greedy marginal allocation: one step of bin b costs
 count_b budget units, so the problem is a multiple-choice knapsack with an equality constraint;
@@ -27,7 +28,6 @@ from __future__ import annotations
 
 import math
 import threading
-from copy import deepcopy
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,12 +47,10 @@ from verl_gdro.evidence import (
 )
 
 __all__ = [
-    "ALLOCATORS",
     "ARM_UTILITIES",
     "SELECTIONS",
     "TIE_RTOL",
     "InfeasibleBudgetError",
-    "RolloutGDRO",
     "argmax_toward",
     "dual_update",
     "exact_budget_marginals",
@@ -75,7 +73,6 @@ __all__ = [
     "solve_exact_budget",
 ]
 
-ALLOCATORS = ("bandit", "neyman", "per_prompt")
 ARM_UTILITIES = ("expected_informative", "failure_weighted", "knapsack", "variance", "hit", "informative", "loss")
 SELECTIONS = ("auto", "map", "sample")
 
@@ -89,7 +86,6 @@ TIE_RTOL = 1e-12
 #: refills; an older draw's groups are weighed as unknown (skipped and counted), never wrongly.
 MAX_RECORDED_DRAWS = 16
 
-_STATE_VERSION = 1
 _DEV_SENTINEL = np.iinfo(np.int64).max // 4
 
 
@@ -317,11 +313,16 @@ def solve_exact_budget(log_probs: Any, counts: Any, arms: Any, budget: int) -> n
         raise _infeasible(pb)
     if not pb.feasible_range:
         raise _infeasible(pb)
-    pad, lp = pb.pad, pb.log_probs
-    total = int(pb.counts.sum())
     # Integer deviation of each arm scaled by sum(counts): |n * total - budget| is exact.
-    dev = np.abs(pb.arms * total - pb.budget).astype(np.int64)
+    dev = np.abs(pb.arms * int(pb.counts.sum()) - pb.budget).astype(np.int64)
+    value, devs = _suffix_tables(pb, dev)
+    return _reconstruct(pb, dev, value, devs)
 
+
+def _suffix_tables(pb: _BudgetProblem, dev: np.ndarray) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """V_b[c], the best score of bins b.. spending exactly c, and the smallest deviation among the
+    (near-)optimal suffixes, on the windows of :class:`_BudgetProblem` (the DP of :func:`solve_exact_budget`)."""
+    num_bins, pad, lp = pb.counts.size, pb.pad, pb.log_probs
     size = pad + pb.target + 1  # column pad + c holds suffix cost c
     value = [np.full(size, -np.inf) for _ in range(num_bins + 1)]
     devs = [np.full(size, _DEV_SENTINEL, dtype=np.int64) for _ in range(num_bins + 1)]
@@ -342,7 +343,12 @@ def solve_exact_budget(log_probs: Any, counts: Any, arms: Any, budget: int) -> n
         dmin[~np.isfinite(best)] = _DEV_SENTINEL
         devs[b][pad + lo : pad + lo + width] = dmin
         value[b][pad + lo : pad + lo + width] = best
+    return value, devs
 
+
+def _reconstruct(pb: _BudgetProblem, dev: np.ndarray, value: list[np.ndarray], devs: list[np.ndarray]) -> np.ndarray:
+    """Walk from bin 0 taking the smallest optimal arm (the lexicographic tie-break); arm values."""
+    num_bins, pad, lp = pb.counts.size, pb.pad, pb.log_probs
     c = pb.target
     if not np.isfinite(value[0][pad + c]):
         raise _infeasible(pb)
@@ -633,489 +639,3 @@ def argmax_toward(values: np.ndarray, arms: np.ndarray, target: float) -> np.nda
     order = np.lexsort((arms_f, np.abs(arms_f - target)))
     first = np.argmax(is_max[..., order], axis=-1)
     return np.asarray(arms)[order[first]]
-
-
-# --------------------------------------------------------------------------------------------
-# The controller
-# --------------------------------------------------------------------------------------------
-
-
-def _check_range(name: str, ok: bool, allowed: str, value: Any) -> None:
-    if not ok:
-        raise ValueError(f"{name}={value!r} is out of range; allowed: {allowed}")
-
-
-class RolloutGDRO:
-    """Per-bin rollout counts under an exact mean budget (docs/algorithm.md section 3).
-
-    Call :meth:`allocate` with the step's bins before generation and :meth:`update` with the
-    step's results afterwards. All state (arm scores, shadow price, smoothed pass rates, Neyman
-    variances, the sampler's generator) is in :meth:`state_dict`, so a resumed run continues
-    bit-identically.
-    """
-
-    def __init__(
-        self,
-        num_bins: int,
-        n_min: int = 2,
-        n_max: int = 12,
-        n_mean: int = 4,
-        eta: float = 0.65,
-        gamma: float = 0.01,
-        score_ema: float = 0.4,
-        dual_lr: float = 0.05,
-        allocator: str = "bandit",
-        arm_utility: str = "expected_informative",
-        selection: str = "auto",
-        seed: int = 0,
-    ) -> None:
-        def is_int(x: Any) -> bool:
-            return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
-
-        def is_real(x: Any) -> bool:
-            return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool)
-
-        _check_range("num_bins", is_int(num_bins) and num_bins >= 1, "integer >= 1", num_bins)
-        for name, val in (("n_min", n_min), ("n_max", n_max), ("n_mean", n_mean)):
-            _check_range(name, is_int(val), "an integer", val)
-        _check_range("n_min", n_min >= 2, "integer >= 2 (a group of 1 has no GRPO gradient)", n_min)
-        _check_range("n_min", n_min <= n_mean, f"n_min <= n_mean={n_mean}", n_min)
-        _check_range("n_mean", n_mean <= n_max, f"n_mean <= n_max={n_max}", n_mean)
-        _check_range("eta", is_real(eta) and math.isfinite(eta) and eta > 0, "finite eta > 0", eta)
-        _check_range("gamma", is_real(gamma) and 0.0 <= gamma < 1.0, "[0, 1)", gamma)
-        _check_range("score_ema", is_real(score_ema) and 0.0 < score_ema <= 1.0, "(0, 1]", score_ema)
-        _check_range(
-            "dual_lr",
-            is_real(dual_lr) and math.isfinite(dual_lr) and dual_lr >= 0,
-            "finite dual_lr >= 0",
-            dual_lr,
-        )
-        _check_range("allocator", allocator in ALLOCATORS, f"one of {list(ALLOCATORS)}", allocator)
-        _check_range(
-            "arm_utility", arm_utility in ARM_UTILITIES, f"one of {list(ARM_UTILITIES)}", arm_utility
-        )
-        _check_range("selection", selection in SELECTIONS, f"one of {list(SELECTIONS)}", selection)
-        _check_range(
-            "arm_utility",
-            allocator != "per_prompt" or arm_utility in PER_PROMPT_UTILITIES,
-            f"one of {list(PER_PROMPT_UTILITIES)} with allocator='per_prompt' (it needs u(p, n) for every n)",
-            arm_utility,
-        )
-        _check_range(
-            "arm_utility",
-            arm_utility != "hit" or allocator == "per_prompt",
-            "'hit' only with allocator='per_prompt' (it needs each prompt's own counts)",
-            arm_utility,
-        )
-        _check_range("seed", is_int(seed) and seed >= 0, "integer >= 0", seed)
-
-        self.num_bins = int(num_bins)
-        self.n_min, self.n_max, self.n_mean = int(n_min), int(n_max), int(n_mean)
-        self.eta, self.gamma = float(eta), float(gamma)
-        self.score_ema, self.dual_lr = float(score_ema), float(dual_lr)
-        self.allocator, self.arm_utility, self.selection = allocator, arm_utility, selection
-        self.seed = int(seed)
-        self._arms = np.arange(self.n_min, self.n_max + 1, dtype=np.int64)
-
-        self._scores = np.zeros((self.num_bins, self._arms.size))
-        self._mu = 0.0
-        self._pass_rate = np.full(self.num_bins, np.nan)  # smoothed p_b (expected_informative)
-        self._variance = np.full(self.num_bins, 0.25)  # v_b (neyman)
-        self._rng = np.random.Generator(np.random.PCG64(self.seed))
-        self._steps = 0
-        # The sampled draws since the last update (selection='sample'), oldest first, at most
-        # MAX_RECORDED_DRAWS: per draw, the arm drawn for every bin (-1 where the bin was absent)
-        # and that arm's conditional marginal. The played-arm update weights a bin's gain by the
-        # marginal of the draw that chose its arm (docs/algorithm.md, "Rollout-GDRO"), so a step
-        # that trains a subset of a generation call, or several calls, still learns correctly.
-        # Saved with the state: a resume between a dispatch and its update weighs the same.
-        self._draws: list[tuple[np.ndarray, np.ndarray]] = []
-
-    # ---- configuration ------------------------------------------------------------------
-
-    @property
-    def arms(self) -> np.ndarray:
-        """The arm values n_min..n_max (a copy)."""
-        return self._arms.copy()
-
-    @property
-    def effective_selection(self) -> str:
-        """``auto`` resolved: ``map`` for the full-information utility, ``sample`` otherwise
-        (played-arm utilities need exploration; EXP3 importance weights need a random draw)."""
-        if self.selection != "auto":
-            return self.selection
-        return "map" if self.arm_utility in FULL_INFORMATION_UTILITIES else "sample"
-
-    @property
-    def mu(self) -> float:
-        """Shadow price: the dual variable (bandit) or the implied price of Eq. 31 (neyman)."""
-        return self._mu
-
-    def _config(self) -> dict[str, Any]:
-        return {
-            "num_bins": self.num_bins,
-            "n_min": self.n_min,
-            "n_max": self.n_max,
-            "n_mean": self.n_mean,
-            "eta": self.eta,
-            "gamma": self.gamma,
-            "score_ema": self.score_ema,
-            "dual_lr": self.dual_lr,
-            "allocator": self.allocator,
-            "arm_utility": self.arm_utility,
-            "selection": self.selection,
-            "seed": self.seed,
-        }
-
-    # ---- queries ------------------------------------------------------------------------
-
-    def arm_probs(self) -> np.ndarray:
-        """[B, A] p_b(n) of Eq. 17 from the current arm scores."""
-        return exp_weights_arm_probs(self._scores, self.eta, self.gamma)
-
-    def _validate_bins(self, bins: Any) -> np.ndarray:
-        b = _as_int_array(bins, "bins")
-        if b.size and (b.min() < 0 or b.max() >= self.num_bins):
-            raise ValueError(
-                f"bins must lie in [0, {self.num_bins - 1}], got values in [{b.min()}, {b.max()}]"
-            )
-        return b
-
-    def _step_problem(self, bins: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
-        """Present bins, their counts, inverse index per prompt, and the exact budget."""
-        present, inverse, counts = np.unique(bins, return_inverse=True, return_counts=True)
-        return present, counts.astype(np.int64), inverse, self.n_mean * int(bins.size)
-
-    # ---- allocation ---------------------------------------------------------------------
-
-    def _record_draw(self, present: np.ndarray, per_bin: np.ndarray, marg: np.ndarray) -> None:
-        arm = np.full(self.num_bins, -1, dtype=np.int64)
-        prob = np.zeros(self.num_bins, dtype=np.float64)
-        arm[present], prob[present] = per_bin, marg
-        self._draws.append((arm, prob))
-        del self._draws[:-MAX_RECORDED_DRAWS]
-
-    def _drawn_marginals(self, present: np.ndarray, played: np.ndarray) -> np.ndarray:
-        """Per present bin, the marginal of its played arm in the one recorded draw that gave the
-        bin that arm (NaN where no recorded draw did, or several did: that draw is unknown)."""
-        out = np.full(present.size, np.nan)
-        hits = np.zeros(present.size, dtype=np.int64)
-        for arm, prob in self._draws:
-            match = arm[present] == played
-            hits += match
-            out = np.where(match, prob[present], out)
-        out[hits != 1] = np.nan
-        return out
-
-    def update_refusal(self, bins: Any, n: Any) -> str | None:
-        """Why :meth:`update` would refuse this step's (bins, n), or None.
-
-        ``"mixed_arms"``: a played-arm utility needs one arm per bin, and these prompts were
-        allocated in several calls that gave one bin different n. ``"unknown_draw"``: under
-        ``selection='sample'`` no bin's played arm comes from exactly one recorded draw, so no
-        importance weight is known (e.g. a step of prompts dispatched before a resume from a state
-        saved before draws were recorded, with a budget that no longer matches). Callers skip the
-        update and count it instead of stopping training (``GDROController.after_advantage``).
-        """
-        if self.allocator != "bandit" or self.arm_utility in FULL_INFORMATION_UTILITIES:
-            return None
-        b = self._validate_bins(bins)
-        n_a = _as_int_array(n, "n")
-        if b.size == 0 or n_a.shape != b.shape:
-            return None  # update() names the problem
-        lo = np.full(self.num_bins, np.iinfo(np.int64).max)
-        hi = np.full(self.num_bins, -1)
-        np.minimum.at(lo, b, n_a)
-        np.maximum.at(hi, b, n_a)
-        if np.any(lo[b] != hi[b]):
-            return "mixed_arms"
-        if self.effective_selection == "sample":
-            present = np.unique(b)
-            if not np.isfinite(self._played_marginals(b, n_a, present, hi[present])).any():
-                return "unknown_draw"
-        return None
-
-    def _played_marginals(self, b: np.ndarray, n_a: np.ndarray, present: np.ndarray, played: np.ndarray) -> np.ndarray:
-        """The importance-weight denominators of the present bins' played arms (NaN: unknown)."""
-        if self._draws:
-            return self._drawn_marginals(present, played)
-        # No draw recorded since the last update or restore (a state saved before draws were
-        # recorded): the step's own problem is the draw's when it spends the exact budget, as a
-        # whole generation call does; recompute its marginals from the unchanged scores.
-        _present, counts, _inverse, budget = self._step_problem(b)
-        if int((counts * played).sum()) != budget:
-            return np.full(present.size, np.nan)
-        logp = exp_weights_arm_log_probs(self._scores[present], self.eta, self.gamma)
-        return _partition(logp, counts, self._arms, budget).marginals(arm_idx=played - self.n_min)
-
-    def allocate(self, bins: Any, rates: Any = None, counts: Any = None) -> np.ndarray:
-        """Rollouts per prompt for the step's bins (ints in [n_min, n_max], sum == n_mean * len).
-
-        Every prompt of a bin gets its bin's n; the configuration is chosen over the bins present
-        in the step (their counts set the cost of each arm). ``sample`` advances the controller's
-        own generator. The ``per_prompt`` allocator instead gives each prompt its own n from its
-        own evidence: ``counts`` = (successes, trials) per prompt (:func:`per_prompt_utility`; may
-        be fractional, e.g. decayed), or a success rate per prompt in ``rates`` (not for ``hit``).
-        """
-        b = self._validate_bins(bins)
-        if b.size == 0:
-            return np.zeros(0, dtype=np.int64)
-        evidence = counts
-        present, counts, inverse, budget = self._step_problem(b)
-        if self.allocator == "per_prompt":
-            n, self._mu = per_prompt_allocation(self._per_prompt_table(b, rates, evidence), self.n_min, budget)
-        elif self.allocator == "neyman":
-            scores = neyman_scores(counts, self._variance[present], self._arms)
-            per_bin = solve_exact_budget(scores, counts, self._arms, budget)
-        else:
-            logp = exp_weights_arm_log_probs(self._scores[present], self.eta, self.gamma)
-            if self.effective_selection == "map":
-                per_bin = solve_exact_budget(logp, counts, self._arms, budget)
-            else:
-                # Draw on a copy so that a failure leaves the generator untouched.
-                rng = deepcopy(self._rng)
-                per_bin, marg = sample_exact_budget(logp, counts, self._arms, budget, rng)
-                self._rng = rng
-                self._record_draw(present, per_bin, marg)
-        if self.allocator != "per_prompt":
-            n = per_bin[inverse]
-        # The spec's invariant, checked even under python -O: compute neutrality is the contract.
-        if int(n.sum()) != budget or n.min() < self.n_min or n.max() > self.n_max:
-            raise AssertionError(f"allocation violates the exact budget {budget} or the arm range")
-        return n
-
-    def _per_prompt_table(self, b: np.ndarray, rates: Any, counts: Any) -> np.ndarray:
-        """The [prompts, arms] utility table of the ``per_prompt`` allocator, inputs checked."""
-        if counts is not None:
-            s, t = (np.asarray(x, dtype=np.float64) for x in counts)
-            if s.shape != b.shape or t.shape != b.shape or not np.all((s >= 0.0) & (s <= t)):
-                raise ValueError(f"counts must hold (successes, trials) with 0 <= successes <= trials per prompt ({b.size})")
-            return per_prompt_utility(self.arm_utility, s, t, self._arms)
-        if rates is None or self.arm_utility == "hit":
-            need = "counts (successes, trials)" if self.arm_utility == "hit" else "rates or counts"
-            raise ValueError(f"allocator='per_prompt' with arm_utility={self.arm_utility!r} needs {need} per prompt")
-        p = np.asarray(rates, dtype=np.float64)
-        if p.shape != b.shape or not np.all((p >= 0.0) & (p <= 1.0)):
-            raise ValueError(f"rates must hold one success rate in [0, 1] per prompt ({b.size})")
-        return arm_utility_values(self.arm_utility, p, self._arms)
-
-    # ---- update -------------------------------------------------------------------------
-
-    def update(
-        self,
-        bins: Any,
-        n: Any,
-        successes: Any,
-        losses: Any = None,
-    ) -> dict[str, Any]:
-        """Feed one step's per-prompt results; returns an info dict for metrics.
-
-        Args:
-            bins: the step's bin per prompt (those passed to :meth:`allocate`).
-            n: rollouts each prompt actually got, in [n_min, n_max].
-            successes: correct rollouts per prompt, in [0, n].
-            losses: per-prompt Prompt-GDRO loss signal; required for ``arm_utility="loss"``
-                (non-finite entries are dropped and counted, never written into the scores).
-
-        Order (spec, "Order inside one update"): utilities -> gains with the current mu ->
-        arm-score EMA -> nhat from the updated probabilities -> mu update. A call that raises
-        leaves the controller unchanged.
-        """
-        b = self._validate_bins(bins)
-        n_a = _as_int_array(n, "n")
-        s_a = _as_int_array(successes, "successes")
-        if b.size == 0:
-            raise ValueError("bins must hold at least one prompt for update")
-        if n_a.shape != b.shape or s_a.shape != b.shape:
-            raise ValueError(
-                f"bins, n and successes must have equal lengths, got {b.size}, {n_a.size}, {s_a.size}"
-            )
-        if n_a.min() < self.n_min or n_a.max() > self.n_max:
-            raise ValueError(
-                f"n must lie in the arm range [{self.n_min}, {self.n_max}], got values in "
-                f"[{n_a.min()}, {n_a.max()}]"
-            )
-        if s_a.min() < 0 or np.any(s_a > n_a):
-            raise ValueError("successes must lie in [0, n] per prompt")
-        loss_a: np.ndarray | None = None
-        if losses is not None:
-            loss_a = np.asarray(losses, dtype=np.float64)
-            if loss_a.shape != b.shape:
-                raise ValueError(f"losses must have length {b.size}, got shape {loss_a.shape}")
-        if self.allocator == "bandit" and self.arm_utility == "loss" and loss_a is None:
-            raise ValueError("losses are required for arm_utility='loss'")
-
-        present, counts, inverse, budget = self._step_problem(b)
-        num_present = present.size
-        succ_bin = np.bincount(inverse, weights=s_a, minlength=num_present)
-        trials_bin = np.bincount(inverse, weights=n_a, minlength=num_present)
-        rate = succ_bin / trials_bin
-        bin_rate = np.full(self.num_bins, np.nan)
-        bin_rate[present] = rate
-        info: dict[str, Any] = {"bin_success_rate": bin_rate, "realised_mean_n": float(n_a.mean())}
-
-        if self.allocator == "per_prompt":
-            # A plug-in optimiser over the classifier's per-prompt rates: nothing to learn here.
-            self._steps += 1
-            info.update(mu=self._mu)
-            return info
-
-        if self.allocator == "neyman":
-            var = self._variance.copy()
-            var[present] = np.maximum(
-                (1.0 - self.score_ema) * var[present] + self.score_ema * rate * (1.0 - rate), 0.01
-            )
-            mu = neyman_implied_price(counts, var[present], budget)
-            self._variance, self._mu = var, mu
-            self._steps += 1
-            info.update(variance=var.copy(), mu=mu)
-            return info
-
-        num_arms = self._arms.size
-        utility = np.full((self.num_bins, num_arms), np.nan)
-        gain = np.full((self.num_bins, num_arms), np.nan)
-        scores = self._scores.copy()
-        pass_rate = self._pass_rate.copy()
-        dropped = 0
-
-        if self.arm_utility in FULL_INFORMATION_UTILITIES:
-            old = pass_rate[present]
-            smoothed = np.where(np.isnan(old), rate, (1.0 - self.score_ema) * old + self.score_ema * rate)
-            pass_rate[present] = smoothed
-            u = arm_utility_values(self.arm_utility, smoothed, self._arms)
-            g = gain_with_shadow_price(u, self._arms[None, :], self._mu, self.n_mean)
-            utility[present], gain[present] = u, g
-            scores[present] = score_ema(scores[present], g, self.score_ema)
-        else:
-            # Played-arm utilities: one arm per present bin, so n must be constant within a bin.
-            played = np.zeros(num_present, dtype=np.int64)
-            np.maximum.at(played, inverse, n_a)
-            if np.any(n_a != played[inverse]):
-                raise ValueError(
-                    f"n must be the same for every prompt of a bin under arm_utility="
-                    f"{self.arm_utility!r} (one played arm per bin)"
-                )
-            arm_idx = played - self.n_min
-            if self.arm_utility == "informative":
-                informative = ((s_a > 0) & (s_a < n_a)).astype(np.float64)
-                u_played = np.bincount(inverse, weights=informative, minlength=num_present) / counts
-                has = np.ones(num_present, dtype=bool)
-            else:
-                assert loss_a is not None
-                finite = np.isfinite(loss_a)
-                dropped = int((~finite).sum())
-                lsum = np.bincount(inverse[finite], weights=loss_a[finite], minlength=num_present)
-                lcnt = np.bincount(inverse[finite], minlength=num_present)
-                has = lcnt > 0
-                u_played = np.where(has, lsum / np.maximum(lcnt, 1), np.nan)
-            g_played = gain_with_shadow_price(u_played, played, self._mu, self.n_mean)
-            if self.effective_selection == "sample":
-                # EXP3: weight each bin's gain by the marginal of the draw that chose its arm; a
-                # bin whose draw is unknown (or ambiguous) is left out of this update and counted
-                marg_played = self._played_marginals(b, n_a, present, played)
-                known = np.isfinite(marg_played)
-                if not known.any():
-                    raise ValueError(
-                        "n matches no recorded draw under selection='sample' (the importance weight is the "
-                        "marginal of the draw that chose each bin's arm): see update_refusal"
-                    )
-                info["unweighted_bins"] = int((has & ~known).sum())
-                has = has & known
-                g_played = np.where(known, g_played / np.where(known, marg_played, 1.0), np.nan)
-                info["played_marginal"] = dict(zip(present[known].tolist(), marg_played[known].tolist(), strict=True))
-            rows, cols = present[has], arm_idx[has]
-            utility[rows, cols] = u_played[has]
-            gain[rows, cols] = g_played[has]
-            scores[rows, cols] = score_ema(scores[rows, cols], g_played[has], self.score_ema)
-
-        if not np.all(np.isfinite(scores)):
-            # Finite losses so large that a gain (or its importance weight) overflows float64:
-            # refuse the step, state untouched, rather than store an infinite arm score (which
-            # would make every later allocation's log-probabilities NaN).
-            raise ValueError(
-                "losses overflow float64 in the arm gains; loss signals must be of moderate magnitude"
-            )
-        probs = exp_weights_arm_probs(scores, self.eta, self.gamma)
-        preferred = argmax_toward(probs[present], self._arms, self.n_mean)
-        qhat = counts / counts.sum()
-        nhat = float(np.sum(qhat * preferred))
-        mu = dual_update(self._mu, nhat, self.n_mean, self.dual_lr)
-
-        self._scores, self._pass_rate, self._mu = scores, pass_rate, mu
-        self._steps += 1
-        self._draws = []  # the scores changed: later draws are new rounds
-        info.update(
-            utility=utility,
-            gain=gain,
-            nhat=nhat,
-            mu=mu,
-            dropped_losses=dropped,
-            preferred_n=dict(zip(present.tolist(), preferred.tolist(), strict=True)),
-        )
-        return info
-
-    # ---- checkpointing ------------------------------------------------------------------
-
-    def state_dict(self) -> dict[str, Any]:
-        """Everything needed to continue bit-identically, as plain numpy/python values."""
-        return {
-            "version": _STATE_VERSION,
-            "config": self._config(),
-            "scores": self._scores.copy(),
-            "mu": self._mu,
-            "pass_rate": self._pass_rate.copy(),
-            "variance": self._variance.copy(),
-            "rng": deepcopy(self._rng.bit_generator.state),
-            "steps": self._steps,
-            "draws": [(arm.copy(), prob.copy()) for arm, prob in self._draws],
-        }
-
-    def snapshot(self) -> tuple[Any, ...]:
-        """The mutable part of :meth:`state_dict` (no config, no deep copies), for :meth:`restore`.
-
-        What an all-or-nothing step keeps to roll back with (``GDROController.after_advantage``),
-        every step; the generator's ``state`` getter already returns a fresh dict.
-        """
-        return (self._scores.copy(), self._mu, self._pass_rate.copy(), self._variance.copy(),
-                self._rng.bit_generator.state, self._steps, list(self._draws))
-
-    def restore(self, snapshot: tuple[Any, ...]) -> None:
-        """Return to a :meth:`snapshot` of this controller (as ``load_state_dict`` of its state would)."""
-        scores, self._mu, pass_rate, variance, rng_state, self._steps, draws = snapshot
-        self._scores, self._pass_rate, self._variance = scores.copy(), pass_rate.copy(), variance.copy()
-        self._rng.bit_generator.state = rng_state
-        self._draws = list(draws)
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict` output; rejects state of a differently configured controller."""
-        if not isinstance(state, dict) or state.get("version") != _STATE_VERSION:
-            raise ValueError(
-                f"state must be a RolloutGDRO state_dict of version {_STATE_VERSION}, got "
-                f"{state.get('version') if isinstance(state, dict) else type(state).__name__}"
-            )
-        mine, theirs = self._config(), state.get("config", {})
-        diff = {k: (theirs.get(k), v) for k, v in mine.items() if theirs.get(k) != v}
-        if diff:
-            detail = ", ".join(f"{k}: saved {s!r} vs this {c!r}" for k, (s, c) in diff.items())
-            raise ValueError(f"RolloutGDRO state comes from a differently configured controller ({detail})")
-        shape = (self.num_bins, self._arms.size)
-        scores = np.array(state["scores"], dtype=np.float64)
-        pass_rate = np.array(state["pass_rate"], dtype=np.float64)
-        variance = np.array(state["variance"], dtype=np.float64)
-        if scores.shape != shape or pass_rate.shape != (self.num_bins,) or variance.shape != (self.num_bins,):
-            raise ValueError("RolloutGDRO state arrays do not match num_bins / arm range")
-        # absent in states saved before draws were recorded: update() then falls back to the step's
-        # own problem when it spends the exact budget
-        draws = []
-        for arm, prob in state.get("draws", ()):
-            arm, prob = np.asarray(arm, dtype=np.int64).copy(), np.asarray(prob, dtype=np.float64).copy()
-            if arm.shape != (self.num_bins,) or prob.shape != (self.num_bins,):
-                raise ValueError("RolloutGDRO state draws do not match num_bins")
-            draws.append((arm, prob))
-        rng = np.random.Generator(np.random.PCG64())
-        rng.bit_generator.state = deepcopy(state["rng"])
-        self._scores, self._pass_rate, self._variance = scores, pass_rate, variance
-        self._mu = float(state["mu"])
-        self._rng = rng
-        self._steps = int(state["steps"])
-        self._draws = draws[-MAX_RECORDED_DRAWS:]

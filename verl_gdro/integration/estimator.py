@@ -50,6 +50,7 @@ from verl_gdro.integration.estimator_keys import estimator_path_settings
 from verl_gdro.integration.glue import correctness
 from verl_gdro.metrics import step_metrics
 from verl_gdro.prompt_gdro import PromptGDRO
+from verl_gdro.prompt_modes import get_prompt_mode
 from verl_gdro.step.config import ESTIMATOR_NAME, GDROSettings, resolve_gdro
 from verl_gdro.step.context import PADDING_UID_PREFIX, current_step, uid_keys
 
@@ -204,7 +205,7 @@ def _standalone_multipliers(
 ) -> np.ndarray:
     """Standalone mode: bin each group by its own correctness this step; multipliers from S_{t-1};
     then update S with the failure rate (reward-only loss signal)."""
-    if settings.prompt.mode != "reweight":
+    if not get_prompt_mode(settings.prompt.mode).scales_advantages:
         raise ValueError(
             f"algorithm.gdro.prompt.mode={settings.prompt.mode} is invalid for the standalone gdro_grpo estimator: only "
             "the GDRO trainer's sampler can draw the prompts; use trainer.v1.trainer_mode=gdro_sync or "

@@ -80,10 +80,14 @@ def _known(key: str) -> bool:
 
 def check_estimator_keys(group: Any, prefix: str = "algorithm.gdro") -> None:
     """Refuse every known ``gdro`` key in ``group`` that the estimator alone does not read, naming
-    it. Unknown keys are left to the resolution (which lists the known ones)."""
+    it. Unknown keys are left to the resolution (which lists the known ones). A group switched off
+    (``enable=false``: verl's ``grpo``, e.g. the GDRO trainer's mirror with GDRO off) reads nothing
+    and runs nothing, so its keys are inert, as a switched-off section's are on the trainer path."""
     given = to_plain(group) or {}
     if not isinstance(given, Mapping):
         return  # the resolution names the malformed group
+    if given.get("enable", True) is False:
+        return
     for key in _leaves(given):
         if key in ESTIMATOR_READS or not _known(key):
             continue

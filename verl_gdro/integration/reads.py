@@ -146,13 +146,13 @@ def observe_removed(ledger: DispatchLedger, settings: GDROSettings, partition_id
     return warned
 
 
-def token_fields(settings: GDROSettings, batch: KVBatchMeta, consumed: ConsumedBatch) -> dict[str, np.ndarray]:
-    """The [N, T] fields the surrogate loss signals read, for the trained rows and, zero-masked,
-    the rows of groups removed untrained."""
+def token_fields(needed: tuple[str, ...], batch: KVBatchMeta, consumed: ConsumedBatch) -> dict[str, np.ndarray]:
+    """The [N, T] fields the surrogate loss signals read (``needed``: the controller's
+    ``token_fields``), for the trained rows and, zero-masked, the rows of groups removed untrained."""
     dropped_rows = consumed.dropped()[0].size
     extra: dict[str, np.ndarray] = {}
     wanted = ["response_mask", "old_log_probs", "advantages"]
-    if settings.prompt.loss_signal == "surrogate_kl":
+    if "ref_log_probs" in needed:
         wanted.append("ref_log_prob")
     td = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=wanted)
     names = {"ref_log_prob": "ref_log_probs"}

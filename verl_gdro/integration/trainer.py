@@ -84,7 +84,6 @@ from verl_gdro.integration.reads import (
 from verl_gdro.integration.registry import check_registered
 from verl_gdro.integration.replay_buffer import with_observer
 from verl_gdro.integration.sampler import GDROSampler, sampler_for, step_draw_metrics
-from verl_gdro.presets import UPDATE_TIME_SIGNALS
 from verl_gdro.step.config import (
     TRAINER_MODES,
     TRAINER_NAME,
@@ -233,7 +232,7 @@ class GDROTrainerMixin:
                 f"budget {budget} = prompts * actor_rollout_ref.rollout.n"
             )
         self.gdro_ledger.dispatch(verl_uids, plan.uids, plan.bins, n, step=int(self.global_steps))
-        if num_prompts is None and self.gdro.rollout is not None and self.gdro.rollout.allocator == "per_prompt":
+        if num_prompts is None and self.gdro.rollout is not None and self.gdro.rollout.prices_at_plan:
             # the step's own batch (verl's prepare_step), not a refill: gdro/shadow_price reports it
             self._gdro_batch_price = float(self.gdro.rollout.mu)
         if self.gdro.rollout is not None:
@@ -263,9 +262,7 @@ class GDROTrainerMixin:
         multipliers = self.gdro.advantage_multipliers(group_index)
         # the per-row view of the batch; the per-group table only when the batch has padding rows
         table, row_plan = consumed.estimator_inputs(multipliers)
-        needs_log_probs = self.gdro_settings.prompt.loss_signal not in ("failure_rate", *UPDATE_TIME_SIGNALS) and (
-            self.gdro.prompt is not None or self.gdro.rollout is not None
-        )
+        needs_log_probs = bool(self.gdro.token_fields)
         if not needs_log_probs:
             # The failure-rate update reads only acc, and the multipliers were taken above from
             # S_{t-1}: updating now gives the same values as after verl's estimator, while the
@@ -276,7 +273,7 @@ class GDROTrainerMixin:
             batch = super()._compute_advantage(batch, metrics)  # type: ignore[misc]
         if needs_log_probs:
             t1 = time.perf_counter()
-            fields = token_fields(self.gdro_settings, batch, consumed)
+            fields = token_fields(self.gdro.token_fields, batch, consumed)
             self._gdro_time += time.perf_counter() - t1
             metrics.update(self._gdro_update(consumed, acc, fields))
         if self.gdro.wants_update_losses:

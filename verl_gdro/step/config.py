@@ -27,15 +27,17 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any
 
-from verl_gdro.evidence import SAMPLING_PRIORITIES
-from verl_gdro.presets import LOSS_SIGNALS, MIX_SUPPORTS, PRESETS, resolve_preset
+from verl_gdro.allocators import RolloutGDRO, allocator_names, get_allocator
+from verl_gdro.presets import MIX_SUPPORTS, PRESETS, resolve_preset
 from verl_gdro.prompt_gdro import PromptGDRO
-from verl_gdro.rollout_gdro import ALLOCATORS as _CONTROLLER_ALLOCATORS
-from verl_gdro.rollout_gdro import ARM_UTILITIES, PER_PROMPT_UTILITIES, RolloutGDRO
+from verl_gdro.prompt_modes import PROMPT_MODE_REGISTRY, get_prompt_mode, sampling_modes
+from verl_gdro.rollout_gdro import ARM_UTILITIES, PER_PROMPT_UTILITIES
+from verl_gdro.signals import LOSS_SIGNAL_REGISTRY, get_loss_signal
 
-#: Rollout-GDRO's allocators: RolloutGDRO's own, and ``release_as_run`` (the release's frozen arms as
-#: its runs used them, verl_gdro/release_as_run.py; an explicit option for reproducing its rows)
-ALLOCATORS = (*_CONTROLLER_ALLOCATORS, "release_as_run")
+#: Rollout-GDRO's built-in allocators (the registry, verl_gdro/allocators/, may hold more): the bin
+#: bandit, Neyman, per-prompt, and ``release_as_run`` (the release's frozen arms as its runs used
+#: them; an explicit option for reproducing its rows)
+ALLOCATORS = allocator_names()
 
 __all__ = [
     "ALLOCATORS",
@@ -56,6 +58,7 @@ __all__ = [
     "RolloutSettings",
     "default_gdro_group",
     "estimator_settings",
+    "keys_read",
     "resolve_gdro",
     "to_plain",
     "validate_gdro_config",
@@ -78,8 +81,8 @@ ROW_INDEX_FIELD = "gdro_row_index"
 
 PASSK_ESTIMATORS = ("pooled", "any_of_n")
 #: Prompt-GDRO modes that draw the prompts (the sampler), the bin-level one and the per-prompt ones
-SAMPLING_MODES = ("resample", *SAMPLING_PRIORITIES)
-PROMPT_MODES = ("reweight", *SAMPLING_MODES)
+SAMPLING_MODES = sampling_modes()
+PROMPT_MODES = tuple(PROMPT_MODE_REGISTRY)
 WEIGHT_NORMALIZATIONS = ("mean_one", "raw")
 SELECTIONS = ("auto", "map", "sample")
 
@@ -93,7 +96,8 @@ def _constructor_kwargs(cls: type, settings: object, **given: Any) -> dict[str, 
     """``cls``'s constructor arguments: ``given`` first, every other one from the settings field of
     the same name. Read from the signature, so a controller argument added without its config key
     fails here (AttributeError) instead of silently taking its default."""
-    return {name: given[name] if name in given else getattr(settings, name) for name in inspect.signature(cls).parameters}
+    params = list(inspect.signature(cls.__init__).parameters)[1:]  # __init__'s, past self (__new__ may be generic)
+    return {name: given[name] if name in given else getattr(settings, name) for name in params}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -219,13 +223,13 @@ class GDROSettings:
     @property
     def reweights(self) -> bool:
         """Whether Prompt-GDRO scales advantages (on, and in ``reweight`` mode)."""
-        return self.enable and self.prompt.enable and self.prompt.mode == "reweight"
+        return self.enable and self.prompt.enable and get_prompt_mode(self.prompt.mode).scales_advantages
 
     @property
     def resamples(self) -> bool:
         """Whether the sampler draws the prompts (a sampling ``mode``: ``resample`` with Prompt-GDRO's
         q_t, or a per-prompt priority)."""
-        return self.enable and self.prompt.enable and self.prompt.mode in SAMPLING_MODES
+        return self.enable and self.prompt.enable and get_prompt_mode(self.prompt.mode).draws_prompts
 
     @property
     def allocates(self) -> bool:
@@ -456,8 +460,8 @@ def _resolve_prompt(c: dict[str, Any], preset: str, num_bins: int) -> PromptSett
     high = _float(f"{p}.clip_ratio_high", signal["clip_ratio_high"], low=0.0)
     return PromptSettings(
         enable=_bool(f"{p}.enable", c["enable"]),
-        mode=_choice(f"{p}.mode", c["mode"], PROMPT_MODES),
-        loss_signal=_choice(f"{p}.loss_signal", loss_signal, LOSS_SIGNALS),
+        mode=_choice(f"{p}.mode", c["mode"], tuple(PROMPT_MODE_REGISTRY)),
+        loss_signal=_choice(f"{p}.loss_signal", loss_signal, tuple(LOSS_SIGNAL_REGISTRY)),
         eta=eta,
         beta=_float(f"{p}.beta", c["beta"], 0.0, 1.0, low_open=True),
         gamma=_float(f"{p}.gamma", c["gamma"], 0.0, 1.0, high_open=True),
@@ -491,15 +495,17 @@ def _resolve_rollout(c: dict[str, Any], preset: str) -> RolloutSettings:
     if n_max < n_min:
         raise ValueError(f"{p}.n_max={n_max} is invalid: must be >= {p}.n_min={n_min}")
     # unknown names first, so that they get the plain "allowed values" message
-    allocator = _choice(f"{p}.allocator", c["allocator"], ALLOCATORS)
+    allocator = _choice(f"{p}.allocator", c["allocator"], allocator_names())
     arm_utility = _choice(f"{p}.arm_utility", c["arm_utility"], ARM_UTILITIES)
     selection = c["selection"]
-    if c["allocator"] == "per_prompt" and arm_utility not in PER_PROMPT_UTILITIES:
+    cls = get_allocator(allocator)
+    per_prompt = getattr(cls, "per_prompt_evidence", False)
+    if per_prompt and arm_utility not in PER_PROMPT_UTILITIES:
         raise ValueError(
             f"{p}.arm_utility={arm_utility!r} is invalid with {p}.allocator=per_prompt: allowed "
             f"{list(PER_PROMPT_UTILITIES)} (the allocator needs u(p, n) for every n)"
         )
-    if arm_utility == "hit" and c["allocator"] != "per_prompt":
+    if arm_utility == "hit" and not per_prompt:
         raise ValueError(
             f"{p}.arm_utility='hit' is invalid with {p}.allocator={c['allocator']!r}: HORA's hit utility needs "
             f"each prompt's own counts, set {p}.allocator=per_prompt"
@@ -507,7 +513,7 @@ def _resolve_rollout(c: dict[str, Any], preset: str) -> RolloutSettings:
     rate_decay = c.get("rate_decay")
     if rate_decay is not None:
         rate_decay = _float(f"{p}.rate_decay", rate_decay, 0.0, 1.0, low_open=True)
-        if c["allocator"] != "per_prompt":
+        if "rollout.rate_decay" not in cls.reads:
             raise ValueError(
                 f"{p}.rate_decay={rate_decay} is invalid with {p}.allocator={c['allocator']!r}: it decays the "
                 f"per_prompt allocator's evidence; set {p}.allocator=per_prompt or leave it null"
@@ -564,7 +570,7 @@ def resolve_gdro(group: Any = None, standalone: bool = False) -> GDROSettings:
             if c[section][key] is None:
                 if (section, key) == ("prompt", "min_ess") and c["prompt"]["weight_normalization"] != "mean_one":
                     value = 0.0  # the floor acts on mean_one multipliers; raw weights keep the preset's other choices
-                if (section, key) == ("rollout", "rate_decay") and c[section]["allocator"] != "per_prompt":
+                if (section, key) == ("rollout", "rate_decay") and not _reads_rate_decay(c[section]["allocator"]):
                     value = None  # the decay is the per_prompt allocator's; a per-bin one keeps the other choices
                 c[section][key] = value
     uid_key = _choice("gdro.uid_key", c["uid_key"], UID_KEYS)
@@ -575,7 +581,7 @@ def resolve_gdro(group: Any = None, standalone: bool = False) -> GDROSettings:
     advantage_clip = c["advantage_clip"]
     if advantage_clip is not None:
         advantage_clip = _float("gdro.advantage_clip", advantage_clip, low=0.0, low_open=True)
-    return GDROSettings(
+    settings = GDROSettings(
         enable=_bool("gdro.enable", c["enable"]),
         preset=str(preset),
         uid_key=uid_key,
@@ -586,6 +592,108 @@ def resolve_gdro(group: Any = None, standalone: bool = False) -> GDROSettings:
         advantage_clip=advantage_clip,
         correct_threshold=_float("gdro.correct_threshold", c["correct_threshold"]),
     )
+    _refuse_unread(given, settings, standalone)
+    return settings
+
+
+def _reads_rate_decay(allocator: Any) -> bool:
+    return allocator in allocator_names() and "rollout.rate_decay" in get_allocator(allocator).reads
+
+
+# ---------------------------------------------------------------------------------------------
+# What a resolved configuration reads: derived from the strategies' declarations
+# ---------------------------------------------------------------------------------------------
+
+#: keys every enabled configuration reads (the switches, the run's identity, the classifier)
+_ALWAYS_READ = ("enable", "preset", "uid_key", "acc_key", "correct_threshold", "advantage_clip", "classifier.num_bins",
+                "classifier.bin_edges", "classifier.window", "classifier.hysteresis", "classifier.k",
+                "classifier.passk_estimator", "classifier.unseen_bin", "prompt.enable", "rollout.enable")
+
+
+#: strategy keys accepted whatever the strategy: the run's seed (a sweep sets it for every method alike)
+RUN_KEYS = ("rollout.seed",)
+
+
+def keys_read(settings: GDROSettings) -> frozenset[str]:
+    """The ``gdro`` keys (dotted, relative to the group: ``rollout.eta``) that the controller reads
+    under ``settings`` (the GDRO trainer and the step API), from the active strategies' ``reads``.
+
+    Active: Prompt-GDRO's mode when Prompt-GDRO is on; the allocator when Rollout-GDRO is on; the
+    loss signal when Prompt-GDRO is on or the allocator logs it (``logs_loss_signal``: the per-bin
+    allocators, whose bandit may also learn from it). With
+    ``gdro.enable=false`` only ``enable`` is read. Paths that run less (the ``gdro_grpo`` estimator
+    alone) read a subset of this set.
+    """
+    if not settings.enable:
+        return frozenset({"enable"})
+    keys = set(_ALWAYS_READ)
+    p, r = settings.prompt, settings.rollout
+    signal = p.enable
+    if p.enable:
+        keys.update(get_prompt_mode(p.mode).reads, ("prompt.mode",))
+    if r.enable:
+        alloc = get_allocator(r.allocator)
+        keys.update(alloc.reads, ("rollout.allocator",))
+        signal = signal or bool(getattr(alloc, "logs_loss_signal", False))
+    if signal:
+        keys.update(get_loss_signal(p.loss_signal).reads)
+    return frozenset(keys)
+
+
+def _leaves(given: Any, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if isinstance(given, Mapping):
+        for key, value in given.items():
+            if isinstance(value, Mapping):
+                out.update(_leaves(value, f"{prefix}{key}."))
+            else:
+                out[f"{prefix}{key}"] = value
+    return out
+
+
+def _without(given: Mapping[str, Any], keys: list[str]) -> dict[str, Any]:
+    out = {k: dict(v) if isinstance(v, Mapping) else v for k, v in given.items()}
+    for key in keys:
+        section, leaf = key.split(".")
+        out[section].pop(leaf, None)
+    return out
+
+
+def unread_keys(given: Any, settings: GDROSettings, standalone: bool = False) -> dict[str, Any]:
+    """The strategy keys (``prompt.*`` / ``rollout.*``) that ``given`` sets and no active strategy
+    reads (:func:`keys_read`): a value other than the one the key resolves to without it (the
+    package default, the preset's value, a filled-in default). A switched-off section's keys are
+    left alone, so an adversary (or verl-gdro) can be turned off without editing the rest of a
+    command line; the loss signals' coefficients that follow the actor are checked against it by
+    :func:`validate_gdro_config` instead."""
+    if not settings.enable or not isinstance(given, Mapping):
+        return {}
+    read = keys_read(settings)
+    defaults = _leaves(default_gdro_group())
+    candidates = {
+        key: value for key, value in _leaves(given).items()
+        if key.split(".")[0] in ("prompt", "rollout") and key.count(".") == 1 and key not in read
+        and value != defaults.get(key)
+        and getattr(settings, key.split(".")[0]).enable and key.split(".")[1] not in ACTOR_SIGNAL_KEYS
+        and key not in RUN_KEYS
+    }
+    if not candidates:
+        return {}
+    baseline = resolve_gdro(_without(given, list(candidates)), standalone=standalone).to_dict()
+    return {k: v for k, v in candidates.items() if v != baseline[k.split(".")[0]][k.split(".")[1]]}
+
+
+def _unread_message(key: str, value: Any, settings: GDROSettings) -> str:
+    owner = (f"gdro.prompt.mode={settings.prompt.mode} with loss_signal={settings.prompt.loss_signal}"
+             if key.startswith("prompt.") else f"gdro.rollout.allocator={settings.rollout.allocator}")
+    return (f"gdro.{key}={value!r} is set but nothing reads it under {owner}: remove it (the keys each strategy "
+            "reads are listed in docs/configuration.md)")
+
+
+def _refuse_unread(given: Any, settings: GDROSettings, standalone: bool) -> None:
+    """Refuse the first of :func:`unread_keys`, naming it."""
+    for key, value in unread_keys(given, settings, standalone).items():
+        raise ValueError(_unread_message(key, value, settings))
 
 
 def _group_of(parent: Any) -> Any:
@@ -650,7 +758,16 @@ def validate_gdro_config(cfg: Any) -> GDROSettings:
     the config. Raises a ValueError that names the offending key. Callable without Ray, torch or verl.
     """
     trainer_mode = _select(cfg, "trainer.v1.trainer_mode")
-    adv = _select(cfg, "algorithm.adv_estimator")
+    settings = _path_settings(cfg, trainer_mode)
+    if trainer_mode in TRAINER_MODES:
+        _check_trainer(cfg, trainer_mode, settings)
+    _check_budget(cfg, trainer_mode, settings)
+    return _check_strategies(cfg, trainer_mode, settings)
+
+
+def _path_settings(cfg: Any, trainer_mode: Any) -> GDROSettings:
+    """The settings of the path's own namespace: ``gdro`` under the GDRO trainer (an
+    ``algorithm.gdro`` that differs is refused), ``algorithm.gdro`` for the estimator alone."""
     gdro_trainer = trainer_mode in TRAINER_MODES
     top = _select(cfg, "gdro")
     algo_group = _select(cfg, "algorithm.gdro")
@@ -668,7 +785,7 @@ def validate_gdro_config(cfg: Any) -> GDROSettings:
                     "algorithm.gdro disagrees with gdro: the GDRO trainer reads gdro and hands it to the estimator; "
                     "set only gdro.* (the package config mirrors it into algorithm.gdro) or make them equal"
                 )
-        settings = resolve_gdro(top)
+        return resolve_gdro(top)
     else:
         if top is not None:
             raise ValueError(
@@ -677,52 +794,60 @@ def validate_gdro_config(cfg: Any) -> GDROSettings:
                 "trainer reads algorithm.gdro: set +algorithm.gdro.<key>=... on verl's ppo_trainer config instead, or "
                 f"set trainer.v1.trainer_mode={TRAINER_NAME}"
             )
-        settings = estimator_settings(_select(cfg, "algorithm"))
+        return estimator_settings(_select(cfg, "algorithm"))
 
+
+def _check_trainer(cfg: Any, trainer_mode: str, settings: GDROSettings) -> None:
+    """The GDRO trainer against verl's trainer keys (estimator, V1, loader workers, sync step, sampler)."""
+    adv = _select(cfg, "algorithm.adv_estimator")
+    if adv != ESTIMATOR_NAME:
+        raise ValueError(
+            f"algorithm.adv_estimator={adv!r} is invalid with trainer.v1.trainer_mode={trainer_mode}: "
+            f"the GDRO trainer applies Prompt-GDRO through the '{ESTIMATOR_NAME}' estimator; "
+            f"set algorithm.adv_estimator={ESTIMATOR_NAME}"
+        )
+    use_v1 = _select(cfg, "trainer.use_v1", True)
+    if use_v1 is not True:
+        raise ValueError(
+            f"trainer.use_v1={use_v1!r} is invalid with trainer.v1.trainer_mode={trainer_mode}: "
+            "the GDRO trainer is a V1 trainer; set trainer.use_v1=true"
+        )
+    workers = _select(cfg, "data.dataloader_num_workers", 0)
+    if workers != 0:
+        raise ValueError(
+            f"data.dataloader_num_workers={workers!r} is invalid with trainer.v1.trainer_mode={trainer_mode}: "
+            "must be 0, or the adaptive sampler's draws run batches ahead of the controller updates"
+        )
+    base_mode = TRAINER_MODES[trainer_mode]
+    sync_step = _select(cfg, f"trainer.v1.{base_mode}.parameter_sync_step", 1)
+    if sync_step != 1:
+        raise ValueError(
+            f"trainer.v1.{base_mode}.parameter_sync_step={sync_step!r} is invalid with trainer.v1.trainer_mode="
+            f"{trainer_mode}: must be 1 (one generation batch, one advantage stage and one controller "
+            "update per step)"
+        )
+    custom = _select(cfg, "trainer.v1.sampler.custom_sampler.path")
+    if custom and settings.enable:
+        raise ValueError(
+            f"trainer.v1.sampler.custom_sampler.path={custom!r} is invalid with trainer.v1.trainer_mode="
+            f"{trainer_mode}: the GDRO trainer installs its own replay buffer to observe every generated group, "
+            "including those verl filters, evicts or discards; remove the custom sampler"
+        )
+    skip = _select(cfg, "skip.rollout_tq.enable", False)
+    if skip and settings.enable:
+        raise ValueError(
+            f"skip.rollout_tq.enable={skip!r} is invalid with trainer.v1.trainer_mode={trainer_mode}: verl's rollout "
+            "cache replays trajectories GDRO did not plan (no dispatch-time bin or rollout count); set "
+            "skip.rollout_tq.enable=false, or gdro.enable=false"
+        )
+
+
+def _check_budget(cfg: Any, trainer_mode: Any, settings: GDROSettings) -> None:
+    """verl's ``rollout.n``: a group (>= 2) and, under Rollout-GDRO, a mean budget within its arms."""
+    gdro_trainer = trainer_mode in TRAINER_MODES
+    adv = _select(cfg, "algorithm.adv_estimator")
     gdro_estimator = adv == ESTIMATOR_NAME
     n = _select(cfg, "actor_rollout_ref.rollout.n")
-
-    if gdro_trainer:
-        if adv != ESTIMATOR_NAME:
-            raise ValueError(
-                f"algorithm.adv_estimator={adv!r} is invalid with trainer.v1.trainer_mode={trainer_mode}: "
-                f"the GDRO trainer applies Prompt-GDRO through the '{ESTIMATOR_NAME}' estimator; "
-                f"set algorithm.adv_estimator={ESTIMATOR_NAME}"
-            )
-        use_v1 = _select(cfg, "trainer.use_v1", True)
-        if use_v1 is not True:
-            raise ValueError(
-                f"trainer.use_v1={use_v1!r} is invalid with trainer.v1.trainer_mode={trainer_mode}: "
-                "the GDRO trainer is a V1 trainer; set trainer.use_v1=true"
-            )
-        workers = _select(cfg, "data.dataloader_num_workers", 0)
-        if workers != 0:
-            raise ValueError(
-                f"data.dataloader_num_workers={workers!r} is invalid with trainer.v1.trainer_mode={trainer_mode}: "
-                "must be 0, or the adaptive sampler's draws run batches ahead of the controller updates"
-            )
-        base_mode = TRAINER_MODES[trainer_mode]
-        sync_step = _select(cfg, f"trainer.v1.{base_mode}.parameter_sync_step", 1)
-        if sync_step != 1:
-            raise ValueError(
-                f"trainer.v1.{base_mode}.parameter_sync_step={sync_step!r} is invalid with trainer.v1.trainer_mode="
-                f"{trainer_mode}: must be 1 (one generation batch, one advantage stage and one controller "
-                "update per step)"
-            )
-        custom = _select(cfg, "trainer.v1.sampler.custom_sampler.path")
-        if custom and settings.enable:
-            raise ValueError(
-                f"trainer.v1.sampler.custom_sampler.path={custom!r} is invalid with trainer.v1.trainer_mode="
-                f"{trainer_mode}: the GDRO trainer installs its own replay buffer to observe every generated group, "
-                "including those verl filters, evicts or discards; remove the custom sampler"
-            )
-        skip = _select(cfg, "skip.rollout_tq.enable", False)
-        if skip and settings.enable:
-            raise ValueError(
-                f"skip.rollout_tq.enable={skip!r} is invalid with trainer.v1.trainer_mode={trainer_mode}: verl's rollout "
-                "cache replays trajectories GDRO did not plan (no dispatch-time bin or rollout count); set "
-                "skip.rollout_tq.enable=false, or gdro.enable=false"
-            )
 
     if gdro_trainer or gdro_estimator:
         if not isinstance(n, int) or isinstance(n, bool) or n < 2:
@@ -746,6 +871,12 @@ def validate_gdro_config(cfg: Any) -> GDROSettings:
                 "batch_size * n cannot be met"
             )
 
+
+def _check_strategies(cfg: Any, trainer_mode: Any, settings: GDROSettings) -> GDROSettings:
+    """What the strategies need from the path and the rest of the config; the signals' coefficients
+    taken from the actor (the settings returned)."""
+    gdro_trainer = trainer_mode in TRAINER_MODES
+    top = _select(cfg, "gdro")
     if settings.resamples and not gdro_trainer:
         raise ValueError(
             f"algorithm.gdro.prompt.mode={settings.prompt.mode} is invalid with trainer.v1.trainer_mode={trainer_mode!r}: "
@@ -753,12 +884,13 @@ def validate_gdro_config(cfg: Any) -> GDROSettings:
             "algorithm.gdro.prompt.mode=reweight"
         )
 
-    if gdro_trainer and settings.enable and settings.prompt.enable and settings.prompt.loss_signal == "surrogate_kl":
+    needs_ref = "ref_log_probs" in get_loss_signal(settings.prompt.loss_signal).needs
+    if gdro_trainer and settings.enable and settings.prompt.enable and needs_ref:
         use_kl_loss = bool(_select(cfg, "actor_rollout_ref.actor.use_kl_loss", False))
         kl_in_reward = bool(_select(cfg, "algorithm.use_kl_in_reward", False))
         if not (use_kl_loss or kl_in_reward):
             raise ValueError(
-                "gdro.prompt.loss_signal=surrogate_kl is invalid without a reference policy: it needs "
+                f"gdro.prompt.loss_signal={settings.prompt.loss_signal} is invalid without a reference policy: it needs "
                 "ref_log_prob; set actor_rollout_ref.actor.use_kl_loss=true (the paper's KL loss) or choose "
                 "gdro.prompt.loss_signal=failure_rate"
             )
@@ -806,8 +938,10 @@ def _signals_follow_actor(cfg: Any, settings: GDROSettings, group: Any) -> GDROS
         if isinstance(actor, bool) or not isinstance(actor, (int, float)):
             continue  # no actor config (a bare gdro group): the step API's defaults stand
         explicit = prompt_given.get(key) if isinstance(prompt_given, Mapping) else None
-        reads = settings.prompt.loss_signal != "failure_rate" and (key != "kl_coef"
-                                                                   or settings.prompt.loss_signal == "surrogate_kl")
+        reads = f"prompt.{key}" in get_loss_signal(settings.prompt.loss_signal).reads
+        if explicit is not None and float(explicit) != float(actor) and settings.enable and settings.prompt.enable \
+                and f"prompt.{key}" not in keys_read(settings):
+            raise ValueError(_unread_message(f"prompt.{key}", explicit, settings))
         if explicit is not None and reads and float(explicit) != float(actor):
             raise ValueError(
                 f"gdro.prompt.{key}={explicit!r} disagrees with {actor_key}={actor!r}: the loss signal "

@@ -45,8 +45,9 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from verl_gdro.evidence import draw_without_replacement, mix_uniform, sampling_priority
+from verl_gdro.evidence import draw_without_replacement, mix_uniform
 from verl_gdro.prompt_gdro import effective_sample_size, resample_bin_masses
+from verl_gdro.prompt_modes import get_prompt_mode
 from verl_gdro.step.controller import GDROController
 
 __all__ = ["DRAW_METRICS", "PromptSampler"]
@@ -110,7 +111,8 @@ class PromptSampler:
     def probabilities(self) -> NDArray[np.float64]:
         """Each row's draw probability for the next draw (sums to 1), exploration floor included."""
         settings = self.controller.settings.prompt
-        if settings.mode == "resample":
+        mode = get_prompt_mode(settings.mode)
+        if mode.draws_by_bin:
             bins = self._current_bins()
             sizes = np.bincount(bins, minlength=self.controller.num_bins)
             prompt = self.controller.prompt
@@ -122,10 +124,7 @@ class PromptSampler:
             priority = mass[bins] / sizes[bins]
         else:
             ev = self.evidence
-            priority = sampling_priority(
-                settings.mode, ev.successes, ev.trials, ev.streak,
-                n=self.controller.rollout_n, revisit=settings.revisit, width=settings.band_width,
-            )
+            priority = mode.priority(settings, ev.successes, ev.trials, ev.streak, self.controller.rollout_n)
         return mix_uniform(priority, settings.explore)
 
     def _current_bins(self) -> NDArray[np.int64]:

@@ -1,0 +1,51 @@
+"""The registry of Rollout-GDRO allocators, shaped like verl's estimator registry in ``core_algos``.
+
+An allocator is one class registered under its ``gdro.rollout.allocator`` name::
+
+    @register_allocator("uniform")
+    class Uniform(RolloutGDRO): ...
+
+and :func:`get_allocator` returns the class for a name (a ValueError naming the key for an unknown
+one). The controller, the config resolver and the dry run only ever go through this table, so
+adding an allocator is one module plus its registration (docs/integration.md, "Add your own
+allocator"). numpy-free and import-free: every floor may read it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+__all__ = ["ALLOCATOR_REGISTRY", "allocator_names", "get_allocator", "register_allocator"]
+
+#: name -> allocator class (the built-ins register when :mod:`verl_gdro.allocators` is imported)
+ALLOCATOR_REGISTRY: dict[str, type[Any]] = {}
+
+T = TypeVar("T", bound=type)
+
+
+def register_allocator(name: str) -> Callable[[T], T]:
+    """Class decorator: register the allocator under ``name`` (its ``gdro.rollout.allocator`` value)."""
+
+    def decorate(cls: T) -> T:
+        existing = ALLOCATOR_REGISTRY.get(name)
+        if existing is not None and existing is not cls:
+            raise ValueError(f"allocator {name!r} is already registered ({existing.__qualname__})")
+        cls.name = name  # type: ignore[attr-defined]
+        ALLOCATOR_REGISTRY[name] = cls
+        return cls
+
+    return decorate
+
+
+def allocator_names() -> tuple[str, ...]:
+    """The registered names, in registration order (the built-ins first)."""
+    return tuple(ALLOCATOR_REGISTRY)
+
+
+def get_allocator(name: str) -> type[Any]:
+    """The allocator class registered under ``name``."""
+    cls = ALLOCATOR_REGISTRY.get(name)
+    if cls is None:
+        raise ValueError(f"gdro.rollout.allocator={name!r} is invalid: allowed values are {list(ALLOCATOR_REGISTRY)}")
+    return cls

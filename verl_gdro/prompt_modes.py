@@ -1,0 +1,136 @@
+"""Prompt-GDRO's modes (``gdro.prompt.mode``), one small class each, registered by name.
+
+A mode either scales the advantages with Prompt-GDRO's bin multipliers (``reweight``, Eq. 16) or
+draws the step's prompts (``resample`` with q_t over the bins; ``failure_weighted``, ``greso``,
+``band`` with a priority per prompt from its evidence: docs/algorithm.md, "Prompt sampling
+modes"). Prompt-GDRO's learner (Eqs. 13-15) runs in every mode, so its keys are read in every
+mode; each mode adds the keys of its own decision. The controller, the sampler and the config
+resolver ask only :func:`get_prompt_mode` and these attributes. numpy only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, ClassVar, TypeVar
+
+import numpy as np
+
+from verl_gdro.evidence import sampling_priority
+
+__all__ = ["PROMPT_MODE_REGISTRY", "PromptMode", "get_prompt_mode", "register_prompt_mode", "sampling_modes"]
+
+#: name -> prompt mode class
+PROMPT_MODE_REGISTRY: dict[str, type[PromptMode]] = {}
+
+T = TypeVar("T", bound=type)
+
+#: Prompt-GDRO's learner (Eqs. 13-15: the scores and q_t, logged in every mode)
+LEARNER_KEYS = ("prompt.eta", "prompt.beta", "prompt.gamma", "prompt.score_clip", "prompt.normalize_by_share",
+                "prompt.share_floor")
+#: the per-prompt evidence and the exploration floor of every sampling mode
+_DRAW_KEYS = ("prompt.explore", "prompt.rate_decay")
+
+
+def register_prompt_mode(name: str) -> Callable[[T], T]:
+    """Class decorator: register a prompt mode under ``name``."""
+
+    def decorate(cls: T) -> T:
+        cls.name = name  # type: ignore[attr-defined]
+        PROMPT_MODE_REGISTRY[name] = cls  # type: ignore[assignment]
+        return cls
+
+    return decorate
+
+
+def get_prompt_mode(name: str) -> type[PromptMode]:
+    """The prompt mode registered under ``name``."""
+    cls = PROMPT_MODE_REGISTRY.get(name)
+    if cls is None:
+        raise ValueError(f"gdro.prompt.mode={name!r} is invalid: allowed values are {list(PROMPT_MODE_REGISTRY)}")
+    return cls
+
+
+def sampling_modes() -> tuple[str, ...]:
+    """The names of the modes that draw the prompts."""
+    return tuple(n for n, c in PROMPT_MODE_REGISTRY.items() if c.draws_prompts)
+
+
+class PromptMode:
+    """How Prompt-GDRO acts on a step: advantage multipliers, or the prompts' draw."""
+
+    name: ClassVar[str] = ""
+    reads: ClassVar[tuple[str, ...]] = LEARNER_KEYS
+    #: the multipliers of Eq. 16 scale the advantages (else they are exactly 1)
+    scales_advantages: ClassVar[bool] = False
+    #: the sampler draws the prompts (the GDRO trainer's sampler only)
+    draws_prompts: ClassVar[bool] = False
+    #: the draw weights the bins with q_t (else a priority per prompt from its evidence)
+    draws_by_bin: ClassVar[bool] = False
+
+    @classmethod
+    def describe(cls, prompt: Any) -> str:
+        """The mode's part of the mode line (``describe_mode``)."""
+        return f"prompt: {cls.name}, loss {prompt.loss_signal}, eta {prompt.eta:g}, max_weight {prompt.max_weight:g}"
+
+    @classmethod
+    def priority(cls, prompt: Any, successes: np.ndarray, trials: np.ndarray, streak: np.ndarray, n: int) -> np.ndarray:
+        """Each prompt's draw priority from its evidence (the per-prompt sampling modes)."""
+        raise NotImplementedError(f"gdro.prompt.mode={cls.name} has no per-prompt priority")
+
+
+@register_prompt_mode("reweight")
+class Reweight(PromptMode):
+    """Eq. 16: each trajectory's advantage times its bin's multiplier (the paper's mode)."""
+
+    reads = (*LEARNER_KEYS, "prompt.max_weight", "prompt.weight_normalization", "prompt.min_ess", "prompt.mix_support")
+    scales_advantages = True
+
+
+@register_prompt_mode("resample")
+class Resample(PromptMode):
+    """Draw the prompts with q_t over the bins (under the reweighting's ESS floor and weight cap)."""
+
+    reads = (*LEARNER_KEYS, "prompt.max_weight", "prompt.min_ess", *_DRAW_KEYS)
+    draws_prompts = True
+    draws_by_bin = True
+
+
+class _PerPromptPriority(PromptMode):
+    draws_prompts = True
+
+    @classmethod
+    def describe(cls, prompt: Any) -> str:
+        return f"prompt: {cls.name} sampling (decay {prompt.rate_decay:g}, explore {prompt.explore:g})"
+
+    @classmethod
+    def priority(cls, prompt: Any, successes: np.ndarray, trials: np.ndarray, streak: np.ndarray, n: int) -> np.ndarray:
+        return sampling_priority(cls.name, successes, trials, streak, n=n, revisit=prompt.revisit, width=prompt.band_width)
+
+
+@register_prompt_mode("failure_weighted")
+class FailureWeighted(_PerPromptPriority):
+    """Priority p (1 - p^n): the chance a group of n is informative, from the decayed rate."""
+
+    reads = (*LEARNER_KEYS, *_DRAW_KEYS)
+
+
+@register_prompt_mode("greso")
+class Greso(_PerPromptPriority):
+    """GRESO: a prompt after z zero-variance visits in a row is kept with revisit^z."""
+
+    reads = (*LEARNER_KEYS, *_DRAW_KEYS, "prompt.revisit")
+
+    @classmethod
+    def describe(cls, prompt: Any) -> str:
+        return f"prompt: greso sampling (revisit {prompt.revisit:g}, explore {prompt.explore:g})"
+
+
+@register_prompt_mode("band")
+class Band(_PerPromptPriority):
+    """A Gaussian band around p = 1/2 of the decayed rate."""
+
+    reads = (*LEARNER_KEYS, *_DRAW_KEYS, "prompt.band_width")
+
+    @classmethod
+    def describe(cls, prompt: Any) -> str:
+        return f"prompt: band sampling (decay {prompt.rate_decay:g}, width {prompt.band_width:g}, explore {prompt.explore:g})"
