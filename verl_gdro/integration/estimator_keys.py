@@ -114,8 +114,6 @@ def estimator_path_settings(algorithm: Any) -> GDROSettings:
     computes (whatever the preset names: the paper's surrogate_kl needs the GDRO trainer)."""
     check_estimator_keys(_group_of(algorithm))
     settings = estimator_settings(algorithm)
-    if settings.prompt.loss_signal == ESTIMATOR_SIGNAL:
-        return settings
     return replace(settings, prompt=replace(settings.prompt, loss_signal=ESTIMATOR_SIGNAL))
 
 
