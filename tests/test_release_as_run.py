@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from verl_gdro.allocators import ReleaseAsRunAllocator
 from verl_gdro.prompt_gdro import PromptGDRO
-from verl_gdro.release_as_run import lexicographic_exact_arms, release_classes
+from verl_gdro.release_as_run import lexicographic_exact_arms, release_classes, release_read_classes
 from verl_gdro.step.config import resolve_gdro
 from verl_gdro.step.controller import GDROController
 
@@ -275,3 +275,129 @@ def test_refills_and_partial_steps_keep_the_previous_classes_by_position() -> No
     n = more.allocate(8)
     assert n.sum() == 32 and more.last_class_arms
     np.testing.assert_array_equal(n[6:], n[:2])  # positions 6, 7 start over at the previous step's 0, 1
+
+
+# -- the previous step's classes as the release read them (issue 36 item 3) ---------------------------
+
+
+def test_release_reads_every_nth_response_of_the_expanded_batch_by_hand() -> None:
+    """The release keeps ``class_ids[i * rollout.n]`` of the expanded batch (each prompt's n_i
+    responses together, plan order). With n = 2 x 6 then 10 x 2 the responses sit at
+    p0 0-1, p1 2-3, p2 4-5, p3 6-7, p4 8-9, p5 10-11, p6 12-21, p7 22-31, so positions
+    0, 4, ..., 28 fall in p0, p2, p4, p6, p6, p6, p7, p7."""
+    classes = [0, 1, 2, 3, 0, 1, 2, 3]
+    n = [2, 2, 2, 2, 2, 2, 10, 10]
+    read = release_read_classes(classes, n, 4)
+    assert read.tolist() == [0, 2, 0, 2, 2, 2, 3, 3]  # class 1 is never read, class 2 four times
+    assert release_read_classes(classes, [4] * 8, 4).tolist() == classes  # equal n: the true classes
+    # 11 responses, not a multiple of rollout.n: the release recorded nothing (kept its classes)
+    assert release_read_classes([0, 1, 2], [4, 3, 4], 4) is None
+    with pytest.raises(ValueError, match="same shape"):
+        release_read_classes([0, 1], [4], 4)
+
+    true = ReleaseAsRunAllocator(num_bins=3, n_min=2, n_max=12, n_mean=4)
+    true._prev = np.asarray(classes)  # what the allocator recorded before (the true classes)
+    # true counts 2/2/2/2 in order (0, 1, 2, 3): 2 + 2 + 2 -> n3 = (32 - 12) / 2 = 10
+    assert true.allocate(8).tolist() == [2, 2, 2, 10, 2, 2, 2, 10]
+    alloc = ReleaseAsRunAllocator(num_bins=3, n_min=2, n_max=12, n_mean=4)
+    alloc.observe_classes(classes, n)
+    # read counts 2/4/2 in order (0, 2, 3): n0 = 2, n2 = 2 -> n3 = (32 - 4 - 8) / 2 = 10
+    assert alloc.allocate(8).tolist() == [2, 2, 2, 2, 2, 2, 10, 10]
+    assert alloc.last_class_arms == {0: 2, 2: 2, 3: 10}
+    assert alloc.metrics(3)["gdro/release_classes_kept"] == 0.0
+    alloc.observe_classes([0, 1, 2], [4, 3, 4])  # 11 responses: the classes read before stay
+    assert alloc.metrics(3)["gdro/release_classes_kept"] == 1.0
+    assert alloc.allocate(8).tolist() == [2, 2, 2, 2, 2, 2, 10, 10]
+
+
+def _by_position(classes: np.ndarray) -> tuple[np.ndarray, dict[int, int]]:
+    """One call's n from recorded classes by position, and each class's arm."""
+    alloc = ReleaseAsRunAllocator(num_bins=3, n_min=2, n_max=12, n_mean=4)
+    alloc.observe_classes(classes)
+    return alloc.allocate(classes.size), alloc.last_class_arms
+
+
+def test_issue_36_figure_true_counts_129_49_27_51_read_as_the_release_read_them() -> None:
+    """Issue 36's figure: 256 prompts at n = 4 whose true classes number 129 / 49 / 27 / 51 (bin 0,
+    bin 1, bin 2, excl in order of appearance) get arms 2 / 4 / 6 / 8; read as the release read them
+    they get 2 / 8 / 10 / 2.
+
+    Step t-1's n came from step t-2's classes by position: excl x 127, bin 0 x 52, bin 1 x 77 ->
+    lexicographic arms 3 / 2 / 7 (3*127 + 2*52 + 7*77 = 1024). Its expanded batch then holds
+    prompts 0-126 at 3 responses (positions 0-380), 127-178 at 2 (381-484), 179-255 at 7 (485-1023).
+    The true classes in plan order are bin 0 for prompts 0-128 (positions 0-384), bin 1 for 129-177
+    (385-482), bin 2 for 178-204 (483-666), excl for 205-255 (667-1023); the multiples of 4 in those
+    ranges number 97, 24, 46 and 89, and 2*97 + 8*24 + 10*46 + 2*89 = 1024 is the lexicographic
+    tuple. The prompt-level reading gives 2*129 + 4*49 + 6*27 + 8*51 = 1024."""
+    excl = 3
+    before = np.repeat([excl, 0, 1], [127, 52, 77])
+    n, arms = _by_position(before)
+    assert arms == {excl: 3, 0: 2, 1: 7} and int(n.sum()) == 1024
+    true = np.repeat([0, 1, 2, excl], [129, 49, 27, 51])
+    assert _by_position(true)[1] == {0: 2, 1: 4, 2: 6, excl: 8}  # the classes as they were
+    read = release_read_classes(true, n, 4)
+    assert np.bincount(read, minlength=4).tolist() == [97, 24, 46, 89]
+    alloc = ReleaseAsRunAllocator(num_bins=3, n_min=2, n_max=12, n_mean=4)
+    alloc.observe_classes(true, n)
+    nxt = alloc.allocate(256)
+    assert alloc.last_class_arms == {0: 2, 1: 8, 2: 10, excl: 2}  # the release's allocation
+    assert int(nxt.sum()) == 1024
+    assert lexicographic_exact_arms([97, 24, 46, 89], ARMS, 1024).tolist() == release_dp([97, 24, 46, 89], ARMS, 1024)
+
+
+def test_controller_reads_the_previous_classes_through_the_planned_n() -> None:
+    """The controller hands the allocator each present prompt's planned n (ObservedStep.n): a step
+    allocated unequally is read as the release read it, and a step whose responses are not a
+    multiple of rollout.n keeps the classes recorded before (gdro/release_classes_kept)."""
+    ctrl = _as_run_controller()
+    seen: list[tuple[np.ndarray, np.ndarray]] = []
+    record_classes = ctrl.rollout.observe_classes
+
+    def spy(classes, n=None):
+        seen.append((np.asarray(classes).copy(), np.asarray(n).copy()))
+        record_classes(classes, n)
+
+    ctrl.rollout.observe_classes = spy
+    uids = np.arange(8)
+    period = [3, 2, 5, 4, 2, 2, 3, 5]
+    resampled = 0
+    for step in range(8):
+        plan = ctrl.before_generation(uids)
+        g = np.repeat(plan.positions, plan.rollout_n)
+        # prompt i is solved (by its first response) every period[i]-th visit: rates 1/2 .. 1/5
+        acc = np.array([float(k == 0 and step % period[i] == 0) for i, n in enumerate(plan.rollout_n) for k in range(n)])
+        m = ctrl.after_advantage(g, acc)
+        classes, n = seen[-1]
+        np.testing.assert_array_equal(n, plan.rollout_n)
+        assert m["gdro/release_classes_kept"] == 0.0
+        np.testing.assert_array_equal(ctrl.rollout.state_dict()["prev"], release_read_classes(classes, n, 4))
+        resampled += not np.array_equal(release_read_classes(classes, n, 4), classes)
+    assert resampled  # on some step the unequal n made the release's reading differ from the classes
+    plan = ctrl.before_generation(uids)
+    odd = int(np.flatnonzero(plan.rollout_n % 4)[0])  # a group whose n is not a multiple of 4
+    prev = ctrl.rollout.state_dict()["prev"].copy()
+    rows = plan.rollout_n.copy()
+    rows[odd] = 0  # that group lost whole: the step's responses are no multiple of rollout.n
+    m = ctrl.after_advantage(np.repeat(plan.positions, rows), np.zeros(int(rows.sum())))
+    assert m["gdro/release_classes_kept"] == 1.0
+    np.testing.assert_array_equal(ctrl.rollout.state_dict()["prev"], prev)
+
+
+def test_release_as_run_state_saved_before_the_release_reading_loads_and_allocates_from_it() -> None:
+    """A state saved on e627010 (true per-prompt classes in ``prev``) still loads: the first step
+    after resume is allocated from the classes it saved, as that run would have been (the
+    golden trace's step 17 then), and later steps read the classes as the release did."""
+    import pickle
+    import sys
+    from pathlib import Path
+
+    golden = Path(__file__).resolve().parent / "golden"
+    sys.path.insert(0, str(golden))
+    import record  # noqa: E402
+
+    with open(golden / "state_release_as_run_e627010.pkl", "rb") as f:
+        saved = pickle.load(f)
+    run = record.Run("release_as_run")
+    run.load(saved)
+    rec = run.step(record.CHECKPOINT_STEP + 1)
+    assert rec["n"].tolist() == [2, 2, 2, 2, 2, 2, 6, 2, 2, 2, 12, 12]  # e627010's step 17

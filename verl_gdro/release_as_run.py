@@ -6,8 +6,11 @@ scores: the step state that holds the chosen arms is overwritten before the upda
 class's arm probabilities stay uniform, every cost of its exact-budget DP ties, and the DP returns
 the first configuration it reaches. That is the **lexicographically smallest** tuple of arms (one
 per class, classes in order of first appearance) whose rollouts sum to the budget exactly. It
-allocates a step from the **previous** step's per-prompt classes, applied to the new batch's
-prompts **by position** (the new prompts are unrelated to the old ones), and with
+allocates a step from the **previous** step's classes, applied to the new batch's prompts **by
+position** (the new prompts are unrelated to the old ones), and it reads those classes as
+``class_ids[i * rollout.n]`` of the previous step's expanded batch (:func:`release_read_classes`):
+with unequal n per prompt that is not each prompt's class but a resample weighted by the n each
+prompt was given. With
 ``passk_exclude_extremes`` (the 3-bin launch case) every prompt whose window rate is exactly 0 or 1
 (every prompt on its first two visits, and every unseen one) carries the extra class ``excl``.
 
@@ -25,7 +28,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-__all__ = ["lexicographic_exact_arms", "release_classes"]
+__all__ = ["lexicographic_exact_arms", "release_classes", "release_read_classes"]
 
 def lexicographic_exact_arms(counts: ArrayLike, arms: ArrayLike, budget: int) -> NDArray[np.int64]:
     """The lexicographically smallest arm tuple (one arm per class) with sum(arm_k * counts_k) == budget.
@@ -80,3 +83,34 @@ def release_classes(bins: ArrayLike, rates: ArrayLike, num_bins: int) -> NDArray
         raise ValueError(f"bins and rates must have the same shape, got {b.shape} and {p.shape}")
     excl = ~np.isfinite(p) | (p <= 0.0) | (p >= 1.0)
     return np.where(excl, int(num_bins), b)
+
+
+def release_read_classes(classes: ArrayLike, n: ArrayLike, rollout_n: int) -> NDArray[np.int64] | None:
+    """The per-prompt classes the release kept for the next step: ``class_ids[i * rollout_n]``.
+
+    The release (``ray_trainer.py``, after generation) classifies every response of the expanded
+    batch and keeps ``[class_ids[i * n_rollouts] for i in range(len(class_ids) // n_rollouts)]``
+    with ``n_rollouts`` the configured ``rollout.n``, recorded only when the batch holds exactly
+    ``len // n_rollouts * n_rollouts`` responses. Its batch is the plan's prompts in order, each
+    prompt's n_i responses together (``select_idxs`` of each index repeated n_i times; the launch
+    scripts' single GPU leaves ``balance_batch``'s one partition in index order), so index
+    ``i * rollout_n`` falls in whichever prompt's group covers it: with unequal n a prompt given
+    more rollouts is read more often, and the next step's class counts are a resample of the
+    true ones. The index never runs past the end (``i < len // rollout_n``); a response count
+    that is not a multiple of ``rollout_n`` returns None, where the release kept the classes it
+    had recorded before. With every n_i equal to ``rollout_n`` this is ``classes`` itself.
+
+    Args:
+        classes: each prompt's class (:func:`release_classes`), plan order.
+        n: the responses each prompt had, plan order.
+        rollout_n: the configured ``actor_rollout_ref.rollout.n``.
+    """
+    c = np.asarray(classes, dtype=np.int64)
+    k = np.asarray(n, dtype=np.int64)
+    if c.shape != k.shape or c.ndim != 1 or (k.size and k.min() < 0) or int(rollout_n) < 1:
+        raise ValueError(f"classes and n must be 1-D of the same shape, n >= 0, rollout_n >= 1; got "
+                         f"{c.shape}, {k.shape}, {rollout_n}")
+    expanded = np.repeat(c, k)
+    if expanded.size == 0 or expanded.size % int(rollout_n):
+        return None
+    return expanded[:: int(rollout_n)].copy()

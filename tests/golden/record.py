@@ -245,14 +245,21 @@ def first_difference(name: str, golden: list[dict[str, str]], got: list[dict[str
 
 
 def record(only: list[str] | None = None, reason: str | None = None) -> None:
-    """Record every scenario (and the e627010 states), or re-record ``only`` these, with ``reason``
-    (the saved states are never rewritten: they are what e627010 wrote)."""
+    """Record every scenario (and the e627010 states), or re-record ``only`` these, with ``reason``.
+
+    A re-recorded scenario's saved state is rewritten too (an intended change makes the old state
+    continue another trace); every other state is what e627010 wrote. A rewritten state's
+    predecessor is kept by its test where it still has to load (``state_release_as_run_e627010.pkl``,
+    tests/test_release_as_run.py)."""
     if only:
         out = json.loads(TRACES.read_text())
         for name in only:
-            digests, values, _ = trace(name)
+            digests, values, saved = trace(name, save_at=CHECKPOINT_STEP if name in CHECKPOINTED else None)
             out["scenarios"][name] = {"config": SCENARIOS[name], "digests": digests, "values": values,
                                       "re_recorded": reason}
+            if saved is not None:
+                with open(HERE / f"state_{name}.pkl", "wb") as f:
+                    pickle.dump(saved, f, protocol=4)
         TRACES.write_text(json.dumps(out, indent=None, separators=(",", ":")) + "\n")
         return
     out = {"recorded_on": "e627010", "steps": STEPS, "scenarios": {}}

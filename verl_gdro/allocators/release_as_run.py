@@ -1,6 +1,7 @@
 """The release's Rollout-GDRO as its runs ran it (``gdro.rollout.allocator=release_as_run``).
 
-Frozen uniform arms, the DP's lexicographic tie-break, the previous step's classes by position
+Frozen uniform arms, the DP's lexicographic tie-break, the previous step's classes read as the
+release read them (every ``rollout.n``-th response of its expanded batch) and applied by position
 (the math and the release's code it reproduces: :mod:`verl_gdro.release_as_run`). numpy only.
 """
 
@@ -14,7 +15,7 @@ from numpy.typing import ArrayLike, NDArray
 from verl_gdro.allocators.protocol import Observation, ObservedStep
 from verl_gdro.allocators.registry import register_allocator
 from verl_gdro.metrics import PREFIX
-from verl_gdro.release_as_run import lexicographic_exact_arms, release_classes
+from verl_gdro.release_as_run import lexicographic_exact_arms, release_classes, release_read_classes
 
 __all__ = ["ReleaseAsRunAllocator"]
 
@@ -23,7 +24,7 @@ _STATE_VERSION = 1
 
 @register_allocator("release_as_run")
 class ReleaseAsRunAllocator:
-    """Frozen uniform arms, the DP's lexicographic tie-break, the previous step's classes by position.
+    """Frozen uniform arms, the DP's lexicographic tie-break, the previous step's classes as the release read them.
 
     Args:
         num_bins: the classifier's B (class ``B`` is ``excl``).
@@ -34,7 +35,9 @@ class ReleaseAsRunAllocator:
     the previous step, position by position; a step's later calls (DAPO refills, async top-ups)
     continue the positions, which start over past the previous step's prompts (the release never
     refilled; before any step, every prompt gets ``n_mean``, the release's warm-up). :meth:`observe_classes` takes
-    the step's per-prompt classes (:func:`release_classes`) in plan order. Nothing else is learnt:
+    the step's per-prompt classes (:func:`release_classes`) and n in plan order and keeps what the
+    release read from them: ``class_ids[i * n_mean]`` of the expanded batch (:func:`release_read_classes`,
+    a resample of the classes when the n differ). Nothing else is learnt:
     ``mu`` stays 0 (the release's dual step never ran) and :meth:`update` is a no-op.
     """
 
@@ -61,6 +64,9 @@ class ReleaseAsRunAllocator:
         #: verl checkpoints after the update, which resets it)
         self._offset = 0
         self.last_class_arms: dict[int, int] = {}
+        #: whether the last observed step left the recorded classes as they were (its responses were
+        #: not a multiple of n_mean: the release then kept its previous classes)
+        self.kept_classes = False
 
     @classmethod
     def from_settings(cls, rollout: Any, num_bins: int, n_mean: int) -> ReleaseAsRunAllocator:
@@ -93,27 +99,40 @@ class ReleaseAsRunAllocator:
         lookup[classes] = arms
         return lookup[prev]
 
-    def observe_classes(self, classes: ArrayLike) -> None:
-        """Record the step's per-prompt classes (plan order) for the next step's allocation."""
+    def observe_classes(self, classes: ArrayLike, n: ArrayLike | None = None) -> None:
+        """Record what the next step reads from this step's per-prompt classes (plan order), as the
+        release read them: ``class_ids[i * rollout.n]`` of the expanded batch, each prompt's ``n``
+        responses together (:func:`release_read_classes`; ``n`` None: every prompt had
+        ``rollout.n``, and the reading is ``classes`` itself). A response count that is not a
+        multiple of ``rollout.n`` keeps the classes recorded before, as the release did."""
         c = np.asarray(classes, dtype=np.int64).copy()
         if c.ndim != 1 or (c.size and (c.min() < 0 or c.max() > self.num_bins)):
             raise ValueError(f"classes must be 1-D in [0, {self.num_bins}], got {c!r}")
-        self._prev = c
+        read = release_read_classes(c, np.full(c.size, self.n_mean) if n is None else n, self.n_mean)
+        if read is not None:
+            self._prev = read
+        self.kept_classes = read is None
         self._offset = 0
 
     def observe(self, step: ObservedStep) -> Observation:
         """The release classifies after generation, before the step's pass@k update: the window as
-        it is now (the classifier observes last), ``excl`` for a rate of 0 or 1."""
-        self.observe_classes(release_classes(step.bins, step.classifier.pass_at_k(step.uids), self.num_bins))
+        it is now (the classifier observes last), ``excl`` for a rate of 0 or 1; each prompt's
+        planned n lays out the expanded batch the release read its classes from."""
+        classes = release_classes(step.bins, step.classifier.pass_at_k(step.uids), self.num_bins)
+        self.observe_classes(classes, step.n)
         return Observation()
 
     def observe_update_loss(self, bins: Any, n: Any, successes: Any, losses: Any) -> str | None:
         return None
 
     def metrics(self, num_bins: int) -> dict[str, float]:
-        """The arm each class got this step (class ``num_bins`` is ``excl``); none when every prompt got rollout.n."""
-        return {f"{PREFIX}release_arm/{'excl' if c == num_bins else f'bin_{c}'}": float(arm)
-                for c, arm in self.last_class_arms.items()}
+        """The arm each class got this step (class ``num_bins`` is ``excl``; none when every prompt
+        got rollout.n) and ``release_classes_kept``: 1 when the step's responses were not a multiple
+        of rollout.n, so the next step reads the classes recorded before (as the release did)."""
+        out = {f"{PREFIX}release_arm/{'excl' if c == num_bins else f'bin_{c}'}": float(arm)
+               for c, arm in self.last_class_arms.items()}
+        out[f"{PREFIX}release_classes_kept"] = float(self.kept_classes)
+        return out
 
     def update(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         """No-op: the release's arm scores and dual price never moved (they are not learnt here either)."""
@@ -125,6 +144,8 @@ class ReleaseAsRunAllocator:
         return {"num_bins": self.num_bins, "n_min": self.n_min, "n_max": self.n_max, "n_mean": self.n_mean}
 
     def state_dict(self) -> dict[str, Any]:
+        """``prev``: the classes the next step reads by position (a state saved before the release's
+        reading was reproduced holds the true per-prompt classes there and loads unchanged)."""
         return {
             "version": _STATE_VERSION,
             "allocator": self.allocator,
@@ -142,8 +163,8 @@ class ReleaseAsRunAllocator:
         self._offset = 0
 
     def snapshot(self) -> tuple[Any, ...]:
-        return (None if self._prev is None else self._prev.copy(), self._offset)
+        return (None if self._prev is None else self._prev.copy(), self._offset, self.kept_classes)
 
     def restore(self, snapshot: tuple[Any, ...]) -> None:
-        prev, self._offset = snapshot
+        prev, self._offset, self.kept_classes = snapshot
         self._prev = None if prev is None else prev.copy()
