@@ -56,12 +56,8 @@ def parse_hydra_argv(argv: list[str]) -> HydraArgs:
     """Split ``--config-path/--config-name/--config-dir`` (both ``--k v`` and ``--k=v``) from overrides."""
     opts: dict[str, Any] = {"config_path": None, "config_name": None, "config_dirs": []}
     names = {
-        "--config-path": "config_path",
-        "-cp": "config_path",
-        "--config-name": "config_name",
-        "-cn": "config_name",
-        "--config-dir": "config_dirs",
-        "-cd": "config_dirs",
+        "--config-path": "config_path", "-cp": "config_path", "--config-name": "config_name", "-cn": "config_name",
+        "--config-dir": "config_dirs", "-cd": "config_dirs"
     }
     overrides: list[str] = []
     i = 0
@@ -80,9 +76,7 @@ def parse_hydra_argv(argv: list[str]) -> HydraArgs:
             else:
                 opts[dest] = value
         elif arg.startswith("-"):
-            raise DryRunError(
-                f"unsupported option {arg!r} (only Hydra's --config-path/--config-name/--config-dir)"
-            )
+            raise DryRunError(f"unsupported option {arg!r} (only Hydra's --config-path/--config-name/--config-dir)")
         else:
             overrides.append(arg)
         i += 1
@@ -223,13 +217,11 @@ def batch_checks(cfg) -> list[str]:
     if mini < 1 or bs % mini:
         raise DryRunError(
             f"actor_rollout_ref.actor.ppo_mini_batch_size={mini} is invalid: data.train_batch_size={bs} must be "
-            "a whole multiple of it (one optimizer step per mini-batch)"
-        )
+            "a whole multiple of it (one optimizer step per mini-batch)")
     if gpus < 1 or (bs * n) % gpus:
         raise DryRunError(
             f"trainer.nnodes * trainer.n_gpus_per_node = {gpus} is invalid: the {bs * n} rollouts per step "
-            "(data.train_batch_size * actor_rollout_ref.rollout.n) must split evenly over the GPUs"
-        )
+            "(data.train_batch_size * actor_rollout_ref.rollout.n) must split evenly over the GPUs")
     return ["batch: mini-batches and GPUs divide the rollouts per step"]
 
 
@@ -268,8 +260,7 @@ def separate_async_checks(cfg) -> list[str]:
             f"trainer.v1.trainer_mode={mode}: verl's PPOTrainerSeparateAsync refuses this config at start: {e} "
             "(set trainer.v1.separate_async.parameter_sync_step=1, data.train_batch_size equal to "
             "actor_rollout_ref.actor.ppo_mini_batch_size, actor_rollout_ref.rollout.nnodes >= 1 and "
-            "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl)"
-        ) from e
+            "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl)") from e
     return ["verl PPOTrainerSeparateAsync start-up checks (batch = sync step x mini-batch, rollout nodes, engine)"]
 
 
@@ -323,11 +314,9 @@ def registration_checks(cfg) -> list[str]:
     installed = any(ep.name == PLUGIN_ENTRY_POINT for ep in entry_points(group="verl.plugins"))
     if policy == "none" or not allowed or not installed:
         why = f"VERL_USE_EXTERNAL_PLUGINS={policy}" if installed else "the verl.plugins entry point is not installed"
-        raise DryRunError(
-            f"verl-gdro is not registered with verl ({why}): verl would refuse "
+        raise DryRunError(f"verl-gdro is not registered with verl ({why}): verl would refuse "
             f"{mode if mode in TRAINER_MODES else ESTIMATOR_NAME!r} after Ray starts; install the package "
-            f"(pip install -e .) and unset VERL_USE_EXTERNAL_PLUGINS or include {PLUGIN_ENTRY_POINT} in it"
-        )
+            f"(pip install -e .) and unset VERL_USE_EXTERNAL_PLUGINS or include {PLUGIN_ENTRY_POINT} in it")
     return [f"verl-gdro registered through the verl.plugins entry point (VERL_USE_EXTERNAL_PLUGINS={policy})"]
 
 
@@ -401,8 +390,7 @@ def data_checks(cfg, settings: Any = None, require: bool = False) -> tuple[list[
                     raise DryRunError(
                         f"{key}: {f} was prepared with template {sorted(map(str, found))} but the config's "
                         f"template is {template!r}: prepare the data with --template {template} or select "
-                        f"template={'/'.join(sorted(map(str, found)))}"
-                    )
+                        f"template={'/'.join(sorted(map(str, found)))}")
             notes.append(f"{key}: {f}: {len(table)} rows" + (f", template {template}" if template else ""))
             if key == "data.train_files" and train_column is not None:
                 train_column += table
@@ -515,8 +503,7 @@ def resolve_config(cfg) -> dict[str, Any]:
             raise DryRunError(
                 "algorithm.gdro=${gdro} does not resolve: ~gdro removed the group the package config mirrors "
                 "into algorithm.gdro; remove both (~algorithm.gdro ~gdro) and give the estimator's keys as "
-                "+algorithm.gdro.<key>=..."
-            ) from e
+                "+algorithm.gdro.<key>=...") from e
         raise DryRunError(f"config does not resolve: {e}") from e
 
 

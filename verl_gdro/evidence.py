@@ -21,22 +21,10 @@ from typing import Any
 import numpy as np
 
 __all__ = [
-    "FULL_INFORMATION_UTILITIES",
-    "PER_PROMPT_UTILITIES",
-    "SAMPLING_PRIORITIES",
-    "PromptEvidence",
-    "arm_utility_values",
-    "band_priority",
-    "draw_without_replacement",
-    "expected_informative_utility",
-    "failure_weighted_priority",
-    "greso_keep_probability",
-    "hit_utility",
-    "mix_uniform",
-    "per_prompt_utility",
-    "sampling_priority",
-    "smoothed_rate",
-    "variance_utility",
+    "FULL_INFORMATION_UTILITIES", "PER_PROMPT_UTILITIES", "SAMPLING_PRIORITIES", "PromptEvidence", "arm_utility_values",
+    "band_priority", "draw_without_replacement", "expected_informative_utility", "failure_weighted_priority",
+    "greso_keep_probability", "hit_utility", "mix_uniform", "per_prompt_utility", "sampling_priority", "smoothed_rate",
+    "variance_utility"
 ]
 
 #: Utilities computed for every arm from a success rate (full information): the bandit updates
@@ -315,13 +303,9 @@ class PromptEvidence:
 
     def state_dict(self) -> dict[str, Any]:
         return {
-            "version": _EVIDENCE_VERSION,
-            "decay": self.decay,
-            "uids": self.uids.copy(),
-            "successes": self.successes.copy(),
-            "trials": self.trials.copy(),
-            "streak": self.streak.copy(),
-            "visits": self.visits.copy(),
+            "version": _EVIDENCE_VERSION, "decay": self.decay, "uids": self.uids.copy(),
+            "successes": self.successes.copy(), "trials": self.trials.copy(), "streak": self.streak.copy(),
+            "visits": self.visits.copy()
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

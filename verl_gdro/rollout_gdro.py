@@ -47,30 +47,11 @@ from verl_gdro.evidence import (
 )
 
 __all__ = [
-    "ARM_UTILITIES",
-    "SELECTIONS",
-    "TIE_RTOL",
-    "InfeasibleBudgetError",
-    "argmax_toward",
-    "dual_update",
-    "exact_budget_marginals",
-    "FULL_INFORMATION_UTILITIES",
-    "PER_PROMPT_UTILITIES",
-    "arm_utility_values",
-    "expected_informative_utility",
-    "hit_utility",
-    "per_prompt_allocation",
-    "per_prompt_utility",
-    "smoothed_rate",
-    "exp_weights_arm_log_probs",
-    "exp_weights_arm_probs",
-    "gain_with_shadow_price",
-    "neyman_implied_price",
-    "neyman_scores",
-    "sample_exact_budget",
-    "score_ema",
-    "variance_utility",
-    "solve_exact_budget",
+    "ARM_UTILITIES", "SELECTIONS", "TIE_RTOL", "InfeasibleBudgetError", "argmax_toward", "dual_update",
+    "exact_budget_marginals", "FULL_INFORMATION_UTILITIES", "PER_PROMPT_UTILITIES", "arm_utility_values",
+    "expected_informative_utility", "hit_utility", "per_prompt_allocation", "per_prompt_utility", "smoothed_rate",
+    "exp_weights_arm_log_probs", "exp_weights_arm_probs", "gain_with_shadow_price", "neyman_implied_price",
+    "neyman_scores", "sample_exact_budget", "score_ema", "variance_utility", "solve_exact_budget"
 ]
 
 ARM_UTILITIES = ("expected_informative", "failure_weighted", "knapsack", "variance", "hit", "informative", "loss")
@@ -149,10 +130,8 @@ def _validate_problem(log_probs: Any, counts: Any, arms: Any, budget: Any) -> _B
     arms_a = _as_int_array(arms, "arms")
     lp = np.asarray(log_probs, dtype=np.float64)
     if lp.ndim != 2 or lp.shape != (counts_a.size, arms_a.size):
-        raise ValueError(
-            f"log_probs must have shape (len(counts), len(arms)) = ({counts_a.size}, {arms_a.size}),"
-            f" got {lp.shape}"
-        )
+        raise ValueError(f"log_probs must have shape (len(counts), len(arms)) = ({counts_a.size}, {arms_a.size}),"
+            f" got {lp.shape}")
     if arms_a.size == 0:
         raise ValueError("arms must hold at least one arm")
     if np.any(arms_a < 1) or np.any(np.diff(arms_a) <= 0):
@@ -186,16 +165,8 @@ def _validate_problem(log_probs: Any, counts: Any, arms: Any, budget: Any) -> _B
     else:
         lo, hi = suf_lo, suf_lo
     return _BudgetProblem(
-        log_probs=lp,
-        counts=counts_a,
-        arms=arms_a,
-        budget=budget_i,
-        cost=cost,
-        target=target,
-        lo=lo,
-        hi=hi,
-        pad=int(cost.max()) if cost.size else 0,
-        feasible_range=feasible,
+        log_probs=lp, counts=counts_a, arms=arms_a, budget=budget_i, cost=cost, target=target, lo=lo, hi=hi,
+        pad=int(cost.max()) if cost.size else 0, feasible_range=feasible
     )
 
 
@@ -205,8 +176,7 @@ def _infeasible(problem: _BudgetProblem) -> InfeasibleBudgetError:
     return InfeasibleBudgetError(
         f"budget={problem.budget} cannot be met exactly with counts={problem.counts.tolist()} and "
         f"arms={problem.arms.tolist()} (one allowed arm per bin, -inf log_probs excluded; "
-        f"the unconstrained range of totals is [{lo}, {hi}])"
-    )
+        f"the unconstrained range of totals is [{lo}, {hi}])")
 
 
 class _Workspace(threading.local):

@@ -32,17 +32,6 @@ from verl_gdro.allocators.release_as_run import ReleaseAsRunAllocator
 LEARNER_ALLOCATORS: tuple[str, ...] = tuple(n for n, c in ALLOCATOR_REGISTRY.items() if issubclass(c, RolloutGDRO))
 
 __all__ = [
-    "ALLOCATOR_REGISTRY",
-    "LEARNER_ALLOCATORS",
-    "BinBandit",
-    "Neyman",
-    "Observation",
-    "ObservedStep",
-    "PerPrompt",
-    "ReleaseAsRunAllocator",
-    "RolloutAllocator",
-    "RolloutGDRO",
-    "allocator_names",
-    "get_allocator",
-    "register_allocator",
+    "ALLOCATOR_REGISTRY", "LEARNER_ALLOCATORS", "BinBandit", "Neyman", "Observation", "ObservedStep", "PerPrompt",
+    "ReleaseAsRunAllocator", "RolloutAllocator", "RolloutGDRO", "allocator_names", "get_allocator", "register_allocator"
 ]

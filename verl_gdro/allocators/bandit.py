@@ -212,10 +212,8 @@ class BinBandit(RolloutGDRO):
         marg_played = self._played_marginals(b, n_a, present, played)
         known = np.isfinite(marg_played)
         if not known.any():
-            raise ValueError(
-                "n matches no recorded draw under selection='sample' (the importance weight is the "
-                "marginal of the draw that chose each bin's arm): see update_refusal"
-            )
+            raise ValueError("n matches no recorded draw under selection='sample' (the importance weight is the "
+                "marginal of the draw that chose each bin's arm): see update_refusal")
         info["unweighted_bins"] = int((has & ~known).sum())
         g_played = np.where(known, g_played / np.where(known, marg_played, 1.0), np.nan)
         info["played_marginal"] = dict(zip(present[known].tolist(), marg_played[known].tolist(), strict=True))

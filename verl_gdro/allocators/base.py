@@ -248,8 +248,7 @@ class RolloutGDRO:
             raise ValueError(f"bins, n and successes must have equal lengths, got {b.size}, {n_a.size}, {s_a.size}")
         if n_a.min() < self.n_min or n_a.max() > self.n_max:
             raise ValueError(
-                f"n must lie in the arm range [{self.n_min}, {self.n_max}], got values in [{n_a.min()}, {n_a.max()}]"
-            )
+                f"n must lie in the arm range [{self.n_min}, {self.n_max}], got values in [{n_a.min()}, {n_a.max()}]")
         if s_a.min() < 0 or np.any(s_a > n_a):
             raise ValueError("successes must lie in [0, n] per prompt")
         loss_a: np.ndarray | None = None
@@ -324,10 +323,8 @@ class RolloutGDRO:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` output; rejects state of a differently configured controller."""
         if not isinstance(state, dict) or state.get("version") != _STATE_VERSION:
-            raise ValueError(
-                f"state must be a RolloutGDRO state_dict of version {_STATE_VERSION}, got "
-                f"{state.get('version') if isinstance(state, dict) else type(state).__name__}"
-            )
+            raise ValueError(f"state must be a RolloutGDRO state_dict of version {_STATE_VERSION}, got "
+                f"{state.get('version') if isinstance(state, dict) else type(state).__name__}")
         mine, theirs = self._config(), state.get("config", {})
         diff = {k: (theirs.get(k), v) for k, v in mine.items() if theirs.get(k) != v}
         if diff:

@@ -1,19 +1,10 @@
 """The ``gdro`` config group: resolution (presets), validation, and the cross-checks with verl's keys.
 
-Importable without verl, Ray or torch (the recipes' ``DRY_RUN=1`` path and the CPU demo call it), so
-every mistake in a launch command surfaces in a second instead of after Ray, the workers and vLLM
-have started. Every error is a ``ValueError`` whose message starts with the offending key, e.g.
-``gdro.rollout.n_min=1 is invalid: ...``; ``docs/configuration.md`` lists every check with its
-message and ``tests/test_step_config.py`` checks each one.
-
-Two entry points:
-
-- :func:`resolve_gdro` turns the ``gdro`` group alone into a frozen :class:`GDROSettings`
-  (defaults from the package YAML, ``null`` keys from ``gdro.preset``, every key range-checked).
-  :func:`estimator_settings` applies it to ``algorithm.gdro``, the group the estimator alone reads.
-- :func:`validate_gdro_config` does that and then checks the group against the rest of the verl
-  config (trainer mode, estimator, ``rollout.n``, data loader, reference policy, ...). The GDRO
-  trainer calls it at init; recipes call it in their dry run.
+Importable without verl, Ray or torch, so a launch mistake surfaces in a second. Every error is a
+``ValueError`` starting with the offending key (``gdro.rollout.n_min=1 is invalid: ...``), each listed
+in docs/configuration.md. :func:`resolve_gdro` resolves the ``gdro`` group alone (YAML defaults, the
+preset's ``null`` keys, range checks); :func:`estimator_settings` applies it to ``algorithm.gdro``;
+:func:`validate_gdro_config` also checks the group against the rest of the verl config.
 """
 
 from __future__ import annotations
@@ -34,43 +25,21 @@ from verl_gdro.prompt_modes import PROMPT_MODE_REGISTRY, get_prompt_mode, sampli
 from verl_gdro.rollout_gdro import ARM_UTILITIES, PER_PROMPT_UTILITIES
 from verl_gdro.signals import LOSS_SIGNAL_REGISTRY, get_loss_signal
 
-#: Rollout-GDRO's built-in allocators (the registry, verl_gdro/allocators/, may hold more): the bin
-#: bandit, Neyman, per-prompt, and ``release_as_run`` (the release's frozen arms as its runs used
-#: them; an explicit option for reproducing its rows)
+#: the registered allocators (verl_gdro/allocators/)
 ALLOCATORS = allocator_names()
 
 __all__ = [
-    "ALLOCATORS",
-    "ARM_UTILITIES",
-    "ESTIMATOR_NAME",
-    "PASSK_ESTIMATORS",
-    "PROMPT_MODES",
-    "SAMPLING_MODES",
-    "ROW_INDEX_FIELD",
-    "SELECTIONS",
-    "TRAINER_MODES",
-    "TRAINER_NAME",
-    "UID_KEYS",
-    "WEIGHT_NORMALIZATIONS",
-    "ClassifierSettings",
-    "GDROSettings",
-    "PromptSettings",
-    "RolloutSettings",
-    "default_gdro_group",
-    "estimator_settings",
-    "keys_read",
-    "resolve_gdro",
-    "to_plain",
-    "validate_gdro_config",
+    "ALLOCATORS", "ARM_UTILITIES", "ESTIMATOR_NAME", "PASSK_ESTIMATORS", "PROMPT_MODES", "SAMPLING_MODES",
+    "ROW_INDEX_FIELD", "SELECTIONS", "TRAINER_MODES", "TRAINER_NAME", "UID_KEYS", "WEIGHT_NORMALIZATIONS",
+    "ClassifierSettings", "GDROSettings", "PromptSettings", "RolloutSettings", "default_gdro_group",
+    "estimator_settings", "keys_read", "resolve_gdro", "to_plain", "validate_gdro_config",
 ]
 
 ESTIMATOR_NAME = "gdro_grpo"
 TRAINER_NAME = "gdro_sync"
 #: Every GDRO trainer mode -> the verl V1 trainer mode it extends (verl_gdro/integration/trainer.py).
 TRAINER_MODES: dict[str, str] = {
-    TRAINER_NAME: "sync",
-    "gdro_colocate_async": "colocate_async",
-    "gdro_separate_async": "separate_async",
+    TRAINER_NAME: "sync", "gdro_colocate_async": "colocate_async", "gdro_separate_async": "separate_async"
 }
 
 # `index`: verl's RLHFDataset surfaces `extra_info.index` as the prompt column `index` (0 when it is
@@ -100,9 +69,7 @@ def _constructor_kwargs(cls: type, settings: object, **given: Any) -> dict[str, 
     return {name: given[name] if name in given else getattr(settings, name) for name in params}
 
 
-# ---------------------------------------------------------------------------------------------
-# Resolved settings
-# ---------------------------------------------------------------------------------------------
+# ---- resolved settings ----
 
 
 @dataclass(frozen=True)
@@ -125,15 +92,9 @@ class ClassifierSettings:
 
     def kwargs(self) -> dict[str, Any]:
         """Constructor arguments of :class:`verl_gdro.classifier.OnlineDifficultyClassifier`."""
-        return {
-            "bin_edges": None if self.bin_edges is None else list(self.bin_edges),
-            "num_bins": self.num_bins,
-            "window": self.window,
-            "hysteresis": self.hysteresis,
-            "k": self.k,
-            "estimator": self.passk_estimator,
-            "unseen_bin": self.unseen_bin,
-        }
+        return {"bin_edges": None if self.bin_edges is None else list(self.bin_edges), "num_bins": self.num_bins,
+                "window": self.window, "hysteresis": self.hysteresis, "k": self.k,
+                "estimator": self.passk_estimator, "unseen_bin": self.unseen_bin}
 
 
 @dataclass(frozen=True)
@@ -193,10 +154,7 @@ class RolloutSettings:
     rate_decay: float | None = None
 
     def kwargs(self, num_bins: int, n_mean: int) -> dict[str, Any]:
-        """Constructor arguments of :class:`verl_gdro.rollout_gdro.RolloutGDRO`.
-
-        ``n_mean`` is ``actor_rollout_ref.rollout.n``: verl's own GRPO n is the mean budget.
-        """
+        """Constructor arguments of :class:`RolloutGDRO` (``n_mean``: verl's ``rollout.n``, the mean budget)."""
         return _constructor_kwargs(RolloutGDRO, self, num_bins=num_bins, n_mean=n_mean)
 
 
@@ -244,17 +202,12 @@ class GDROSettings:
         return d
 
 
-# ---------------------------------------------------------------------------------------------
-# Helpers
-# ---------------------------------------------------------------------------------------------
+# ---- helpers ----
 
 
 def to_plain(cfg: Any) -> Any:
-    """A DictConfig/ListConfig (resolved) or mapping as plain Python containers; None stays None.
-
-    omegaconf is imported lazily and only when the input is one of its containers, so plain dicts
-    (the demo, tests) need nothing beyond the standard library.
-    """
+    """A DictConfig/ListConfig (resolved) or mapping as plain Python containers; None stays None
+    (omegaconf is imported only for its own containers)."""
     if cfg is None:
         return None
     mod = type(cfg).__module__
@@ -332,14 +285,8 @@ def _range_text(low: float | None, high: float | None, low_open: bool, high_open
     return ""
 
 
-def _float(
-    key: str,
-    value: Any,
-    low: float | None = None,
-    high: float | None = None,
-    low_open: bool = False,
-    high_open: bool = False,
-) -> float:
+def _float(key: str, value: Any, low: float | None = None, high: float | None = None, low_open: bool = False,
+           high_open: bool = False) -> float:
     rng = _range_text(low, high, low_open, high_open)
     if isinstance(value, bool) or not isinstance(value, (int, float)) and not hasattr(value, "__float__"):
         raise ValueError(f"{key}={value!r} is invalid: must be a number {rng}".rstrip())
@@ -360,9 +307,7 @@ def _choice(key: str, value: Any, allowed: tuple[str, ...]) -> str:
     return str(value)
 
 
-# ---------------------------------------------------------------------------------------------
-# The gdro group alone
-# ---------------------------------------------------------------------------------------------
+# ---- the gdro group alone ----
 
 
 def _resolve_classifier(c: dict[str, Any]) -> ClassifierSettings:
@@ -371,19 +316,15 @@ def _resolve_classifier(c: dict[str, Any]) -> ClassifierSettings:
     num_bins_raw = c["num_bins"]
     if edges_raw is not None:
         if not isinstance(edges_raw, (list, tuple)) or len(edges_raw) == 0:
-            raise ValueError(
-                f"{p}.bin_edges={edges_raw!r} is invalid: must be null or a non-empty list of inner edges "
-                "strictly increasing inside (0, 1)"
-            )
+            raise ValueError(f"{p}.bin_edges={edges_raw!r} is invalid: must be null or a non-empty list of inner edges "
+                "strictly increasing inside (0, 1)")
         edges = tuple(_float(f"{p}.bin_edges[{i}]", e, 0.0, 1.0, True, True) for i, e in enumerate(edges_raw))
         if any(b <= a for a, b in zip(edges, edges[1:])):
             raise ValueError(f"{p}.bin_edges={list(edges)} is invalid: inner edges must be strictly increasing")
         derived = len(edges) + 1
         if num_bins_raw is not None and num_bins_raw != derived:
-            raise ValueError(
-                f"{p}.num_bins={num_bins_raw!r} disagrees with {p}.bin_edges: {len(edges)} inner edges "
-                f"give {derived} bins; set {p}.num_bins={derived} or null"
-            )
+            raise ValueError(f"{p}.num_bins={num_bins_raw!r} disagrees with {p}.bin_edges: {len(edges)} inner edges "
+                f"give {derived} bins; set {p}.num_bins={derived} or null")
         num_bins = derived
     else:
         if num_bins_raw is None:
@@ -395,18 +336,13 @@ def _resolve_classifier(c: dict[str, Any]) -> ClassifierSettings:
     narrowest = min(b - a for a, b in zip(full, full[1:]))
     hysteresis = _float(f"{p}.hysteresis", c["hysteresis"], low=0.0)
     if hysteresis >= narrowest:
-        raise ValueError(
-            f"{p}.hysteresis={c['hysteresis']!r} is invalid: must be >= 0 and smaller than the narrowest "
-            f"bin ({narrowest:.6g}), or a prompt could never leave its bin"
-        )
+        raise ValueError(f"{p}.hysteresis={c['hysteresis']!r} is invalid: must be >= 0 and smaller than the narrowest "
+            f"bin ({narrowest:.6g}), or a prompt could never leave its bin")
     return ClassifierSettings(
-        num_bins=num_bins,
-        bin_edges=edges,
-        window=_int(f"{p}.window", c["window"], low=1),
-        hysteresis=hysteresis,
+        num_bins=num_bins, bin_edges=edges, window=_int(f"{p}.window", c["window"], low=1), hysteresis=hysteresis,
         k=_int(f"{p}.k", c["k"], low=1),
         passk_estimator=_choice(f"{p}.passk_estimator", c["passk_estimator"], PASSK_ESTIMATORS),
-        unseen_bin=_int(f"{p}.unseen_bin", c["unseen_bin"], low=0, high=num_bins - 1),
+        unseen_bin=_int(f"{p}.unseen_bin", c["unseen_bin"], low=0, high=num_bins - 1)
     )
 
 
@@ -416,10 +352,8 @@ SIGNAL_DEFAULTS: dict[str, float] = {"kl_coef": 0.001, "clip_ratio_low": 0.2, "c
                                      "clip_ratio_c": 3.0}
 #: gdro.prompt key -> the actor key it must equal: the signal measures what the actor optimises.
 ACTOR_SIGNAL_KEYS: dict[str, str] = {
-    "kl_coef": "actor_rollout_ref.actor.kl_loss_coef",
-    "clip_ratio_low": "actor_rollout_ref.actor.clip_ratio_low",
-    "clip_ratio_high": "actor_rollout_ref.actor.clip_ratio_high",
-    "clip_ratio_c": "actor_rollout_ref.actor.clip_ratio_c",
+    "kl_coef": "actor_rollout_ref.actor.kl_loss_coef", "clip_ratio_low": "actor_rollout_ref.actor.clip_ratio_low",
+    "clip_ratio_high": "actor_rollout_ref.actor.clip_ratio_high", "clip_ratio_c": "actor_rollout_ref.actor.clip_ratio_c"
 }
 
 
@@ -435,8 +369,7 @@ def _resolve_prompt(c: dict[str, Any], preset: str, num_bins: int) -> PromptSett
     if math.isfinite(score_clip) and eta * score_clip > _MAX_EXPONENT:
         raise ValueError(
             f"{p}.eta={c['eta']!r} is invalid with {p}.score_clip={c['score_clip']!r}: eta * score_clip must be "
-            f"<= {_MAX_EXPONENT} so that exp(eta * S) stays finite"
-        )
+            f"<= {_MAX_EXPONENT} so that exp(eta * S) stays finite")
     share_floor = c["share_floor"]
     if share_floor is not None:
         share_floor = _float(f"{p}.share_floor", share_floor, 0.0, 1.0, low_open=True)
@@ -445,41 +378,31 @@ def _resolve_prompt(c: dict[str, Any], preset: str, num_bins: int) -> PromptSett
     if min_ess > 0 and weight_normalization != "mean_one":
         raise ValueError(
             f"{p}.min_ess={min_ess} is invalid with {p}.weight_normalization={weight_normalization!r}: the "
-            "effective-sample-size floor acts on mean_one multipliers"
-        )
+            "effective-sample-size floor acts on mean_one multipliers")
     mix_support = _choice(f"{p}.mix_support", c["mix_support"], MIX_SUPPORTS)
     if (math.isinf(score_clip) or mix_support == "present") and (min_ess > 0 or weight_normalization != "mean_one"):
         raise ValueError(
             f"{p}.score_clip={score_clip} / {p}.mix_support={mix_support} (the release's multipliers) is invalid "
             f"with {p}.min_ess={min_ess} / {p}.weight_normalization={weight_normalization!r}: without a clip "
             "omega is only known up to a common factor, and the present-bins mixture is defined for mean_one "
-            "multipliers without an ESS floor only"
-        )
+            "multipliers without an ESS floor only")
     signal = {k: SIGNAL_DEFAULTS[k] if c[k] is None else c[k] for k in SIGNAL_DEFAULTS}
     low = _float(f"{p}.clip_ratio_low", signal["clip_ratio_low"], 0.0, 1.0, high_open=True)
     high = _float(f"{p}.clip_ratio_high", signal["clip_ratio_high"], low=0.0)
     return PromptSettings(
-        enable=_bool(f"{p}.enable", c["enable"]),
-        mode=_choice(f"{p}.mode", c["mode"], tuple(PROMPT_MODE_REGISTRY)),
-        loss_signal=_choice(f"{p}.loss_signal", loss_signal, tuple(LOSS_SIGNAL_REGISTRY)),
-        eta=eta,
+        enable=_bool(f"{p}.enable", c["enable"]), mode=_choice(f"{p}.mode", c["mode"], tuple(PROMPT_MODE_REGISTRY)),
+        loss_signal=_choice(f"{p}.loss_signal", loss_signal, tuple(LOSS_SIGNAL_REGISTRY)), eta=eta,
         beta=_float(f"{p}.beta", c["beta"], 0.0, 1.0, low_open=True),
         gamma=_float(f"{p}.gamma", c["gamma"], 0.0, 1.0, high_open=True),
-        max_weight=_float(f"{p}.max_weight", c["max_weight"], low=0.0, low_open=True),
-        score_clip=score_clip,
-        normalize_by_share=_bool(f"{p}.normalize_by_share", c["normalize_by_share"]),
-        share_floor=share_floor,
-        weight_normalization=weight_normalization,
-        min_ess=min_ess,
-        kl_coef=_float(f"{p}.kl_coef", signal["kl_coef"], low=0.0),
-        clip_ratio_low=low,
-        clip_ratio_high=high,
+        max_weight=_float(f"{p}.max_weight", c["max_weight"], low=0.0, low_open=True), score_clip=score_clip,
+        normalize_by_share=_bool(f"{p}.normalize_by_share", c["normalize_by_share"]), share_floor=share_floor,
+        weight_normalization=weight_normalization, min_ess=min_ess,
+        kl_coef=_float(f"{p}.kl_coef", signal["kl_coef"], low=0.0), clip_ratio_low=low, clip_ratio_high=high,
         clip_ratio_c=_float(f"{p}.clip_ratio_c", signal["clip_ratio_c"], low=1.0, low_open=True),
         explore=_float(f"{p}.explore", c["explore"], 0.0, 1.0, low_open=True),
         rate_decay=_float(f"{p}.rate_decay", c["rate_decay"], 0.0, 1.0, low_open=True),
         revisit=_float(f"{p}.revisit", c["revisit"], 0.0, 1.0, low_open=True),
-        band_width=_float(f"{p}.band_width", c["band_width"], low=0.0, low_open=True),
-        mix_support=mix_support,
+        band_width=_float(f"{p}.band_width", c["band_width"], low=0.0, low_open=True), mix_support=mix_support
     )
 
 
@@ -487,10 +410,8 @@ def _resolve_rollout(c: dict[str, Any], preset: str) -> RolloutSettings:
     p = "gdro.rollout"
     n_min = _int(f"{p}.n_min", c["n_min"])
     if n_min < 2:
-        raise ValueError(
-            f"{p}.n_min={n_min} is invalid: must be >= 2 (one rollout gives a GRPO group no baseline: its "
-            "advantage would be its raw reward)"
-        )
+        raise ValueError(f"{p}.n_min={n_min} is invalid: must be >= 2 (one rollout gives a GRPO group no baseline: its "
+            "advantage would be its raw reward)")
     n_max = _int(f"{p}.n_max", c["n_max"])
     if n_max < n_min:
         raise ValueError(f"{p}.n_max={n_max} is invalid: must be >= {p}.n_min={n_min}")
@@ -501,37 +422,28 @@ def _resolve_rollout(c: dict[str, Any], preset: str) -> RolloutSettings:
     cls = get_allocator(allocator)
     per_prompt = getattr(cls, "per_prompt_evidence", False)
     if per_prompt and arm_utility not in PER_PROMPT_UTILITIES:
-        raise ValueError(
-            f"{p}.arm_utility={arm_utility!r} is invalid with {p}.allocator=per_prompt: allowed "
-            f"{list(PER_PROMPT_UTILITIES)} (the allocator needs u(p, n) for every n)"
-        )
+        raise ValueError(f"{p}.arm_utility={arm_utility!r} is invalid with {p}.allocator=per_prompt: allowed "
+            f"{list(PER_PROMPT_UTILITIES)} (the allocator needs u(p, n) for every n)")
     if arm_utility == "hit" and not per_prompt:
         raise ValueError(
             f"{p}.arm_utility='hit' is invalid with {p}.allocator={c['allocator']!r}: HORA's hit utility needs "
-            f"each prompt's own counts, set {p}.allocator=per_prompt"
-        )
+            f"each prompt's own counts, set {p}.allocator=per_prompt")
     rate_decay = c.get("rate_decay")
     if rate_decay is not None:
         rate_decay = _float(f"{p}.rate_decay", rate_decay, 0.0, 1.0, low_open=True)
         if "rollout.rate_decay" not in cls.reads:
             raise ValueError(
                 f"{p}.rate_decay={rate_decay} is invalid with {p}.allocator={c['allocator']!r}: it decays the "
-                f"per_prompt allocator's evidence; set {p}.allocator=per_prompt or leave it null"
-            )
+                f"per_prompt allocator's evidence; set {p}.allocator=per_prompt or leave it null")
     seed = c["seed"]
     return RolloutSettings(
-        enable=_bool(f"{p}.enable", c["enable"]),
-        n_min=n_min,
-        n_max=n_max,
+        enable=_bool(f"{p}.enable", c["enable"]), n_min=n_min, n_max=n_max,
         eta=_float(f"{p}.eta", c["eta"], low=0.0, low_open=True),
         gamma=_float(f"{p}.gamma", c["gamma"], 0.0, 1.0, high_open=True),
         score_ema=_float(f"{p}.score_ema", c["score_ema"], 0.0, 1.0, low_open=True),
-        dual_lr=_float(f"{p}.dual_lr", c["dual_lr"], low=0.0),
-        allocator=allocator,
-        arm_utility=arm_utility,
-        selection=_choice(f"{p}.selection", selection, SELECTIONS),
-        seed=_int(f"{p}.seed", seed, low=0),
-        rate_decay=rate_decay,
+        dual_lr=_float(f"{p}.dual_lr", c["dual_lr"], low=0.0), allocator=allocator, arm_utility=arm_utility,
+        selection=_choice(f"{p}.selection", selection, SELECTIONS), seed=_int(f"{p}.seed", seed, low=0),
+        rate_decay=rate_decay
     )
 
 
@@ -582,15 +494,10 @@ def resolve_gdro(group: Any = None, standalone: bool = False) -> GDROSettings:
     if advantage_clip is not None:
         advantage_clip = _float("gdro.advantage_clip", advantage_clip, low=0.0, low_open=True)
     settings = GDROSettings(
-        enable=_bool("gdro.enable", c["enable"]),
-        preset=str(preset),
-        uid_key=uid_key,
-        acc_key=acc_key,
-        classifier=classifier,
-        prompt=_resolve_prompt(c["prompt"], preset, classifier.num_bins),
-        rollout=_resolve_rollout(c["rollout"], preset),
-        advantage_clip=advantage_clip,
-        correct_threshold=_float("gdro.correct_threshold", c["correct_threshold"]),
+        enable=_bool("gdro.enable", c["enable"]), preset=str(preset), uid_key=uid_key, acc_key=acc_key,
+        classifier=classifier, prompt=_resolve_prompt(c["prompt"], preset, classifier.num_bins),
+        rollout=_resolve_rollout(c["rollout"], preset), advantage_clip=advantage_clip,
+        correct_threshold=_float("gdro.correct_threshold", c["correct_threshold"])
     )
     _refuse_unread(given, settings, standalone)
     return settings
@@ -600,9 +507,7 @@ def _reads_rate_decay(allocator: Any) -> bool:
     return allocator in allocator_names() and "rollout.rate_decay" in get_allocator(allocator).reads
 
 
-# ---------------------------------------------------------------------------------------------
-# What a resolved configuration reads: derived from the strategies' declarations
-# ---------------------------------------------------------------------------------------------
+# ---- what a resolved configuration reads: derived from the strategies' declarations ----
 
 #: keys every enabled configuration reads (the switches, the run's identity, the classifier)
 _ALWAYS_READ = ("enable", "preset", "uid_key", "acc_key", "correct_threshold", "advantage_clip", "classifier.num_bins",
@@ -724,9 +629,7 @@ def estimator_settings(algorithm: Any) -> GDROSettings:
         raise ValueError(_GDRO_KEY.sub("algorithm.gdro", str(e))) from None
 
 
-# ---------------------------------------------------------------------------------------------
-# The gdro group against the rest of the verl config
-# ---------------------------------------------------------------------------------------------
+# ---- the gdro group against the rest of the verl config ----
 
 _MISSING = object()
 
@@ -777,14 +680,12 @@ def _path_settings(cfg: Any, trainer_mode: Any) -> GDROSettings:
         if top is None and algo_group is not None:
             raise ValueError(
                 f"algorithm.gdro is invalid with trainer.v1.trainer_mode={trainer_mode}: the GDRO trainer reads the "
-                "top-level gdro group (and hands it to the estimator); set +gdro.<key>=... instead"
-            )
+                "top-level gdro group (and hands it to the estimator); set +gdro.<key>=... instead")
         if top is not None and algo_group is not None and to_plain(top) != to_plain(algo_group):
             if resolve_gdro(top) != resolve_gdro(algo_group):
                 raise ValueError(
                     "algorithm.gdro disagrees with gdro: the GDRO trainer reads gdro and hands it to the estimator; "
-                    "set only gdro.* (the package config mirrors it into algorithm.gdro) or make them equal"
-                )
+                    "set only gdro.* (the package config mirrors it into algorithm.gdro) or make them equal")
         return resolve_gdro(top)
     else:
         if top is not None:
@@ -792,8 +693,7 @@ def _path_settings(cfg: Any, trainer_mode: Any) -> GDROSettings:
                 f"gdro is invalid with trainer.v1.trainer_mode={trainer_mode!r}: the top-level gdro group is read "
                 f"only by the GDRO trainer ({'|'.join(TRAINER_MODES)}); the {ESTIMATOR_NAME} estimator in verl's own "
                 "trainer reads algorithm.gdro: set +algorithm.gdro.<key>=... on verl's ppo_trainer config instead, or "
-                f"set trainer.v1.trainer_mode={TRAINER_NAME}"
-            )
+                f"set trainer.v1.trainer_mode={TRAINER_NAME}")
         return estimator_settings(_select(cfg, "algorithm"))
 
 
@@ -801,45 +701,36 @@ def _check_trainer(cfg: Any, trainer_mode: str, settings: GDROSettings) -> None:
     """The GDRO trainer against verl's trainer keys (estimator, V1, loader workers, sync step, sampler)."""
     adv = _select(cfg, "algorithm.adv_estimator")
     if adv != ESTIMATOR_NAME:
-        raise ValueError(
-            f"algorithm.adv_estimator={adv!r} is invalid with trainer.v1.trainer_mode={trainer_mode}: "
+        raise ValueError(f"algorithm.adv_estimator={adv!r} is invalid with trainer.v1.trainer_mode={trainer_mode}: "
             f"the GDRO trainer applies Prompt-GDRO through the '{ESTIMATOR_NAME}' estimator; "
-            f"set algorithm.adv_estimator={ESTIMATOR_NAME}"
-        )
+            f"set algorithm.adv_estimator={ESTIMATOR_NAME}")
     use_v1 = _select(cfg, "trainer.use_v1", True)
     if use_v1 is not True:
-        raise ValueError(
-            f"trainer.use_v1={use_v1!r} is invalid with trainer.v1.trainer_mode={trainer_mode}: "
-            "the GDRO trainer is a V1 trainer; set trainer.use_v1=true"
-        )
+        raise ValueError(f"trainer.use_v1={use_v1!r} is invalid with trainer.v1.trainer_mode={trainer_mode}: "
+            "the GDRO trainer is a V1 trainer; set trainer.use_v1=true")
     workers = _select(cfg, "data.dataloader_num_workers", 0)
     if workers != 0:
         raise ValueError(
             f"data.dataloader_num_workers={workers!r} is invalid with trainer.v1.trainer_mode={trainer_mode}: "
-            "must be 0, or the adaptive sampler's draws run batches ahead of the controller updates"
-        )
+            "must be 0, or the adaptive sampler's draws run batches ahead of the controller updates")
     base_mode = TRAINER_MODES[trainer_mode]
     sync_step = _select(cfg, f"trainer.v1.{base_mode}.parameter_sync_step", 1)
     if sync_step != 1:
         raise ValueError(
             f"trainer.v1.{base_mode}.parameter_sync_step={sync_step!r} is invalid with trainer.v1.trainer_mode="
             f"{trainer_mode}: must be 1 (one generation batch, one advantage stage and one controller "
-            "update per step)"
-        )
+            "update per step)")
     custom = _select(cfg, "trainer.v1.sampler.custom_sampler.path")
     if custom and settings.enable:
-        raise ValueError(
-            f"trainer.v1.sampler.custom_sampler.path={custom!r} is invalid with trainer.v1.trainer_mode="
+        raise ValueError(f"trainer.v1.sampler.custom_sampler.path={custom!r} is invalid with trainer.v1.trainer_mode="
             f"{trainer_mode}: the GDRO trainer installs its own replay buffer to observe every generated group, "
-            "including those verl filters, evicts or discards; remove the custom sampler"
-        )
+            "including those verl filters, evicts or discards; remove the custom sampler")
     skip = _select(cfg, "skip.rollout_tq.enable", False)
     if skip and settings.enable:
         raise ValueError(
             f"skip.rollout_tq.enable={skip!r} is invalid with trainer.v1.trainer_mode={trainer_mode}: verl's rollout "
             "cache replays trajectories GDRO did not plan (no dispatch-time bin or rollout count); set "
-            "skip.rollout_tq.enable=false, or gdro.enable=false"
-        )
+            "skip.rollout_tq.enable=false, or gdro.enable=false")
 
 
 def _check_budget(cfg: Any, trainer_mode: Any, settings: GDROSettings) -> None:
@@ -853,8 +744,7 @@ def _check_budget(cfg: Any, trainer_mode: Any, settings: GDROSettings) -> None:
         if not isinstance(n, int) or isinstance(n, bool) or n < 2:
             raise ValueError(
                 f"actor_rollout_ref.rollout.n={n!r} is invalid with algorithm.adv_estimator={adv}: must be an "
-                "integer >= 2 (GRPO needs a group; with Rollout-GDRO it is the mean budget per prompt)"
-            )
+                "integer >= 2 (GRPO needs a group; with Rollout-GDRO it is the mean budget per prompt)")
 
     if settings.enable and settings.rollout.enable:
         r = settings.rollout
@@ -862,14 +752,11 @@ def _check_budget(cfg: Any, trainer_mode: Any, settings: GDROSettings) -> None:
             raise ValueError(
                 f"algorithm.gdro.rollout.enable=True is invalid with trainer.v1.trainer_mode={trainer_mode!r}: Rollout-GDRO "
                 f"chooses rollouts before generation, which only the GDRO trainer does; set "
-                f"trainer.v1.trainer_mode={TRAINER_NAME}"
-            )
+                f"trainer.v1.trainer_mode={TRAINER_NAME}")
         if isinstance(n, int) and not (r.n_min <= n <= r.n_max):
-            raise ValueError(
-                f"actor_rollout_ref.rollout.n={n} is invalid: the mean budget must lie in "
+            raise ValueError(f"actor_rollout_ref.rollout.n={n} is invalid: the mean budget must lie in "
                 f"[gdro.rollout.n_min={r.n_min}, gdro.rollout.n_max={r.n_max}], or the exact budget "
-                "batch_size * n cannot be met"
-            )
+                "batch_size * n cannot be met")
 
 
 def _check_strategies(cfg: Any, trainer_mode: Any, settings: GDROSettings) -> GDROSettings:
@@ -881,8 +768,7 @@ def _check_strategies(cfg: Any, trainer_mode: Any, settings: GDROSettings) -> GD
         raise ValueError(
             f"algorithm.gdro.prompt.mode={settings.prompt.mode} is invalid with trainer.v1.trainer_mode={trainer_mode!r}: "
             f"only the GDRO trainer's sampler can draw the prompts; set trainer.v1.trainer_mode={TRAINER_NAME} or "
-            "algorithm.gdro.prompt.mode=reweight"
-        )
+            "algorithm.gdro.prompt.mode=reweight")
 
     needs_ref = "ref_log_probs" in get_loss_signal(settings.prompt.loss_signal).needs
     if gdro_trainer and settings.enable and settings.prompt.enable and needs_ref:
@@ -892,8 +778,7 @@ def _check_strategies(cfg: Any, trainer_mode: Any, settings: GDROSettings) -> GD
             raise ValueError(
                 f"gdro.prompt.loss_signal={settings.prompt.loss_signal} is invalid without a reference policy: it needs "
                 "ref_log_prob; set actor_rollout_ref.actor.use_kl_loss=true (the paper's KL loss) or choose "
-                "gdro.prompt.loss_signal=failure_rate"
-            )
+                "gdro.prompt.loss_signal=failure_rate")
 
     if gdro_trainer:  # the loss signals are computed by the GDRO trainer only
         settings = _signals_follow_actor(cfg, settings, top)
@@ -904,8 +789,7 @@ def _check_strategies(cfg: Any, trainer_mode: Any, settings: GDROSettings) -> GD
             raise ValueError(
                 "gdro.uid_key=row_index is invalid without data.custom_cls: the row index comes from the GDRO "
                 "dataset class; set data.custom_cls.path=pkg://verl_gdro.integration.dataset "
-                "data.custom_cls.name=GDRODataset, or use gdro.uid_key=index"
-            )
+                "data.custom_cls.name=GDRODataset, or use gdro.uid_key=index")
 
     return settings
 
@@ -943,11 +827,9 @@ def _signals_follow_actor(cfg: Any, settings: GDROSettings, group: Any) -> GDROS
                 and f"prompt.{key}" not in keys_read(settings):
             raise ValueError(_unread_message(f"prompt.{key}", explicit, settings))
         if explicit is not None and reads and float(explicit) != float(actor):
-            raise ValueError(
-                f"gdro.prompt.{key}={explicit!r} disagrees with {actor_key}={actor!r}: the loss signal "
+            raise ValueError(f"gdro.prompt.{key}={explicit!r} disagrees with {actor_key}={actor!r}: the loss signal "
                 f"({settings.prompt.loss_signal}) must measure what the actor optimises; leave gdro.prompt.{key} "
-                "unset (it follows the actor) or make them equal"
-            )
+                "unset (it follows the actor) or make them equal")
         if explicit is None:
             follow[key] = float(actor)
     if not follow:

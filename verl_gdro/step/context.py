@@ -88,8 +88,7 @@ class RowPlan:
         s = np.asarray(self.singleton, dtype=bool)
         if m.shape != (len(self.uids),) or s.shape != (len(self.uids),):
             raise ValueError(
-                f"RowPlan: multipliers {m.shape} and singleton {s.shape} need one entry per uid ({len(self.uids)})"
-            )
+                f"RowPlan: multipliers {m.shape} and singleton {s.shape} need one entry per uid ({len(self.uids)})")
         bad, all_ones = _check_range(m)
         if bad is not None:
             raise ValueError(f"RowPlan: multipliers must be finite and >= 0; row {bad} has {m[bad]}")
@@ -142,8 +141,7 @@ class GDROStep:
                     if not is_padding_uid(key):
                         raise KeyError(
                             f"gdro_grpo: no Prompt-GDRO multiplier for uid {key!r}; the open gdro_step() does "
-                            "not cover this batch (was the batch planned by the GDRO trainer?)"
-                        )
+                            "not cover this batch (was the batch planned by the GDRO trainer?)")
                     values[i] = 1.0
         return np.array(values, dtype=np.float64).reshape(len(keys))
 

@@ -251,10 +251,8 @@ class GDROController(StepPlanner):
         waiting, or with malformed input.
         """
         if not self.wants_update_losses:
-            raise ValueError(
-                f"after_update needs gdro.prompt.loss_signal in {list(update_time_signals())} (got "
-                f"{self.settings.prompt.loss_signal!r}) with Prompt-GDRO or a loss-fed bandit on"
-            )
+            raise ValueError(f"after_update needs gdro.prompt.loss_signal in {list(update_time_signals())} (got "
+                f"{self.settings.prompt.loss_signal!r}) with Prompt-GDRO or a loss-fed bandit on")
         waiting = self._awaiting
         if waiting is None:
             raise ValueError("after_update: no observed step is waiting for its update-time losses (call after_advantage first)")

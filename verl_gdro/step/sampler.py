@@ -80,8 +80,7 @@ class PromptSampler:
         if not controller.resamples:
             raise ValueError(
                 f"gdro.prompt.mode={controller.settings.prompt.mode!r} does not draw prompts: a PromptSampler needs "
-                "Prompt-GDRO on with a sampling mode (resample, failure_weighted, greso or band)"
-            )
+                "Prompt-GDRO on with a sampling mode (resample, failure_weighted, greso or band)")
         self.controller = controller
         self.evidence = controller.attach_prompts(uids)
         self.uids = self.evidence.uids
@@ -187,12 +186,10 @@ class PromptSampler:
         ``ess_share`` of the latest draw's probabilities."""
         prompts = self._stats["prompts"]
         out = {
-            "gdro/draw/coverage": self.evidence.num_visited / self.uids.size,
-            "gdro/draw/ess_share": self._ess_share,
+            "gdro/draw/coverage": self.evidence.num_visited / self.uids.size, "gdro/draw/ess_share": self._ess_share,
             "gdro/draw/explore_share": self._explore_sum / prompts if prompts else 0.0,
-            "gdro/draw/prompts": float(prompts),
-            "gdro/draw/calls": float(self._stats["calls"]),
-            "gdro/draw/excluded": float(self._stats["excluded"]),
+            "gdro/draw/prompts": float(prompts), "gdro/draw/calls": float(self._stats["calls"]),
+            "gdro/draw/excluded": float(self._stats["excluded"])
         }
         self._reset_draw_stats()
         return out
