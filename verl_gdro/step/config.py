@@ -22,7 +22,7 @@ from verl_gdro.allocators import RolloutGDRO, allocator_names, get_allocator
 from verl_gdro.presets import MIX_SUPPORTS, PRESETS, resolve_preset
 from verl_gdro.prompt_gdro import PromptGDRO
 from verl_gdro.prompt_modes import PROMPT_MODE_REGISTRY, get_prompt_mode, sampling_modes
-from verl_gdro.rollout_gdro import ARM_UTILITIES, PER_PROMPT_UTILITIES
+from verl_gdro.rollout_gdro import ARM_UTILITIES, PER_PROMPT_UTILITIES, SELECTIONS
 from verl_gdro.signals import LOSS_SIGNAL_REGISTRY, get_loss_signal
 
 #: the registered allocators (verl_gdro/allocators/)
@@ -53,18 +53,14 @@ PASSK_ESTIMATORS = ("pooled", "any_of_n")
 SAMPLING_MODES = sampling_modes()
 PROMPT_MODES = tuple(PROMPT_MODE_REGISTRY)
 WEIGHT_NORMALIZATIONS = ("mean_one", "raw")
-SELECTIONS = ("auto", "map", "sample")
 
 # Same bound as PromptGDRO: exp(eta * score_clip) must stay finite in float64.
 _MAX_EXPONENT = 600.0
 
-_SECTIONS = ("classifier", "prompt", "rollout")
-
 
 def _constructor_kwargs(cls: type, settings: object, **given: Any) -> dict[str, Any]:
-    """``cls``'s constructor arguments: ``given`` first, every other one from the settings field of
-    the same name. Read from the signature, so a controller argument added without its config key
-    fails here (AttributeError) instead of silently taking its default."""
+    """``cls``'s constructor arguments: ``given`` first, the others from the settings' fields of the same
+    name (an argument added without its config key fails here instead of taking its default)."""
     params = list(inspect.signature(cls.__init__).parameters)[1:]  # __init__'s, past self (__new__ may be generic)
     return {name: given[name] if name in given else getattr(settings, name) for name in params}
 
@@ -108,8 +104,7 @@ class PromptSettings:
     beta: float
     gamma: float
     max_weight: float
-    #: Eq. 14's clip of S; inf = no clip (the release: omega is then rescaled by exp(-eta max S),
-    #: which cancels in q and in the mean_one multipliers)
+    #: Eq. 14's clip of S; inf = no clip (the release)
     score_clip: float
     normalize_by_share: bool
     share_floor: float | None
@@ -119,15 +114,12 @@ class PromptSettings:
     clip_ratio_low: float
     clip_ratio_high: float
     clip_ratio_c: float
-    #: sampling modes: the uniform exploration floor, the evidence's per-visit decay, GRESO's
-    #: revisit probability and the band's width (docs/algorithm.md, "Prompt sampling modes"); their
-    #: defaults are the package YAML's, like every other key's
+    #: the sampling modes' keys (docs/algorithm.md, "Prompt sampling modes")
     explore: float
     rate_decay: float
     revisit: float
     band_width: float
-    #: Eq. 15's exploration mixture over ``all`` B bins or the bins ``present`` in the step (the
-    #: release's gamma / number of classes present)
+    #: Eq. 15's exploration mixture over ``all`` B bins or the bins ``present`` in the step (the release)
     mix_support: str = "all"
 
     def kwargs(self, num_bins: int) -> dict[str, Any]:
@@ -170,8 +162,7 @@ class GDROSettings:
     prompt: PromptSettings
     rollout: RolloutSettings
     advantage_clip: float | None = None
-    #: a response is correct when its correctness value is above this: the trainer's
-    #: ``reward_extra_info[acc_key]``, the standalone estimator's outcome reward
+    #: a response is correct when its correctness value (or the estimator's outcome reward) is above this
     correct_threshold: float = 0.0
 
     @property
@@ -448,18 +439,10 @@ def _resolve_rollout(c: dict[str, Any], preset: str) -> RolloutSettings:
 
 
 def resolve_gdro(group: Any = None, standalone: bool = False) -> GDROSettings:
-    """Resolve and validate the ``gdro`` group (a mapping, a DictConfig, settings, or None for defaults).
-
-    Missing keys take the package YAML's defaults; ``null`` keys that a preset decides take the
-    preset's value (explicit values win); every key is type- and range-checked, and an unknown key
-    is an error. Raises ValueError naming the offending ``gdro.*`` key.
-
-    ``gdro.rollout.enable`` and ``gdro.prompt.mode`` left ``null`` take the default of the path that
-    runs them: under the GDRO trainer (and in the step API) both adversaries run, Prompt-GDRO in the
-    preset's mode; for the ``gdro_grpo`` estimator in a trainer of its own (``standalone``) only
-    Prompt-GDRO's reweighting can run, so they resolve to ``false`` and ``reweight``. An explicit
-    value is kept either way (and refused where the path cannot honour it).
-    """
+    """Resolve and validate the ``gdro`` group (a mapping, a DictConfig, settings, or None for defaults):
+    YAML defaults, ``null`` keys from the preset, every key checked (a ValueError naming it). Left
+    ``null``, ``rollout.enable`` and ``prompt.mode`` take the path's default: both adversaries in the
+    preset's mode, or for the estimator alone (``standalone``) ``false`` and ``reweight``."""
     if isinstance(group, GDROSettings):
         return group
     given = to_plain(group) or {}
@@ -520,15 +503,9 @@ RUN_KEYS = ("rollout.seed",)
 
 
 def keys_read(settings: GDROSettings) -> frozenset[str]:
-    """The ``gdro`` keys (dotted, relative to the group: ``rollout.eta``) that the controller reads
-    under ``settings`` (the GDRO trainer and the step API), from the active strategies' ``reads``.
-
-    Active: Prompt-GDRO's mode when Prompt-GDRO is on; the allocator when Rollout-GDRO is on; the
-    loss signal when Prompt-GDRO is on or the allocator logs it (``logs_loss_signal``: the per-bin
-    allocators, whose bandit may also learn from it). With
-    ``gdro.enable=false`` only ``enable`` is read. Paths that run less (the ``gdro_grpo`` estimator
-    alone) read a subset of this set.
-    """
+    """The ``gdro`` keys (dotted: ``rollout.eta``) the controller reads under ``settings``, from the active
+    strategies' ``reads``: the prompt mode, the allocator, and the loss signal when Prompt-GDRO is on or
+    the allocator logs it (``logs_loss_signal``). The estimator alone reads a subset."""
     if not settings.enable:
         return frozenset({"enable"})
     keys = set(_ALWAYS_READ)
@@ -565,12 +542,10 @@ def _without(given: Mapping[str, Any], keys: list[str]) -> dict[str, Any]:
 
 
 def unread_keys(given: Any, settings: GDROSettings, standalone: bool = False) -> dict[str, Any]:
-    """The strategy keys (``prompt.*`` / ``rollout.*``) that ``given`` sets and no active strategy
-    reads (:func:`keys_read`): a value other than the one the key resolves to without it (the
-    package default, the preset's value, a filled-in default). A switched-off section's keys are
-    left alone, so an adversary (or verl-gdro) can be turned off without editing the rest of a
-    command line; the loss signals' coefficients that follow the actor are checked against it by
-    :func:`validate_gdro_config` instead."""
+    """The strategy keys (``prompt.*`` / ``rollout.*``) ``given`` sets to a value other than the one it
+    resolves to without it, and no active strategy reads (:func:`keys_read`). A switched-off section's
+    keys are left alone (an adversary can be turned off alone); the signals' coefficients that follow
+    the actor are checked by :func:`validate_gdro_config`."""
     if not settings.enable or not isinstance(given, Mapping):
         return {}
     read = keys_read(settings)
@@ -615,14 +590,9 @@ _GDRO_KEY = re.compile(r"(?<![\w.])gdro(?=[.= ])")
 
 
 def estimator_settings(algorithm: Any) -> GDROSettings:
-    """The settings of the ``gdro_grpo`` estimator alone (no GDRO trainer step open): the
-    ``algorithm.gdro`` group, resolved with the standalone path defaults.
-
-    ``algorithm`` is the group verl hands an estimator (``config=``). The estimator calls this at
-    run time and :func:`validate_gdro_config` (the dry run, the driver check) calls it on the
-    composed config's ``algorithm``, so both resolve every key alike. Errors name
-    ``algorithm.gdro.<key>``: that is the namespace this path reads.
-    """
+    """The settings of the ``gdro_grpo`` estimator alone: ``algorithm.gdro`` (of the group verl hands an
+    estimator) resolved with the standalone defaults; errors name ``algorithm.gdro.<key>``. The estimator
+    and :func:`validate_gdro_config` both call it, so both resolve every key alike."""
     try:
         return resolve_gdro(_group_of(algorithm), standalone=True)
     except ValueError as e:
@@ -630,9 +600,6 @@ def estimator_settings(algorithm: Any) -> GDROSettings:
 
 
 # ---- the gdro group against the rest of the verl config ----
-
-_MISSING = object()
-
 
 def _select(cfg: Any, path: str, default: Any = None) -> Any:
     node = cfg
@@ -653,13 +620,8 @@ def _select(cfg: Any, path: str, default: Any = None) -> Any:
 
 def validate_gdro_config(cfg: Any) -> GDROSettings:
     """Validate a whole verl config (DictConfig or nested dict) that uses verl-gdro; return the settings.
-
-    One namespace per path: under the GDRO trainer the top-level ``gdro`` group is resolved with
-    :func:`resolve_gdro` (an ``algorithm.gdro`` that differs from it is refused); otherwise the
-    estimator's own :func:`estimator_settings` resolves ``algorithm.gdro`` and a top-level ``gdro``
-    group, which nothing would read, is refused. Then the settings are checked against the rest of
-    the config. Raises a ValueError that names the offending key. Callable without Ray, torch or verl.
-    """
+    One namespace per path (:func:`_path_settings`), then the settings against the rest of the config;
+    a ValueError names the offending key."""
     trainer_mode = _select(cfg, "trainer.v1.trainer_mode")
     settings = _path_settings(cfg, trainer_mode)
     if trainer_mode in TRAINER_MODES:
@@ -669,13 +631,11 @@ def validate_gdro_config(cfg: Any) -> GDROSettings:
 
 
 def _path_settings(cfg: Any, trainer_mode: Any) -> GDROSettings:
-    """The settings of the path's own namespace: ``gdro`` under the GDRO trainer (an
-    ``algorithm.gdro`` that differs is refused), ``algorithm.gdro`` for the estimator alone."""
+    """The settings of the path's own namespace: ``gdro`` under the GDRO trainer (an ``algorithm.gdro`` that
+    differs is refused), ``algorithm.gdro`` for the estimator alone (a top-level ``gdro`` is refused)."""
     gdro_trainer = trainer_mode in TRAINER_MODES
     top = _select(cfg, "gdro")
     algo_group = _select(cfg, "algorithm.gdro")
-    # One namespace per path: the GDRO trainer reads the top-level gdro group (and hands it to the
-    # estimator as algorithm.gdro); the estimator in verl's own trainer reads algorithm.gdro only.
     if gdro_trainer:
         if top is None and algo_group is not None:
             raise ValueError(
