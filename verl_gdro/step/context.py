@@ -1,15 +1,10 @@
 """Process-local hand-over of the step's Prompt-GDRO multipliers to the ``gdro_grpo`` estimator.
 
-verl calls an advantage estimator as ``fn(token_level_rewards, response_mask, index=uid,
-config=algorithm_cfg)``: no stable prompt id, no step, no trainer. The GDRO trainer (and the CPU
-demo) know each prompt's bin, so they compute the multiplier of every prompt group (keyed by verl's
-per-fetch ``uid``) and open a :func:`gdro_step` around verl's own advantage computation; the
-estimator looks the multipliers up with :func:`current_step`. With no step open the estimator runs
-standalone (see ``estimator.py``).
-
-The estimator runs in the trainer process only (docs/integration.md), in the thread that called
-``compute_advantage``, so a context variable is enough: no locks, no globals shared across Ray
-actors, and a step that raises leaves no stale multipliers behind.
+verl calls an estimator with no stable prompt id, no step and no trainer, so the GDRO trainer (and the
+CPU demo) open a :func:`gdro_step` around verl's ``compute_advantage`` with every prompt group's
+multiplier (keyed by verl's per-fetch ``uid``); the estimator reads :func:`current_step`, and runs
+standalone when none is open. It runs in the trainer process, in the calling thread (docs/integration.md),
+so a context variable suffices and a step that raises leaves no stale multipliers behind.
 """
 
 from __future__ import annotations

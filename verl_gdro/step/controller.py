@@ -1,29 +1,11 @@
 """One GDRO step, shared by the verl trainer and the CPU demo: plan -> multipliers -> update -> metrics.
 
 :class:`GDROController` holds the three controllers of docs/algorithm.md (classifier, Prompt-GDRO,
-Rollout-GDRO) and turns one step's flat per-trajectory arrays into decisions, controller updates
-and the ``gdro/`` metrics. The ``gdro_sync`` trainer and the CPU demo both call exactly this code,
-so what the demo measures is what a GPU run does. numpy only at import (no verl, no torch).
-
-A step, in the order of docs/algorithm.md ("Order in step t"):
-
-1. ``plan = ctrl.before_generation(prompt_uids)``: classify the step's prompts with the history up
-   to t-1 (``plan.bins``) and, with Rollout-GDRO on, allocate ``plan.rollout_n`` under the exact
-   budget ``rollout_n * len(prompt_uids)``. Several calls before one update accumulate (verl may
-   fetch a step's prompts in chunks); positions continue across calls (``plan.positions``).
-2. ``mult = ctrl.advantage_multipliers(group_index)``: the Eq. 16 multiplier of every trajectory
-   (``group_index`` = the plan position of its prompt), from S_{t-1}; exactly 1.0 when Prompt-GDRO
-   is off or in a sampling mode (``resample``, ``failure_weighted``, ``greso``, ``band``). Hand them to the estimator with
-   ``verl_gdro.step.context.gdro_step`` around verl's ``compute_advantage``.
-3. ``metrics = ctrl.after_advantage(group_index, acc, ...)``: per-prompt loss signal
-   (docs/algorithm.md section 2), classifier visit, Prompt-GDRO and Rollout-GDRO updates, the
-   sampling modes' per-prompt evidence, and every metric of docs/algorithm.md section 4 (``verl_gdro.metrics.step_metrics``) plus a few integration counters. The
-   ``failure_rate`` signal reads only ``acc``, so this may run as soon as step 2's multipliers
-   are taken (the GDRO trainer does so, before verl's estimator); the surrogate signals read the
-   advantages and run after it.
-4. Only with the update-time signal (``update_surrogate``, :attr:`GDROController.wants_update_losses`):
-   ``metrics = ctrl.after_update(group_index, losses)`` after the PPO update, with each measured
-   response's loss; Prompt-GDRO (and a bandit fed the loss) learns from it for the next step.
+Rollout-GDRO) and turns one step's flat per-trajectory arrays into decisions, updates and the ``gdro/``
+metrics, in the order of docs/algorithm.md ("Order in step t"): ``before_generation`` (bins and the
+call's rollouts; several calls before one update accumulate), ``advantage_multipliers`` (Eq. 16, handed
+to the estimator through ``gdro_step``), ``after_advantage`` (loss signal, controller updates, metrics)
+and, with the update-time signal only, ``after_update``. numpy only at import.
 """
 
 from __future__ import annotations
@@ -162,18 +144,10 @@ class GDROController(StepPlanner):
 
     # ---- update -> metrics ----------------------------------------------------------------------
 
-    def after_advantage(
-        self,
-        group_index: ArrayLike,
-        acc: ArrayLike,
-        *,
-        response_mask: ArrayLike | None = None,
-        old_log_probs: ArrayLike | None = None,
-        ref_log_probs: ArrayLike | None = None,
-        advantages: ArrayLike | None = None,
-        log_probs: ArrayLike | None = None,
-        extra_time_s: float = 0.0,
-    ) -> dict[str, float]:
+    def after_advantage(self, group_index: ArrayLike, acc: ArrayLike, *, response_mask: ArrayLike | None = None,
+                        old_log_probs: ArrayLike | None = None, ref_log_probs: ArrayLike | None = None,
+                        advantages: ArrayLike | None = None, log_probs: ArrayLike | None = None,
+                        extra_time_s: float = 0.0) -> dict[str, float]:
         """Update every controller with the step's trajectories and return the ``gdro/`` metrics.
 
         ``group_index``: plan position of each (non-padding) trajectory's prompt; ``acc``: binary
