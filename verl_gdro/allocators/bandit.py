@@ -1,12 +1,7 @@
-"""The bin bandit (``gdro.rollout.allocator=bandit``, docs/algorithm.md section 3; Eqs. 17-21).
-
-One exponential-weights learner per difficulty bin over the arms n_min..n_max (Eq. 17), gains with
-a shadow price (Eq. 18), an arm-score EMA (Eq. 19), a configuration chosen under the exact budget
-(Eq. 20: the most probable, ``map``, or drawn from the conditioned product distribution,
-``sample``) and a dual update of the shadow price from the unconstrained preference (Eq. 21).
-Full-information utilities score every arm from the bin's smoothed pass rate; played-arm
-utilities (``informative``, ``loss``) score the arm played, importance-weighted under ``sample``
-by the marginal of the draw that chose it (EXP3). numpy only.
+"""The bin bandit (``gdro.rollout.allocator=bandit``, docs/algorithm.md section 3; Eqs. 17-21): per-bin
+exponential weights over the arms, a configuration under the exact budget (``map`` or ``sample``) and a
+dual shadow price. Played-arm utilities (``informative``, ``loss``) score the arm played, weighted under
+``sample`` by the marginal of the draw that chose it (EXP3). numpy only.
 """
 
 from __future__ import annotations

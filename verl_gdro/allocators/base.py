@@ -1,12 +1,7 @@
-"""The per-bin allocators' shared state and checks: :class:`RolloutGDRO` (docs/algorithm.md, section 3).
-
-The bin bandit, Neyman and the per-prompt allocator share one configuration (``gdro.rollout.*``),
-one state layout (arm scores, shadow price, smoothed pass rates, Neyman variances, the sampler's
-generator, the recorded draws: one ``state_dict`` format, so checkpoints of every version load)
-and one way to take a step's outcome (:meth:`RolloutGDRO.observe`). Each lives in its own module
-and overrides :meth:`~RolloutGDRO.allocate` and :meth:`~RolloutGDRO._learn`; the math they share
-(the exact-budget DP, the partition, the shadow price) are plain functions in
-:mod:`verl_gdro.rollout_gdro`. ``RolloutGDRO(num_bins, allocator=name, ...)`` builds the registered
+"""The per-bin allocators' shared configuration, state and checks: :class:`RolloutGDRO` (docs/algorithm.md,
+section 3). The bin bandit, Neyman and per-prompt share ``gdro.rollout.*``, one ``state_dict`` format
+and :meth:`RolloutGDRO.observe`; each overrides ``allocate`` and ``_learn``, and the math they share is
+in :mod:`verl_gdro.rollout_gdro`. ``RolloutGDRO(num_bins, allocator=name, ...)`` builds the registered
 class of that name. numpy only.
 """
 
