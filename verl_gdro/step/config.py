@@ -12,7 +12,7 @@ from __future__ import annotations
 import inspect
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, replace
 from functools import lru_cache
 from importlib import resources
@@ -658,39 +658,26 @@ def _path_settings(cfg: Any, trainer_mode: Any) -> GDROSettings:
 
 
 def _check_trainer(cfg: Any, trainer_mode: str, settings: GDROSettings) -> None:
-    """The GDRO trainer against verl's trainer keys (estimator, V1, loader workers, sync step, sampler)."""
-    adv = _select(cfg, "algorithm.adv_estimator")
-    if adv != ESTIMATOR_NAME:
-        raise ValueError(f"algorithm.adv_estimator={adv!r} is invalid with trainer.v1.trainer_mode={trainer_mode}: "
-            f"the GDRO trainer applies Prompt-GDRO through the '{ESTIMATOR_NAME}' estimator; "
-            f"set algorithm.adv_estimator={ESTIMATOR_NAME}")
-    use_v1 = _select(cfg, "trainer.use_v1", True)
-    if use_v1 is not True:
-        raise ValueError(f"trainer.use_v1={use_v1!r} is invalid with trainer.v1.trainer_mode={trainer_mode}: "
-            "the GDRO trainer is a V1 trainer; set trainer.use_v1=true")
-    workers = _select(cfg, "data.dataloader_num_workers", 0)
-    if workers != 0:
-        raise ValueError(
-            f"data.dataloader_num_workers={workers!r} is invalid with trainer.v1.trainer_mode={trainer_mode}: "
-            "must be 0, or the adaptive sampler's draws run batches ahead of the controller updates")
-    base_mode = TRAINER_MODES[trainer_mode]
-    sync_step = _select(cfg, f"trainer.v1.{base_mode}.parameter_sync_step", 1)
-    if sync_step != 1:
-        raise ValueError(
-            f"trainer.v1.{base_mode}.parameter_sync_step={sync_step!r} is invalid with trainer.v1.trainer_mode="
-            f"{trainer_mode}: must be 1 (one generation batch, one advantage stage and one controller "
-            "update per step)")
-    custom = _select(cfg, "trainer.v1.sampler.custom_sampler.path")
-    if custom and settings.enable:
-        raise ValueError(f"trainer.v1.sampler.custom_sampler.path={custom!r} is invalid with trainer.v1.trainer_mode="
-            f"{trainer_mode}: the GDRO trainer installs its own replay buffer to observe every generated group, "
-            "including those verl filters, evicts or discards; remove the custom sampler")
-    skip = _select(cfg, "skip.rollout_tq.enable", False)
-    if skip and settings.enable:
-        raise ValueError(
-            f"skip.rollout_tq.enable={skip!r} is invalid with trainer.v1.trainer_mode={trainer_mode}: verl's rollout "
-            "cache replays trajectories GDRO did not plan (no dispatch-time bin or rollout count); set "
-            "skip.rollout_tq.enable=false, or gdro.enable=false")
+    """The GDRO trainer against verl's trainer keys (estimator, V1, loader workers, sync step, sampler, cache)."""
+    on = settings.enable
+    checks: tuple[tuple[str, Any, Callable[[Any], bool], str], ...] = (
+        ("algorithm.adv_estimator", None, lambda v: v != ESTIMATOR_NAME, "the GDRO trainer applies Prompt-GDRO "
+         f"through the '{ESTIMATOR_NAME}' estimator; set algorithm.adv_estimator={ESTIMATOR_NAME}"),
+        ("trainer.use_v1", True, lambda v: v is not True, "the GDRO trainer is a V1 trainer; set trainer.use_v1=true"),
+        ("data.dataloader_num_workers", 0, lambda v: v != 0,
+         "must be 0, or the adaptive sampler's draws run batches ahead of the controller updates"),
+        (f"trainer.v1.{TRAINER_MODES[trainer_mode]}.parameter_sync_step", 1, lambda v: v != 1,
+         "must be 1 (one generation batch, one advantage stage and one controller update per step)"),
+        ("trainer.v1.sampler.custom_sampler.path", None, lambda v: bool(v) and on, "the GDRO trainer installs its "
+         "own replay buffer to observe every generated group, including those verl filters, evicts or discards; "
+         "remove the custom sampler"),
+        ("skip.rollout_tq.enable", False, lambda v: bool(v) and on, "verl's rollout cache replays trajectories GDRO "
+         "did not plan (no dispatch-time bin or rollout count); set skip.rollout_tq.enable=false, or gdro.enable=false"),
+    )
+    for key, default, refused, why in checks:
+        value = _select(cfg, key, default)
+        if refused(value):
+            raise ValueError(f"{key}={value!r} is invalid with trainer.v1.trainer_mode={trainer_mode}: {why}")
 
 
 def _check_budget(cfg: Any, trainer_mode: Any, settings: GDROSettings) -> None:
