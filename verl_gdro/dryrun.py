@@ -180,13 +180,11 @@ def batch_checks(cfg) -> list[str]:
     n = int(cfg.actor_rollout_ref.rollout.n)
     gpus = int(cfg.trainer.nnodes) * int(cfg.trainer.n_gpus_per_node)
     if mini < 1 or bs % mini:
-        raise DryRunError(
-            f"actor_rollout_ref.actor.ppo_mini_batch_size={mini} is invalid: data.train_batch_size={bs} must be "
-            "a whole multiple of it (one optimizer step per mini-batch)")
+        raise DryRunError(f"actor_rollout_ref.actor.ppo_mini_batch_size={mini} is invalid: data.train_batch_size={bs} "
+            "must be a whole multiple of it (one optimizer step per mini-batch)")
     if gpus < 1 or (bs * n) % gpus:
-        raise DryRunError(
-            f"trainer.nnodes * trainer.n_gpus_per_node = {gpus} is invalid: the {bs * n} rollouts per step "
-            "(data.train_batch_size * actor_rollout_ref.rollout.n) must split evenly over the GPUs")
+        raise DryRunError(f"trainer.nnodes * trainer.n_gpus_per_node = {gpus} is invalid: the {bs * n} rollouts per "
+            "step (data.train_batch_size * actor_rollout_ref.rollout.n) must split evenly over the GPUs")
     return ["batch: mini-batches and GPUs divide the rollouts per step"]
 
 
@@ -214,9 +212,8 @@ def separate_async_checks(cfg) -> list[str]:
         with mock.patch.object(sep.PPOTrainer, "__init__", base_init):
             sep.PPOTrainerSeparateAsync.__init__(trainer, OmegaConf.create(OmegaConf.to_container(cfg, resolve=True)))
     except (AssertionError, ValueError, TypeError) as e:
-        raise DryRunError(
-            f"trainer.v1.trainer_mode={mode}: verl's PPOTrainerSeparateAsync refuses this config at start: {e} "
-            "(set trainer.v1.separate_async.parameter_sync_step=1, data.train_batch_size equal to "
+        raise DryRunError(f"trainer.v1.trainer_mode={mode}: verl's PPOTrainerSeparateAsync refuses this config at "
+            f"start: {e} (set trainer.v1.separate_async.parameter_sync_step=1, data.train_batch_size equal to "
             "actor_rollout_ref.actor.ppo_mini_batch_size, actor_rollout_ref.rollout.nnodes >= 1 and "
             "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl)") from e
     return ["verl PPOTrainerSeparateAsync start-up checks (batch = sync step x mini-batch, rollout nodes, engine)"]
@@ -335,9 +332,8 @@ def data_checks(cfg, settings: Any = None, require: bool = False) -> tuple[list[
             if template is not None:
                 found = {row.get("template") if isinstance(row, dict) else None for row in table}
                 if found != {template}:
-                    raise DryRunError(
-                        f"{key}: {f} was prepared with template {sorted(map(str, found))} but the config's "
-                        f"template is {template!r}: prepare the data with --template {template} or select "
+                    raise DryRunError(f"{key}: {f} was prepared with template {sorted(map(str, found))} but the "
+                        f"config's template is {template!r}: prepare the data with --template {template} or select "
                         f"template={'/'.join(sorted(map(str, found)))}")
             notes.append(f"{key}: {f}: {len(table)} rows" + (f", template {template}" if template else ""))
             if key == "data.train_files" and train_column is not None:
@@ -445,9 +441,8 @@ def resolve_config(cfg) -> dict[str, Any]:
         return OmegaConf.to_container(cfg, resolve=True)
     except Exception as e:
         if "Interpolation key 'gdro' not found" in str(e):
-            raise DryRunError(
-                "algorithm.gdro=${gdro} does not resolve: ~gdro removed the group the package config mirrors "
-                "into algorithm.gdro; remove both (~algorithm.gdro ~gdro) and give the estimator's keys as "
+            raise DryRunError("algorithm.gdro=${gdro} does not resolve: ~gdro removed the group the package config "
+                "mirrors into algorithm.gdro; remove both (~algorithm.gdro ~gdro) and give the estimator's keys as "
                 "+algorithm.gdro.<key>=...") from e
         raise DryRunError(f"config does not resolve: {e}") from e
 

@@ -174,9 +174,8 @@ class BinBandit(RolloutGDRO):
         played = np.zeros(num_present, dtype=np.int64)
         np.maximum.at(played, inverse, n_a)
         if np.any(n_a != played[inverse]):
-            raise ValueError(
-                f"n must be the same for every prompt of a bin under arm_utility={self.arm_utility!r} (one played arm per bin)"
-            )
+            raise ValueError(f"n must be the same for every prompt of a bin under arm_utility={self.arm_utility!r} "
+                "(one played arm per bin)")
         dropped = 0
         if self.arm_utility == "informative":
             informative = ((stats.successes > 0) & (stats.successes < n_a)).astype(np.float64)

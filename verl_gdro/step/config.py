@@ -358,23 +358,20 @@ def _resolve_prompt(c: dict[str, Any], preset: str, num_bins: int) -> PromptSett
     else:
         score_clip = _float(f"{p}.score_clip", raw_clip, low=0.0, low_open=True)
     if math.isfinite(score_clip) and eta * score_clip > _MAX_EXPONENT:
-        raise ValueError(
-            f"{p}.eta={c['eta']!r} is invalid with {p}.score_clip={c['score_clip']!r}: eta * score_clip must be "
-            f"<= {_MAX_EXPONENT} so that exp(eta * S) stays finite")
+        raise ValueError(f"{p}.eta={c['eta']!r} is invalid with {p}.score_clip={c['score_clip']!r}: eta * score_clip "
+            f"must be <= {_MAX_EXPONENT} so that exp(eta * S) stays finite")
     share_floor = c["share_floor"]
     if share_floor is not None:
         share_floor = _float(f"{p}.share_floor", share_floor, 0.0, 1.0, low_open=True)
     min_ess = _float(f"{p}.min_ess", c["min_ess"], 0.0, 1.0, high_open=True)
     weight_normalization = _choice(f"{p}.weight_normalization", c["weight_normalization"], WEIGHT_NORMALIZATIONS)
     if min_ess > 0 and weight_normalization != "mean_one":
-        raise ValueError(
-            f"{p}.min_ess={min_ess} is invalid with {p}.weight_normalization={weight_normalization!r}: the "
-            "effective-sample-size floor acts on mean_one multipliers")
+        raise ValueError(f"{p}.min_ess={min_ess} is invalid with {p}.weight_normalization={weight_normalization!r}: "
+            "the effective-sample-size floor acts on mean_one multipliers")
     mix_support = _choice(f"{p}.mix_support", c["mix_support"], MIX_SUPPORTS)
     if (math.isinf(score_clip) or mix_support == "present") and (min_ess > 0 or weight_normalization != "mean_one"):
-        raise ValueError(
-            f"{p}.score_clip={score_clip} / {p}.mix_support={mix_support} (the release's multipliers) is invalid "
-            f"with {p}.min_ess={min_ess} / {p}.weight_normalization={weight_normalization!r}: without a clip "
+        raise ValueError(f"{p}.score_clip={score_clip} / {p}.mix_support={mix_support} (the release's multipliers) is "
+            f"invalid with {p}.min_ess={min_ess} / {p}.weight_normalization={weight_normalization!r}: without a clip "
             "omega is only known up to a common factor, and the present-bins mixture is defined for mean_one "
             "multipliers without an ESS floor only")
     signal = {k: SIGNAL_DEFAULTS[k] if c[k] is None else c[k] for k in SIGNAL_DEFAULTS}
@@ -416,16 +413,14 @@ def _resolve_rollout(c: dict[str, Any], preset: str) -> RolloutSettings:
         raise ValueError(f"{p}.arm_utility={arm_utility!r} is invalid with {p}.allocator=per_prompt: allowed "
             f"{list(PER_PROMPT_UTILITIES)} (the allocator needs u(p, n) for every n)")
     if arm_utility == "hit" and not per_prompt:
-        raise ValueError(
-            f"{p}.arm_utility='hit' is invalid with {p}.allocator={c['allocator']!r}: HORA's hit utility needs "
-            f"each prompt's own counts, set {p}.allocator=per_prompt")
+        raise ValueError(f"{p}.arm_utility='hit' is invalid with {p}.allocator={c['allocator']!r}: HORA's hit utility "
+            f"needs each prompt's own counts, set {p}.allocator=per_prompt")
     rate_decay = c.get("rate_decay")
     if rate_decay is not None:
         rate_decay = _float(f"{p}.rate_decay", rate_decay, 0.0, 1.0, low_open=True)
         if "rollout.rate_decay" not in cls.reads:
-            raise ValueError(
-                f"{p}.rate_decay={rate_decay} is invalid with {p}.allocator={c['allocator']!r}: it decays the "
-                f"per_prompt allocator's evidence; set {p}.allocator=per_prompt or leave it null")
+            raise ValueError(f"{p}.rate_decay={rate_decay} is invalid with {p}.allocator={c['allocator']!r}: it "
+                f"decays the per_prompt allocator's evidence; set {p}.allocator=per_prompt or leave it null")
     seed = c["seed"]
     return RolloutSettings(
         enable=_bool(f"{p}.enable", c["enable"]), n_min=n_min, n_max=n_max,
@@ -638,22 +633,19 @@ def _path_settings(cfg: Any, trainer_mode: Any) -> GDROSettings:
     algo_group = _select(cfg, "algorithm.gdro")
     if gdro_trainer:
         if top is None and algo_group is not None:
-            raise ValueError(
-                f"algorithm.gdro is invalid with trainer.v1.trainer_mode={trainer_mode}: the GDRO trainer reads the "
-                "top-level gdro group (and hands it to the estimator); set +gdro.<key>=... instead")
+            raise ValueError(f"algorithm.gdro is invalid with trainer.v1.trainer_mode={trainer_mode}: the GDRO "
+                "trainer reads the top-level gdro group (and hands it to the estimator); set +gdro.<key>=... instead")
         if top is not None and algo_group is not None and to_plain(top) != to_plain(algo_group):
             if resolve_gdro(top) != resolve_gdro(algo_group):
-                raise ValueError(
-                    "algorithm.gdro disagrees with gdro: the GDRO trainer reads gdro and hands it to the estimator; "
-                    "set only gdro.* (the package config mirrors it into algorithm.gdro) or make them equal")
+                raise ValueError("algorithm.gdro disagrees with gdro: the GDRO trainer reads gdro and hands it to the "
+                    "estimator; set only gdro.* (the package config mirrors it into algorithm.gdro) or make them equal")
         return resolve_gdro(top)
     else:
         if top is not None:
-            raise ValueError(
-                f"gdro is invalid with trainer.v1.trainer_mode={trainer_mode!r}: the top-level gdro group is read "
-                f"only by the GDRO trainer ({'|'.join(TRAINER_MODES)}); the {ESTIMATOR_NAME} estimator in verl's own "
-                "trainer reads algorithm.gdro: set +algorithm.gdro.<key>=... on verl's ppo_trainer config instead, or "
-                f"set trainer.v1.trainer_mode={TRAINER_NAME}")
+            raise ValueError(f"gdro is invalid with trainer.v1.trainer_mode={trainer_mode!r}: the top-level gdro "
+                f"group is read only by the GDRO trainer ({'|'.join(TRAINER_MODES)}); the {ESTIMATOR_NAME} estimator "
+                "in verl's own trainer reads algorithm.gdro: set +algorithm.gdro.<key>=... on verl's ppo_trainer "
+                f"config instead, or set trainer.v1.trainer_mode={TRAINER_NAME}")
         return estimator_settings(_select(cfg, "algorithm"))
 
 
@@ -689,17 +681,15 @@ def _check_budget(cfg: Any, trainer_mode: Any, settings: GDROSettings) -> None:
 
     if gdro_trainer or gdro_estimator:
         if not isinstance(n, int) or isinstance(n, bool) or n < 2:
-            raise ValueError(
-                f"actor_rollout_ref.rollout.n={n!r} is invalid with algorithm.adv_estimator={adv}: must be an "
-                "integer >= 2 (GRPO needs a group; with Rollout-GDRO it is the mean budget per prompt)")
+            raise ValueError(f"actor_rollout_ref.rollout.n={n!r} is invalid with algorithm.adv_estimator={adv}: must "
+                "be an integer >= 2 (GRPO needs a group; with Rollout-GDRO it is the mean budget per prompt)")
 
     if settings.enable and settings.rollout.enable:
         r = settings.rollout
         if not gdro_trainer:
-            raise ValueError(
-                f"algorithm.gdro.rollout.enable=True is invalid with trainer.v1.trainer_mode={trainer_mode!r}: Rollout-GDRO "
-                f"chooses rollouts before generation, which only the GDRO trainer does; set "
-                f"trainer.v1.trainer_mode={TRAINER_NAME}")
+            raise ValueError("algorithm.gdro.rollout.enable=True is invalid with trainer.v1.trainer_mode="
+                f"{trainer_mode!r}: Rollout-GDRO chooses rollouts before generation, which only the GDRO trainer "
+                f"does; set trainer.v1.trainer_mode={TRAINER_NAME}")
         if isinstance(n, int) and not (r.n_min <= n <= r.n_max):
             raise ValueError(f"actor_rollout_ref.rollout.n={n} is invalid: the mean budget must lie in "
                 f"[gdro.rollout.n_min={r.n_min}, gdro.rollout.n_max={r.n_max}], or the exact budget "
@@ -712,20 +702,18 @@ def _check_strategies(cfg: Any, trainer_mode: Any, settings: GDROSettings) -> GD
     gdro_trainer = trainer_mode in TRAINER_MODES
     top = _select(cfg, "gdro")
     if settings.resamples and not gdro_trainer:
-        raise ValueError(
-            f"algorithm.gdro.prompt.mode={settings.prompt.mode} is invalid with trainer.v1.trainer_mode={trainer_mode!r}: "
-            f"only the GDRO trainer's sampler can draw the prompts; set trainer.v1.trainer_mode={TRAINER_NAME} or "
-            "algorithm.gdro.prompt.mode=reweight")
+        raise ValueError(f"algorithm.gdro.prompt.mode={settings.prompt.mode} is invalid with trainer.v1.trainer_mode="
+            f"{trainer_mode!r}: only the GDRO trainer's sampler can draw the prompts; set trainer.v1.trainer_mode="
+            f"{TRAINER_NAME} or algorithm.gdro.prompt.mode=reweight")
 
     needs_ref = "ref_log_probs" in get_loss_signal(settings.prompt.loss_signal).needs
     if gdro_trainer and settings.enable and settings.prompt.enable and needs_ref:
         use_kl_loss = bool(_select(cfg, "actor_rollout_ref.actor.use_kl_loss", False))
         kl_in_reward = bool(_select(cfg, "algorithm.use_kl_in_reward", False))
         if not (use_kl_loss or kl_in_reward):
-            raise ValueError(
-                f"gdro.prompt.loss_signal={settings.prompt.loss_signal} is invalid without a reference policy: it needs "
-                "ref_log_prob; set actor_rollout_ref.actor.use_kl_loss=true (the paper's KL loss) or choose "
-                "gdro.prompt.loss_signal=failure_rate")
+            raise ValueError(f"gdro.prompt.loss_signal={settings.prompt.loss_signal} is invalid without a reference "
+                "policy: it needs ref_log_prob; set actor_rollout_ref.actor.use_kl_loss=true (the paper's KL loss) or "
+                "choose gdro.prompt.loss_signal=failure_rate")
 
     if gdro_trainer:  # the loss signals are computed by the GDRO trainer only
         settings = _signals_follow_actor(cfg, settings, top)
@@ -733,9 +721,8 @@ def _check_strategies(cfg: Any, trainer_mode: Any, settings: GDROSettings) -> GD
     if gdro_trainer and settings.enable and settings.uid_key == "row_index":
         custom = _select(cfg, "data.custom_cls.path")
         if not custom:
-            raise ValueError(
-                "gdro.uid_key=row_index is invalid without data.custom_cls: the row index comes from the GDRO "
-                "dataset class; set data.custom_cls.path=pkg://verl_gdro.integration.dataset "
+            raise ValueError("gdro.uid_key=row_index is invalid without data.custom_cls: the row index comes from the "
+                "GDRO dataset class; set data.custom_cls.path=pkg://verl_gdro.integration.dataset "
                 "data.custom_cls.name=GDRODataset, or use gdro.uid_key=index")
 
     return settings

@@ -114,9 +114,8 @@ class GDROStep:
             for i, key in enumerate(keys):
                 if values[i] is None:
                     if not is_padding_uid(key):
-                        raise KeyError(
-                            f"gdro_grpo: no Prompt-GDRO multiplier for uid {key!r}; the open gdro_step() does "
-                            "not cover this batch (was the batch planned by the GDRO trainer?)")
+                        raise KeyError(f"gdro_grpo: no Prompt-GDRO multiplier for uid {key!r}; the open gdro_step() "
+                            "does not cover this batch (was the batch planned by the GDRO trainer?)")
                     values[i] = 1.0
         return np.array(values, dtype=np.float64).reshape(len(keys))
 

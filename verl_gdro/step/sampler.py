@@ -58,9 +58,8 @@ class PromptSampler:
 
     def __init__(self, controller: GDROController, uids: ArrayLike, seed: int = 0) -> None:
         if not controller.resamples:
-            raise ValueError(
-                f"gdro.prompt.mode={controller.settings.prompt.mode!r} does not draw prompts: a PromptSampler needs "
-                "Prompt-GDRO on with a sampling mode (resample, failure_weighted, greso or band)")
+            raise ValueError(f"gdro.prompt.mode={controller.settings.prompt.mode!r} does not draw prompts: a "
+                "PromptSampler needs Prompt-GDRO on with a sampling mode (resample, failure_weighted, greso or band)")
         self.controller = controller
         self.evidence = controller.attach_prompts(uids)
         self.uids = self.evidence.uids
