@@ -148,9 +148,7 @@ def verl_checks(cfg) -> list[str]:
     validate_config = getattr(validate_config, "__wrapped__", validate_config)
     done = []
     try:
-        validate_config(
-            config=cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg)
-        )
+        validate_config(config=cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
     except Exception as e:  # verl raises ValueError, AssertionError, ...
         raise DryRunError(f"verl validate_config: {type(e).__name__}: {e}") from e
     done.append("verl.utils.config.validate_config")
@@ -309,11 +307,7 @@ def data_checks(cfg, settings: Any = None, require: bool = False) -> tuple[list[
     from verl_gdro.step.config import TRAINER_MODES
 
     template = cfg.get("prompt_template", {}).get("name") if "prompt_template" in cfg else None
-    ids = (
-        settings is not None
-        and settings.enable
-        and OmegaConf.select(cfg, "trainer.v1.trainer_mode") in TRAINER_MODES
-    )
+    ids = settings is not None and settings.enable and OmegaConf.select(cfg, "trainer.v1.trainer_mode") in TRAINER_MODES
     notes: list[str] = row_index_checks(cfg) if ids and settings.uid_key == "row_index" else []
     train_column: list[Any] | None = []
     for key in ("data.train_files", "data.val_files"):
@@ -403,18 +397,14 @@ def derived_quantities(cfg, settings: Any, train_rows: int | None) -> dict[str, 
         "rollouts per GPU per step": (bs * n) / gpus,
         "steps per epoch": unknown if train_rows is None else train_rows // bs,
         "total steps": steps,
-        "epochs over the training set": (
-            unknown if train_rows is None else round(int(steps) * bs / train_rows, 2) if steps and train_rows else None
-        ),
+        "epochs over the training set":
+            unknown if train_rows is None else round(int(steps) * bs / train_rows, 2) if steps and train_rows else None,
         "validation samples per prompt": int(cfg.actor_rollout_ref.rollout.val_kwargs.n),
     }
     if settings is not None:
         out["gdro preset"] = settings.preset
-        out["Prompt-GDRO"] = (
-            f"on ({settings.prompt.mode}, loss_signal={settings.prompt.loss_signal})"
-            if settings.prompt.enable and settings.enable
-            else "off"
-        )
+        out["Prompt-GDRO"] = (f"on ({settings.prompt.mode}, loss_signal={settings.prompt.loss_signal})"
+                              if settings.prompt.enable and settings.enable else "off")
         if settings.enable and settings.rollout.enable:
             from verl_gdro.allocators import get_allocator
 

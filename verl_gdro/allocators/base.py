@@ -69,14 +69,11 @@ def check_rollout_args(num_bins: Any, n_min: Any, n_max: Any, n_mean: Any, eta: 
     _check_range("arm_utility", arm_utility in ARM_UTILITIES, f"one of {list(ARM_UTILITIES)}", arm_utility)
     _check_range("selection", selection in SELECTIONS, f"one of {list(SELECTIONS)}", selection)
     per_prompt = get_allocator(allocator).per_prompt_evidence
-    _check_range(
-        "arm_utility", not per_prompt or arm_utility in PER_PROMPT_UTILITIES,
-        f"one of {list(PER_PROMPT_UTILITIES)} with allocator='per_prompt' (it needs u(p, n) for every n)", arm_utility,
-    )
-    _check_range(
-        "arm_utility", arm_utility != "hit" or per_prompt,
-        "'hit' only with allocator='per_prompt' (it needs each prompt's own counts)", arm_utility,
-    )
+    _check_range("arm_utility", not per_prompt or arm_utility in PER_PROMPT_UTILITIES,
+                 f"one of {list(PER_PROMPT_UTILITIES)} with allocator='per_prompt' (it needs u(p, n) for every n)",
+                 arm_utility)
+    _check_range("arm_utility", arm_utility != "hit" or per_prompt,
+                 "'hit' only with allocator='per_prompt' (it needs each prompt's own counts)", arm_utility)
     _check_range("seed", _is_int(seed) and seed >= 0, "integer >= 0", seed)
 
 
@@ -344,10 +341,8 @@ class RolloutGDRO:
 def _warn_skip(reason: str, arm_utility: str, incomplete: int) -> None:
     """Log why the allocator skips a step's update (the controller counts it as a metric)."""
     if reason == "incomplete":
-        logger.warning(
-            "verl-gdro: %d planned prompt(s) lack trajectories (generation failures); Rollout-GDRO "
-            "skips this step's update rather than learn from a partial budget", incomplete,
-        )
+        logger.warning("verl-gdro: %d planned prompt(s) lack trajectories (generation failures); Rollout-GDRO "
+                       "skips this step's update rather than learn from a partial budget", incomplete)
         return
     logger.warning(
         "verl-gdro: Rollout-GDRO skips this step's update (%s): %s", reason,

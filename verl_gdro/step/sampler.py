@@ -96,9 +96,8 @@ class PromptSampler:
             prompt = self.controller.prompt
             assert prompt is not None  # resamples implies Prompt-GDRO on
             # q_t over the bins that hold prompts, under the reweighting's ESS floor and weight cap
-            mass, self.adversary_share = resample_bin_masses(
-                prompt.scores, sizes, prompt.eta, prompt.score_clip, prompt.gamma, prompt.max_weight, prompt.min_ess
-            )
+            mass, self.adversary_share = resample_bin_masses(prompt.scores, sizes, prompt.eta, prompt.score_clip,
+                                                             prompt.gamma, prompt.max_weight, prompt.min_ess)
             priority = mass[bins] / sizes[bins]
         else:
             ev = self.evidence
