@@ -305,12 +305,9 @@ class _Partition:
             self.backward[b][pad + lo : pad + lo + width] = _logsumexp_rows(cand)
         self.log_z = float(self.forward[num_bins][pad + pb.target])
 
-    def marginals(self, bins: np.ndarray | None = None, arm_idx: np.ndarray | None = None) -> np.ndarray:
-        """Conditional probabilities P(n_b = arms[a] | exact budget) by forward-backward.
-
-        P(a_b = a) = sum_c F_b[c] p_b(a) R_{b+1}[target - c - cost_b(a)] / Z over prefix spends
-        c. Without arguments: the full [B, A] matrix; with ``arm_idx`` ([B]): one arm per bin.
-        """
+    def marginals(self, arm_idx: np.ndarray | None = None) -> np.ndarray:
+        """P(n_b = arms[a] | exact budget) by forward-backward: sum_c F_b[c] p_b(a) R_{b+1}[target - c -
+        cost_b(a)] / Z; the full [B, A] matrix, or with ``arm_idx`` ([B]) one arm per bin."""
         pb = self.pb
         num_bins, pad = pb.counts.size, pb.pad
         fbuf, _, _ = _WORKSPACE.get(pb.log_probs.shape[1], _max_width(pb))
@@ -330,10 +327,7 @@ class _Partition:
             lse = _logsumexp_rows(s.T)
             with np.errstate(under="ignore"):
                 vals = np.exp(lse + pb.log_probs[b, arms_b] - self.log_z)
-            if arm_idx is None:
-                out[b] = vals
-            else:
-                out[b] = vals[0]
+            out[b] = vals if arm_idx is None else vals[0]
         return out
 
     def sample(self, rng: np.random.Generator) -> np.ndarray:
@@ -358,9 +352,7 @@ class _Partition:
 
 def _partition(log_probs: Any, counts: Any, arms: Any, budget: int) -> _Partition:
     pb = _validate_problem(log_probs, counts, arms, budget)
-    if pb.counts.size == 0 and pb.budget != 0:
-        raise _infeasible(pb)
-    if not pb.feasible_range:
+    if (pb.counts.size == 0 and pb.budget != 0) or not pb.feasible_range:
         raise _infeasible(pb)
     part = _Partition(pb)
     if not np.isfinite(part.log_z):
@@ -369,13 +361,9 @@ def _partition(log_probs: Any, counts: Any, arms: Any, budget: int) -> _Partitio
 
 
 def exact_budget_marginals(log_probs: Any, counts: Any, arms: Any, budget: int) -> np.ndarray:
-    """[bins, arms] marginals P(n_b = arm | sum_b counts[b] n_b == budget) under prod_b p_b.
-
-    ``log_probs`` are (possibly unnormalised) per-bin log-probabilities, -inf forbidden. The
-    conditioning couples the bins, so a marginal can be far from p_b itself: EXP3 must divide a
-    played arm's gain by this conditional marginal, not by p_b, to stay unbiased.
-    Raises InfeasibleBudgetError when no configuration meets the budget.
-    """
+    """[bins, arms] marginals P(n_b = arm | sum_b counts[b] n_b == budget) under prod_b p_b (unnormalised
+    log-probabilities, -inf forbidden): the budget couples the bins, so EXP3 divides a played arm's gain
+    by this marginal, not by p_b. Raises InfeasibleBudgetError when no configuration meets the budget."""
     return _partition(log_probs, counts, arms, budget).marginals()
 
 
