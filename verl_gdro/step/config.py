@@ -258,11 +258,8 @@ def _int(key: str, value: Any, low: int | None = None, high: int | None = None) 
     ok_type = isinstance(value, int) and not isinstance(value, bool)
     if not ok_type and hasattr(value, "dtype") and getattr(value.dtype, "kind", "") in "iu":
         ok_type, value = True, int(value)
-    rng = _range_text(low, high, False, False)
-    if not ok_type:
-        raise ValueError(f"{key}={value!r} is invalid: must be an integer {rng}".rstrip())
-    if (low is not None and value < low) or (high is not None and value > high):
-        raise ValueError(f"{key}={value!r} is invalid: must be an integer {rng}")
+    if not ok_type or (low is not None and value < low) or (high is not None and value > high):
+        raise ValueError(f"{key}={value!r} is invalid: must be an integer {_range_text(low, high, False, False)}".rstrip())
     return int(value)
 
 
