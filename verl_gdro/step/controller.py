@@ -150,13 +150,10 @@ class GDROController(StepPlanner):
                         extra_time_s: float = 0.0) -> dict[str, float]:
         """Update every controller with the step's trajectories and return the ``gdro/`` metrics.
 
-        ``group_index``: plan position of each (non-padding) trajectory's prompt; ``acc``: binary
-        correctness of each trajectory (the reward's ``acc``, >= 0.5 counts as correct), never the
-        shaped score; ``response_mask``, ``old_log_probs``, ``ref_log_probs``, ``advantages``: [N, T]
-        arrays, needed by the loss signals measured at the driver from them (``log_probs``
-        defaults to ``old_log_probs``: the on-policy point); ``extra_time_s``: controller-side time
-        spent by the caller, added to ``gdro/controller_time_s``. Prompts planned but without any
-        trajectory are left out of every update. Clears the plan.
+        ``group_index``: plan position of each (non-padding) trajectory's prompt; ``acc``: its binary
+        correctness (>= 0.5 counts), never the shaped score; the [N, T] arrays: what the driver-side loss
+        signals read (``log_probs`` defaults to ``old_log_probs``, the on-policy point); ``extra_time_s``:
+        the caller's controller-side time. Prompts planned without trajectories are left out. Clears the plan.
         """
         t0 = time.perf_counter()
         if not self.enabled:
@@ -213,16 +210,11 @@ class GDROController(StepPlanner):
     def after_update(self, group_index: ArrayLike, losses: ArrayLike) -> dict[str, float]:
         """Feed the update-time loss of the step :meth:`after_advantage` last observed (``update_surrogate``).
 
-        ``group_index``: plan position of each measured response's prompt in that step (any subset,
-        any order, repeats allowed: a response measured on several mini-batch passes is averaged);
-        ``losses``: each response's loss measured during the actor's PPO update
-        (:func:`verl_gdro.prompt_gdro.clipped_surrogate_response_loss` without the dual clip).
-        Prompts with no measured response (groups removed untrained) are left out; Prompt-GDRO's
-        scores (and an allocator that learns from the loss) update, so the next step's multipliers
-        use them: the release's order. Returns the metrics the update changes: per-bin ``loss``
-        and ``score``, replacing the placeholders :meth:`after_advantage` logged, and
-        ``update_loss_responses``. Refused (ValueError, nothing changed) without an observed step
-        waiting, or with malformed input.
+        ``group_index``: plan position of each measured response's prompt (any subset, order or repeats:
+        several passes are averaged); ``losses``: each response's loss from the actor's PPO update
+        (:func:`verl_gdro.prompt_gdro.clipped_surrogate_response_loss`). Prompt-GDRO (and an allocator fed
+        the loss) updates for the next step, the release's order. Returns the per-bin ``loss`` and
+        ``score`` metrics that replace :meth:`after_advantage`'s placeholders; a ValueError changes nothing.
         """
         if not self.wants_update_losses:
             raise ValueError(f"after_update needs gdro.prompt.loss_signal in {list(update_time_signals())} (got "
