@@ -1,30 +1,12 @@
 """Dry run of a training launch: compose, validate, print, exit; no Ray, no GPU, no model.
 
-``DRY_RUN=1 bash recipes/NAME.sh`` runs ``python -m verl_gdro.dryrun`` with exactly the arguments
-the recipe would give ``python -m verl.trainer.main_ppo`` (``--config-path``, ``--config-name``,
-``--config-dir`` and the Hydra overrides), so what is checked is what would be launched:
-
-1. the Hydra config is composed with the compose API (same search path as main_ppo);
-2. verl's own checks that need no GPU: ``verl.utils.config.validate_config`` (what main_ppo runs
-   before Ray: batch divisibility, actor dataclass and its ``validate``, micro-batch settings), the
-   dataclass conversion of the rollout and checkpoint-engine configs, and loading the custom reward
-   function the config names;
-3. ours: that verl will load the plugin (:func:`registration_checks`, ``VERL_USE_EXTERNAL_PLUGINS``),
-   the launch keys the driver check refuses (:func:`verl_gdro.integration.driver.check_launch_keys`),
-   ``verl_gdro.step.config.validate_gdro_config`` (must be importable: a dry run that skips it would
-   pass configs the trainer refuses), for the estimator alone the keys it reads and nothing else
-   (:func:`verl_gdro.integration.estimator_keys.estimator_path_settings`), and for
-   ``gdro_separate_async`` verl's own start-up checks of that trainer (:func:`separate_async_checks`);
-4. the data, where the parquet files exist here: every row's ``extra_info.template`` must be the
-   config's template, the stable prompt ids are checked exactly as the GDRO trainer checks
-   them (only where it reads them; :func:`data_checks`), and the training set must fill one batch
-   (:func:`epoch_checks`); a file missing here is a note (the launch's driver check refuses it);
-5. the resolved config and the derived quantities (rollouts per step, mini-batches per step,
-   mean budget, arms, steps per epoch: unknown without the training file, never assumed) are
-   printed.
-
-Exit status 0 when valid, 2 with one ``DRY RUN FAILED: <reason>`` line on stderr when not
-(``verl-gdro dry-run``: ``verl-gdro dry-run: error: <reason>``).
+``DRY_RUN=1 bash recipes/NAME.sh`` runs ``python -m verl_gdro.dryrun`` with exactly the arguments the
+recipe would give ``verl.trainer.main_ppo``, so what is checked is what would be launched: the Hydra
+config composed as main_ppo composes it; verl's GPU-free checks (:func:`verl_checks`); ours (the plugin's
+registration, :func:`verl_gdro.integration.driver.check_launch_keys`, ``validate_gdro_config``, the
+estimator alone's keys, ``gdro_separate_async``'s start-up checks); the data files present here
+(:func:`data_checks`, :func:`epoch_checks`); then the resolved config and the derived quantities are
+printed. Exit 0 when valid, else 2 with one ``DRY RUN FAILED: <reason>`` line on stderr (docs/cli.md).
 """
 
 from __future__ import annotations
@@ -55,14 +37,8 @@ class HydraArgs:
 def parse_hydra_argv(argv: list[str]) -> HydraArgs:
     """Split ``--config-path/--config-name/--config-dir`` (both ``--k v`` and ``--k=v``) from overrides."""
     opts: dict[str, Any] = {"config_path": None, "config_name": None, "config_dirs": []}
-    names = {
-        "--config-path": "config_path",
-        "-cp": "config_path",
-        "--config-name": "config_name",
-        "-cn": "config_name",
-        "--config-dir": "config_dirs",
-        "-cd": "config_dirs",
-    }
+    names = {"--config-path": "config_path", "-cp": "config_path", "--config-name": "config_name",
+             "-cn": "config_name", "--config-dir": "config_dirs", "-cd": "config_dirs"}
     overrides: list[str] = []
     i = 0
     while i < len(argv):
@@ -80,9 +56,7 @@ def parse_hydra_argv(argv: list[str]) -> HydraArgs:
             else:
                 opts[dest] = value
         elif arg.startswith("-"):
-            raise DryRunError(
-                f"unsupported option {arg!r} (only Hydra's --config-path/--config-name/--config-dir)"
-            )
+            raise DryRunError(f"unsupported option {arg!r} (only Hydra's --config-path/--config-name/--config-dir)")
         else:
             overrides.append(arg)
         i += 1
@@ -120,11 +94,7 @@ def compose_config(args: HydraArgs):
     overrides = list(args.overrides)
     if args.config_dirs:
         primary = Path(cdir) / f"{args.config_name}.yaml"
-        own = (
-            OmegaConf.select(OmegaConf.load(primary), "hydra.searchpath", default=None)
-            if primary.is_file()
-            else None
-        )
+        own = OmegaConf.select(OmegaConf.load(primary), "hydra.searchpath", default=None) if primary.is_file() else None
         extra = [f"file://{Path(d).resolve()}" for d in args.config_dirs]
         for d in args.config_dirs:
             if not Path(d).is_dir():
@@ -143,13 +113,8 @@ _NOT_OVERRIDABLE = re.compile(r"Could not override '([^']+)'")
 
 
 def unknown_gdro_key(hydra_message: str, overrides: list[str]) -> str | None:
-    """Our message for a ``gdro`` key Hydra cannot override because it is not in the config.
-
-    Hydra answers an unknown key with "Could not override 'gdro.prompt.etaa'. To append to your
-    config use +gdro.prompt.etaa=...", which invites the user to add the typo. When the key lies
-    under ``gdro`` or ``algorithm.gdro`` and is not a key of the group, say so with the group's own
-    message (the known keys); a known key that is merely absent keeps Hydra's answer.
-    """
+    """The group's own message (the known keys) for a ``gdro`` / ``algorithm.gdro`` key Hydra cannot
+    override because it is unknown (Hydra's answer invites appending the typo with ``+``); None else."""
     from verl_gdro.step.config import estimator_settings, resolve_gdro
 
     match = _NOT_OVERRIDABLE.search(hydra_message)
@@ -179,15 +144,11 @@ def verl_checks(cfg) -> list[str]:
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import omega_conf_to_dataclass, validate_config
 
-    # verl's own function: verl-gdro's driver wrapper of it (verl_gdro/integration/driver.py) would
-    # also refuse data files missing here, which the dry run only notes (it may run off the cluster);
-    # its gdro checks are gdro_checks, run before this
+    # verl's own function, not the driver's wrapper (which refuses data files the dry run only notes)
     validate_config = getattr(validate_config, "__wrapped__", validate_config)
     done = []
     try:
-        validate_config(
-            config=cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg)
-        )
+        validate_config(config=cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
     except Exception as e:  # verl raises ValueError, AssertionError, ...
         raise DryRunError(f"verl validate_config: {type(e).__name__}: {e}") from e
     done.append("verl.utils.config.validate_config")
@@ -210,39 +171,24 @@ def verl_checks(cfg) -> list[str]:
 
 
 def batch_checks(cfg) -> list[str]:
-    """Batch arithmetic verl leaves unchecked under dynamic batch size (the paper's setting).
-
-    With ``use_dynamic_bsz`` verl's ``validate_config`` skips the divisibility checks, yet a batch
-    that does not split into whole mini-batches gives a ragged last optimizer step, and rollouts
-    that do not split over the data-parallel ranks make ``_balance_batch`` pad the batch.
-    """
+    """Batch arithmetic verl's ``validate_config`` skips under ``use_dynamic_bsz`` (the paper's setting):
+    whole mini-batches per step, rollouts that split over the GPUs (else ``_balance_batch`` pads)."""
     bs = int(cfg.data.train_batch_size)
     mini = int(cfg.actor_rollout_ref.actor.ppo_mini_batch_size)
     n = int(cfg.actor_rollout_ref.rollout.n)
     gpus = int(cfg.trainer.nnodes) * int(cfg.trainer.n_gpus_per_node)
     if mini < 1 or bs % mini:
-        raise DryRunError(
-            f"actor_rollout_ref.actor.ppo_mini_batch_size={mini} is invalid: data.train_batch_size={bs} must be "
-            "a whole multiple of it (one optimizer step per mini-batch)"
-        )
+        raise DryRunError(f"actor_rollout_ref.actor.ppo_mini_batch_size={mini} is invalid: data.train_batch_size={bs} "
+            "must be a whole multiple of it (one optimizer step per mini-batch)")
     if gpus < 1 or (bs * n) % gpus:
-        raise DryRunError(
-            f"trainer.nnodes * trainer.n_gpus_per_node = {gpus} is invalid: the {bs * n} rollouts per step "
-            "(data.train_batch_size * actor_rollout_ref.rollout.n) must split evenly over the GPUs"
-        )
+        raise DryRunError(f"trainer.nnodes * trainer.n_gpus_per_node = {gpus} is invalid: the {bs * n} rollouts per "
+            "step (data.train_batch_size * actor_rollout_ref.rollout.n) must split evenly over the GPUs")
     return ["batch: mini-batches and GPUs divide the rollouts per step"]
 
 
 def separate_async_checks(cfg) -> list[str]:
-    """verl's own start-up checks of ``PPOTrainerSeparateAsync`` for ``gdro_separate_async``.
-
-    verl asserts them at the top of its ``__init__`` (batch = ``parameter_sync_step`` x mini-batch,
-    ``rollout.nnodes > 0``, ``rollout.n_gpus_per_node > 0``, a checkpoint engine other than
-    ``naive``, a standalone reward model's resource pool), i.e. inside verl's TaskRunner after Ray
-    has started. The dry run runs that very ``__init__`` with its base class's ``__init__`` (the
-    worker and buffer set-up) replaced by a stub that only stores the config, so verl's checks run
-    as verl wrote them, and nothing starts.
-    """
+    """verl's own start-up asserts of ``PPOTrainerSeparateAsync`` for ``gdro_separate_async`` (run after Ray
+    starts in a launch): its ``__init__`` runs with the base class's worker set-up stubbed out."""
     from omegaconf import OmegaConf
 
     from verl_gdro.step.config import TRAINER_MODES
@@ -264,12 +210,10 @@ def separate_async_checks(cfg) -> list[str]:
         with mock.patch.object(sep.PPOTrainer, "__init__", base_init):
             sep.PPOTrainerSeparateAsync.__init__(trainer, OmegaConf.create(OmegaConf.to_container(cfg, resolve=True)))
     except (AssertionError, ValueError, TypeError) as e:
-        raise DryRunError(
-            f"trainer.v1.trainer_mode={mode}: verl's PPOTrainerSeparateAsync refuses this config at start: {e} "
-            "(set trainer.v1.separate_async.parameter_sync_step=1, data.train_batch_size equal to "
+        raise DryRunError(f"trainer.v1.trainer_mode={mode}: verl's PPOTrainerSeparateAsync refuses this config at "
+            f"start: {e} (set trainer.v1.separate_async.parameter_sync_step=1, data.train_batch_size equal to "
             "actor_rollout_ref.actor.ppo_mini_batch_size, actor_rollout_ref.rollout.nnodes >= 1 and "
-            "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl)"
-        ) from e
+            "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl)") from e
     return ["verl PPOTrainerSeparateAsync start-up checks (batch = sync step x mini-batch, rollout nodes, engine)"]
 
 
@@ -304,10 +248,8 @@ PLUGIN_ENTRY_POINT = "verl_gdro"
 
 
 def registration_checks(cfg) -> list[str]:
-    """The launch's ``import verl`` registers verl-gdro through its ``verl.plugins`` entry point, unless
-    ``VERL_USE_EXTERNAL_PLUGINS`` (verl's switch: ``auto``, ``none`` or a list of names) leaves it out or
-    the package is not installed: then verl refuses ``gdro_grpo`` / ``gdro_sync`` after Ray has started.
-    Refuse here with the error the trainer would raise (:func:`check_registered`)."""
+    """verl-gdro registers through its ``verl.plugins`` entry point unless ``VERL_USE_EXTERNAL_PLUGINS``
+    (``auto``, ``none`` or a list of names) leaves it out or it is not installed: refuse that here."""
     from importlib.metadata import entry_points
 
     from omegaconf import OmegaConf
@@ -323,11 +265,9 @@ def registration_checks(cfg) -> list[str]:
     installed = any(ep.name == PLUGIN_ENTRY_POINT for ep in entry_points(group="verl.plugins"))
     if policy == "none" or not allowed or not installed:
         why = f"VERL_USE_EXTERNAL_PLUGINS={policy}" if installed else "the verl.plugins entry point is not installed"
-        raise DryRunError(
-            f"verl-gdro is not registered with verl ({why}): verl would refuse "
+        raise DryRunError(f"verl-gdro is not registered with verl ({why}): verl would refuse "
             f"{mode if mode in TRAINER_MODES else ESTIMATOR_NAME!r} after Ray starts; install the package "
-            f"(pip install -e .) and unset VERL_USE_EXTERNAL_PLUGINS or include {PLUGIN_ENTRY_POINT} in it"
-        )
+            f"(pip install -e .) and unset VERL_USE_EXTERNAL_PLUGINS or include {PLUGIN_ENTRY_POINT} in it")
     return [f"verl-gdro registered through the verl.plugins entry point (VERL_USE_EXTERNAL_PLUGINS={policy})"]
 
 
@@ -358,28 +298,16 @@ def row_index_checks(cfg) -> list[str]:
 
 
 def data_checks(cfg, settings: Any = None, require: bool = False) -> tuple[list[str], int | None]:
-    """What the launch will check on the data, on the parquet files that exist here; returns notes
-    and the training row count (None unless every training file is here: never a guess).
-
-    - the prompt template (package config): every row of every file records the config's template;
-    - the stable prompt ids, only where the GDRO trainer reads them (``settings.enable`` under a
-      GDRO trainer mode): ``gdro.uid_key=index`` runs the trainer's own check
-      (:func:`verl_gdro.integration.dataset.stable_ids_from_extra_info`) on the training rows;
-      ``gdro.uid_key=row_index`` loads the dataset class verl would load (``data.custom_cls``, with
-      verl's ``get_dataset_class``) and requires a ``GDRODataset``. Validation files and the
-      estimator alone need no ids.
-    """
+    """The launch's data checks on the parquet files present here: every row's template is the config's,
+    and, where the GDRO trainer reads them, the stable prompt ids (:func:`index_checks`,
+    :func:`row_index_checks`). Returns notes and the training row count (None unless every file is here)."""
     import pyarrow.parquet as pq
     from omegaconf import OmegaConf
 
     from verl_gdro.step.config import TRAINER_MODES
 
     template = cfg.get("prompt_template", {}).get("name") if "prompt_template" in cfg else None
-    ids = (
-        settings is not None
-        and settings.enable
-        and OmegaConf.select(cfg, "trainer.v1.trainer_mode") in TRAINER_MODES
-    )
+    ids = settings is not None and settings.enable and OmegaConf.select(cfg, "trainer.v1.trainer_mode") in TRAINER_MODES
     notes: list[str] = row_index_checks(cfg) if ids and settings.uid_key == "row_index" else []
     train_column: list[Any] | None = []
     for key in ("data.train_files", "data.val_files"):
@@ -398,11 +326,9 @@ def data_checks(cfg, settings: Any = None, require: bool = False) -> tuple[list[
             if template is not None:
                 found = {row.get("template") if isinstance(row, dict) else None for row in table}
                 if found != {template}:
-                    raise DryRunError(
-                        f"{key}: {f} was prepared with template {sorted(map(str, found))} but the config's "
-                        f"template is {template!r}: prepare the data with --template {template} or select "
-                        f"template={'/'.join(sorted(map(str, found)))}"
-                    )
+                    raise DryRunError(f"{key}: {f} was prepared with template {sorted(map(str, found))} but the "
+                        f"config's template is {template!r}: prepare the data with --template {template} or select "
+                        f"template={'/'.join(sorted(map(str, found)))}")
             notes.append(f"{key}: {f}: {len(table)} rows" + (f", template {template}" if template else ""))
             if key == "data.train_files" and train_column is not None:
                 train_column += table
@@ -471,18 +397,14 @@ def derived_quantities(cfg, settings: Any, train_rows: int | None) -> dict[str, 
         "rollouts per GPU per step": (bs * n) / gpus,
         "steps per epoch": unknown if train_rows is None else train_rows // bs,
         "total steps": steps,
-        "epochs over the training set": (
-            unknown if train_rows is None else round(int(steps) * bs / train_rows, 2) if steps and train_rows else None
-        ),
+        "epochs over the training set":
+            unknown if train_rows is None else round(int(steps) * bs / train_rows, 2) if steps and train_rows else None,
         "validation samples per prompt": int(cfg.actor_rollout_ref.rollout.val_kwargs.n),
     }
     if settings is not None:
         out["gdro preset"] = settings.preset
-        out["Prompt-GDRO"] = (
-            f"on ({settings.prompt.mode}, loss_signal={settings.prompt.loss_signal})"
-            if settings.prompt.enable and settings.enable
-            else "off"
-        )
+        out["Prompt-GDRO"] = (f"on ({settings.prompt.mode}, loss_signal={settings.prompt.loss_signal})"
+                              if settings.prompt.enable and settings.enable else "off")
         if settings.enable and settings.rollout.enable:
             from verl_gdro.allocators import get_allocator
 
@@ -501,22 +423,17 @@ def derived_quantities(cfg, settings: Any, train_rows: int | None) -> dict[str, 
 
 
 def resolve_config(cfg) -> dict[str, Any]:
-    """The composed config with its interpolations resolved; a dangling one named with its fix.
-
-    The package config mirrors ``gdro`` into ``algorithm.gdro: ${gdro}``: removing the group alone
-    (``~gdro``) leaves that mirror pointing at nothing.
-    """
+    """The composed config with its interpolations resolved; a dangling one named with its fix (``~gdro``
+    alone leaves the package config's ``algorithm.gdro: ${gdro}`` pointing at nothing)."""
     from omegaconf import OmegaConf
 
     try:
         return OmegaConf.to_container(cfg, resolve=True)
     except Exception as e:
         if "Interpolation key 'gdro' not found" in str(e):
-            raise DryRunError(
-                "algorithm.gdro=${gdro} does not resolve: ~gdro removed the group the package config mirrors "
-                "into algorithm.gdro; remove both (~algorithm.gdro ~gdro) and give the estimator's keys as "
-                "+algorithm.gdro.<key>=..."
-            ) from e
+            raise DryRunError("algorithm.gdro=${gdro} does not resolve: ~gdro removed the group the package config "
+                "mirrors into algorithm.gdro; remove both (~algorithm.gdro ~gdro) and give the estimator's keys as "
+                "+algorithm.gdro.<key>=...") from e
         raise DryRunError(f"config does not resolve: {e}") from e
 
 
@@ -537,13 +454,10 @@ def settled_config(resolved: dict[str, Any], cfg, settings: Any) -> dict[str, An
     return resolved
 
 
-def dry_run(
-    argv: list[str], require_data: bool = False, print_config: bool = True, out: Any = None, cli: bool = False
-) -> int:
-    """Compose and validate; print the config and derived quantities. Returns the exit status:
-    0, or 2 with one ``DRY RUN FAILED: <reason>`` line on stderr for a config that fails a check
-    (``cli``: raises :class:`verl_gdro.errors.UsageError` instead, which ``verl-gdro dry-run``
-    prints as ``verl-gdro dry-run: error: <reason>``, docs/cli.md's convention)."""
+def dry_run(argv: list[str], require_data: bool = False, print_config: bool = True, out: Any = None,
+            cli: bool = False) -> int:
+    """Compose and validate; print the config and derived quantities. Returns 0, or 2 with one ``DRY RUN
+    FAILED: <reason>`` line on stderr (``cli``: raises :class:`verl_gdro.errors.UsageError` instead)."""
     from omegaconf import OmegaConf
 
     out = sys.stdout if out is None else out  # looked up per call (pytest's capsys swaps it)
@@ -597,10 +511,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | argparse.Namespace | None = None) -> int:
-    """``python -m verl_gdro.dryrun [--require-data] [--quiet] --config-path=... --config-name=... [overrides]``.
-
-    Also accepts the parsed namespace of :func:`add_arguments` (the ``verl-gdro`` CLI convention).
-    """
+    """``python -m verl_gdro.dryrun [--require-data] [--quiet] --config-path=... --config-name=... [overrides]``,
+    or the parsed namespace of :func:`add_arguments` (the ``verl-gdro`` CLI)."""
     if isinstance(argv, argparse.Namespace):
         a = argv
         hydra_argv = [f"--config-path={a.config_path}", f"--config-name={a.config_name}"]
@@ -618,10 +530,8 @@ def main(argv: list[str] | argparse.Namespace | None = None) -> int:
 
 
 def dry_run_each(path: Path, require_data: bool = False) -> int:
-    """``--each FILE``: one dry run per line of FILE (a JSON list: a recipe's dryrun arguments after
-    ``-m verl_gdro.dryrun``) in this one process (verl is imported once; ``scripts/submit_sweep.py``
-    validates a sweep's jobs this way). Prints ``<line>\tDRY RUN FAILED: <reason>`` for each
-    refusal; exit status 2 when any, else 0."""
+    """``--each FILE``: one dry run per line of FILE (a JSON list of dry-run arguments) in this one process
+    (``scripts/submit_sweep.py``); prints ``<line>\tDRY RUN FAILED: <reason>`` per refusal, exit 2 if any."""
     import contextlib
     import io
     import json

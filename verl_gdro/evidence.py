@@ -1,16 +1,9 @@
 """Per-prompt evidence and what both adversaries read from it (numpy only, no verl or torch).
 
 Each prompt's recent successes and trials, decayed per visit, are the evidence two decisions share:
-
-- the compute adversary (Rollout-GDRO's ``per_prompt`` allocator) turns them into a utility
-  u_i(n) per rollout count (:func:`per_prompt_utility`, docs/algorithm.md "Rollout-GDRO");
-- the data adversary's per-prompt sampling modes turn them into a draw priority per prompt
-  (:func:`sampling_priority`, docs/algorithm.md "Prompt sampling modes").
-
-They live here, on the math floor beside the classifier, so that neither adversary imports the
-other's module. :class:`PromptEvidence` keeps the sampler's evidence for a whole training set in
-dense arrays, updated in O(visited prompts) per step, so a draw over a million prompts is a few
-vectorised passes.
+the ``per_prompt`` allocator's utility u_i(n) (:func:`per_prompt_utility`, docs/algorithm.md
+"Rollout-GDRO") and the per-prompt sampling modes' draw priority (:func:`sampling_priority`, "Prompt
+sampling modes"). They live on the math floor so that neither adversary imports the other's module.
 """
 
 from __future__ import annotations
@@ -21,65 +14,33 @@ from typing import Any
 import numpy as np
 
 __all__ = [
-    "FULL_INFORMATION_UTILITIES",
-    "PER_PROMPT_UTILITIES",
-    "SAMPLING_PRIORITIES",
-    "PromptEvidence",
-    "arm_utility_values",
-    "band_priority",
-    "draw_without_replacement",
-    "expected_informative_utility",
-    "failure_weighted_priority",
-    "greso_keep_probability",
-    "hit_utility",
-    "mix_uniform",
-    "per_prompt_utility",
-    "sampling_priority",
-    "smoothed_rate",
-    "variance_utility",
+    "FULL_INFORMATION_UTILITIES", "PER_PROMPT_UTILITIES", "SAMPLING_PRIORITIES", "PromptEvidence", "arm_utility_values",
+    "band_priority", "draw_without_replacement", "expected_informative_utility", "failure_weighted_priority",
+    "greso_keep_probability", "hit_utility", "mix_uniform", "per_prompt_utility", "sampling_priority", "smoothed_rate",
+    "variance_utility"
 ]
 
-#: Utilities computed for every arm from a success rate (full information): the bandit updates
-#: every arm of a present bin, and the ``per_prompt`` allocator maximises them directly.
+#: Utilities computed for every arm from a success rate (full information).
 FULL_INFORMATION_UTILITIES = ("expected_informative", "failure_weighted", "knapsack", "variance")
-#: Utilities of the ``per_prompt`` allocator: the rate-based ones, and HORA's ``hit``, which needs
-#: each prompt's success and trial counts (a Beta posterior), not only a rate.
+#: Utilities of the ``per_prompt`` allocator: the rate-based ones and HORA's ``hit`` (it needs the counts).
 PER_PROMPT_UTILITIES = (*FULL_INFORMATION_UTILITIES, "hit")
 #: Per-prompt draw priorities of the data adversary (``gdro.prompt.mode``).
 SAMPLING_PRIORITIES = ("failure_weighted", "greso", "band")
 
 
 def expected_informative_utility(p: np.ndarray, arms: np.ndarray) -> np.ndarray:
-    """Spec 3 (robust preset): u_b(n) = 1 - p_b^n - (1 - p_b)^n, per bin (rows) and arm (columns).
-
-    The probability that a group of n rollouts has both a success and a failure, i.e. a non-zero
-    GRPO gradient. It depends on n (unlike a bin's loss), saturates near p = 0 or 1 and grows
-    fastest for transition bins: the paper's "budget frontier". Not a paper equation: the spec's
-    replacement for the bin loss, which made the bandit equal to GRPO.
-    """
+    """Spec 3: u_b(n) = 1 - p_b^n - (1 - p_b)^n per bin (rows) and arm (columns), the probability of a
+    non-zero GRPO gradient: unlike a bin's loss it depends on n (docs/algorithm.md, section 3)."""
     p = np.asarray(p, dtype=np.float64)[:, None]
     n = np.asarray(arms, dtype=np.float64)[None, :]
     return 1.0 - p**n - (1.0 - p) ** n
 
 
 def arm_utility_values(name: str, p: np.ndarray, arms: np.ndarray) -> np.ndarray:
-    """A full-information utility u(p, n) per rate (rows) and arm (columns).
-
-    - ``expected_informative``: 1 - p^n - (1 - p)^n (:func:`expected_informative_utility`).
-      Symmetric in p <-> 1 - p: a rare failure of an easy prompt is worth as much as a rare
-      success of a hard one.
-    - ``failure_weighted``: (1 - p) (1 - p^n - (1 - p)^n). The informative probability weighted by
-      the failure rate, the 0/1 loss of Group DRO's worst-group objective: of two prompts equally
-      likely to give a gradient, the one that fails more is worth more, so the budget leans to the
-      hard tail. Beyond the paper (docs/algorithm.md, "Rollout-GDRO utilities").
-    - ``knapsack``: p (1 - p)^2 (1 - p^n - (1 - p)^n), Knapsack RL's value of a group (the
-      informative probability times the expected gradient magnitude of a rare success).
-    - ``variance``: -p (1 - p) / n, VIP's objective (:func:`variance_utility`).
-
-    Each is concave in n for a fixed p (the first three have increments
-    w(p) (p^n (1 - p) + (1 - p)^n p), ``variance`` p (1 - p) / (n (n + 1)), both shrinking with n),
-    which is what makes greedy marginal allocation exact for ``per_prompt``.
-    """
+    """A full-information utility u(p, n) per rate (rows) and arm (columns), each concave in n (so greedy
+    allocation is exact for ``per_prompt``); formulas and reasons in docs/algorithm.md, section 3:
+    ``expected_informative`` 1 - p^n - (1 - p)^n, ``failure_weighted`` (1 - p) times it (the hard tail),
+    ``knapsack`` p (1 - p)^2 times it (Knapsack RL), ``variance`` -p (1 - p) / n (VIP)."""
     if name == "variance":
         return variance_utility(p, arms)
     u = expected_informative_utility(p, arms)
@@ -94,34 +55,17 @@ def arm_utility_values(name: str, p: np.ndarray, arms: np.ndarray) -> np.ndarray
 
 
 def variance_utility(p: np.ndarray, arms: np.ndarray) -> np.ndarray:
-    """VIP (Nguyen et al., arXiv 2602.01601, ICLR 2026): u(p, n) = -p (1 - p) / n.
-
-    VIP allocates a batch's rollouts to minimise the summed variance of the per-prompt gradient
-    estimates, which for Dr.GRPO/RLOO is proportional to p (1 - p) / n (a Bernoulli variance over a
-    group of n), under a hard budget. Maximising the sum of this utility is that convex programme;
-    its continuous optimum is n_i proportional to sqrt(p_i (1 - p_i)) (Neyman allocation per
-    prompt). VIP predicts p with a Gaussian process over recent rollouts; here p is the smoothed
-    per-prompt rate the other per-prompt utilities use (:func:`smoothed_rate`, or its per-visit
-    decayed form), so the allocators differ only in their objective.
-    """
+    """VIP (Nguyen et al., arXiv 2602.01601): u(p, n) = -p (1 - p) / n, the summed gradient variance under
+    the budget; p is the smoothed per-prompt rate (VIP fits a Gaussian process), so only the objective differs."""
     q = np.asarray(p, dtype=np.float64)[:, None]
     n = np.asarray(arms, dtype=np.float64)[None, :]
     return -(q * (1.0 - q)) / n
 
 
 def hit_utility(successes: np.ndarray, trials: np.ndarray, arms: np.ndarray) -> np.ndarray:
-    """HORA (Wang et al., arXiv 2605.07114): the posterior probability that at least one of n
-    rollouts is correct, per prompt (rows) and arm (columns).
-
-    With a uniform prior (HORA's default, which its ablation found as good as learned priors) the
-    success rate's posterior after S successes in T trials is Beta(a, b), a = S + 1,
-    b = T - S + 1, and
-
-        u(n) = 1 - E[(1 - p)^n] = 1 - B(a, b + n) / B(a, b) = 1 - prod_{j<n} (b + j) / (a + b + j).
-
-    Its increment E[p (1 - p)^n] shrinks with n, so it is concave and the greedy per-prompt
-    allocation is exact. Counts may be fractional (per-visit decayed evidence).
-    """
+    """HORA (Wang et al., arXiv 2605.07114): P(at least one of n rollouts correct) under the uniform-prior
+    posterior Beta(S + 1, T - S + 1): u(n) = 1 - prod_{j<n} (b + j) / (a + b + j), concave in n, per
+    prompt (rows) and arm (columns); counts may be fractional (decayed evidence)."""
     s = np.asarray(successes, dtype=np.float64)[:, None]
     t = np.asarray(trials, dtype=np.float64)[:, None]
     a, b = s + 1.0, t - s + 1.0
@@ -132,11 +76,8 @@ def hit_utility(successes: np.ndarray, trials: np.ndarray, arms: np.ndarray) -> 
 
 
 def per_prompt_utility(name: str, successes: np.ndarray, trials: np.ndarray, arms: np.ndarray) -> np.ndarray:
-    """u_i(n) of the ``per_prompt`` allocator from each prompt's (successes, trials) evidence.
-
-    ``hit`` reads the counts as a Beta posterior; every other utility reads the smoothed rate
-    (S + 1/2) / (T + 1) (:func:`smoothed_rate`).
-    """
+    """u_i(n) of the ``per_prompt`` allocator from each prompt's (successes, trials): ``hit`` reads the
+    counts, every other utility the smoothed rate (:func:`smoothed_rate`)."""
     if name == "hit":
         return hit_utility(successes, trials, arms)
     if name not in FULL_INFORMATION_UTILITIES:
@@ -145,58 +86,38 @@ def per_prompt_utility(name: str, successes: np.ndarray, trials: np.ndarray, arm
 
 
 def smoothed_rate(successes: np.ndarray, trials: np.ndarray) -> np.ndarray:
-    """A prompt's success rate with Jeffreys' prior: (S + 1/2) / (T + 1).
-
-    Why smoothed: after one visit of 4 rollouts the raw rate is often exactly 0 or 1, where every
-    utility is 0 for every n, so a prompt that failed 4 of 4 would get the fewest rollouts. The
-    prior keeps a hard prompt's rate small but positive (0.1 after 0/4), and an unseen prompt
-    (S = T = 0) at 1/2, the most informative guess.
-    """
+    """A prompt's success rate with Jeffreys' prior: (S + 1/2) / (T + 1). A raw 0/4 would make every utility
+    0; the prior keeps a hard prompt's rate small but positive and an unseen prompt at 1/2."""
     return (np.asarray(successes, dtype=np.float64) + 0.5) / (np.asarray(trials, dtype=np.float64) + 1.0)
 
 
-
-
-# --------------------------------------------------------------------------------------------
-# Draw priorities of the per-prompt sampling modes (docs/algorithm.md, "Prompt sampling modes")
-# --------------------------------------------------------------------------------------------
+# ---- draw priorities of the per-prompt sampling modes (docs/algorithm.md, "Prompt sampling modes") ----
 
 
 def failure_weighted_priority(p: np.ndarray, n: int) -> np.ndarray:
-    """Ours: (1 - p)(1 - p^n - (1 - p)^n), the per-prompt utility that won the allocation study
-    (:func:`arm_utility_values` ``failure_weighted``, evaluated at the mean budget n), read as a
-    draw weight: a prompt is worth drawing when its group is likely to carry a gradient, and more so
-    the more it fails (the 0/1 loss of Group DRO's worst group). 0 at p = 0 and p = 1; largest near
-    p = 0.3 for n = 4."""
+    """Ours: the ``failure_weighted`` utility (1 - p)(1 - p^n - (1 - p)^n) at the mean budget n, read as a
+    draw weight: likely to carry a gradient, more so the more it fails."""
     return arm_utility_values("failure_weighted", np.asarray(p, dtype=np.float64), np.array([n]))[:, 0]
 
 
 def greso_keep_probability(streak: np.ndarray, revisit: float) -> np.ndarray:
-    """GRESO (Zheng et al., arXiv 2506.02177): a prompt whose last z visits all gave zero-variance
-    groups (all correct or all wrong) is skipped with probability 1 - revisit^z, so it is kept
-    with probability revisit^z; z = 0 (the last group carried signal, or never visited) keeps it
-    for sure. GRESO adapts ``revisit`` to a target zero-variance share; here it is fixed."""
+    """GRESO (Zheng et al., arXiv 2506.02177): a prompt whose last z visits all gave zero-variance groups is
+    kept with probability revisit^z (``revisit`` fixed here; GRESO adapts it)."""
     z = np.asarray(streak, dtype=np.float64)
     return float(revisit) ** z
 
 
 def band_priority(p: np.ndarray, width: float, center: float = 0.5) -> np.ndarray:
-    """A band around p = 1/2: exp(-(p - center)^2 / (2 width^2)). DAPO's dynamic sampling keeps
-    only groups strictly inside (0, 1) and FG-ExPO weights prompts by a Gaussian of the pass rate;
-    this is the smooth band both describe, on the decayed per-prompt rate."""
+    """A band around p = 1/2: exp(-(p - center)^2 / (2 width^2)), the smooth form of DAPO's dynamic
+    sampling and FG-ExPO's Gaussian weight, on the decayed per-prompt rate."""
     q = np.asarray(p, dtype=np.float64)
     return np.exp(-((q - float(center)) ** 2) / (2.0 * float(width) ** 2))
 
 
-def sampling_priority(
-    mode: str, successes: np.ndarray, trials: np.ndarray, streak: np.ndarray, *, n: int, revisit: float, width: float
-) -> np.ndarray:
-    """The draw priority of every prompt under the per-prompt sampling ``mode``.
-
-    The rate is the Jeffreys-smoothed decayed rate (:func:`smoothed_rate`), so an unseen prompt
-    (no trials) reads p = 1/2, near the top of every priority: prompts are covered before they are
-    ranked. ``greso`` reads the zero-variance streak instead of the rate.
-    """
+def sampling_priority(mode: str, successes: np.ndarray, trials: np.ndarray, streak: np.ndarray, *, n: int,
+                      revisit: float, width: float) -> np.ndarray:
+    """The draw priority of every prompt under the per-prompt sampling ``mode``, from the smoothed rate
+    (an unseen prompt reads 1/2: covered before ranked) or, for ``greso``, the zero-variance streak."""
     if mode == "greso":
         return greso_keep_probability(streak, revisit)
     p = smoothed_rate(successes, trials)
@@ -235,31 +156,16 @@ def draw_without_replacement(probs: np.ndarray, size: int, rng: np.random.Genera
     return head[np.argsort(keys[head], kind="stable")].astype(np.int64)
 
 
-# --------------------------------------------------------------------------------------------
-# The evidence store
-# --------------------------------------------------------------------------------------------
+# ---- the evidence store ----
 
 _EVIDENCE_VERSION = 1
 
 
 class PromptEvidence:
-    """Decayed per-prompt evidence over a fixed prompt set (the training set), in dense arrays.
-
-    After each visit of prompt i with s successes in t trials::
-
-        S_i <- decay * S_i + s,   T_i <- decay * T_i + t,
-        z_i <- z_i + 1 if s in {0, t} else 0        (the zero-variance streak GRESO reads)
-
-    Equal to :meth:`verl_gdro.classifier.OnlineDifficultyClassifier.decayed_counts` up to the
-    visits that fall out of the classifier's window (weight decay^window), without reading the ring
-    buffers: an update costs O(visited prompts) and reading every prompt's rate is one vectorised
-    pass, so a training set of a million prompts stays cheap. Prompts outside the set are ignored
-    (they cannot be drawn).
-
-    Args:
-        uids: the stable id of every row of the prompt set (distinct).
-        decay: per-visit decay in (0, 1].
-    """
+    """Decayed per-prompt evidence over a fixed prompt set (``uids``, distinct), in dense arrays: after a
+    visit with s successes in t trials, S <- decay S + s, T <- decay T + t, and the zero-variance streak
+    z <- z + 1 if s in {0, t} else 0. Equals the classifier's ``decayed_counts`` up to the visits out of
+    its window, at O(visited prompts) per update; prompts outside the set are ignored."""
 
     def __init__(self, uids: Any, decay: float) -> None:
         u = np.asarray(uids)
@@ -315,13 +221,9 @@ class PromptEvidence:
 
     def state_dict(self) -> dict[str, Any]:
         return {
-            "version": _EVIDENCE_VERSION,
-            "decay": self.decay,
-            "uids": self.uids.copy(),
-            "successes": self.successes.copy(),
-            "trials": self.trials.copy(),
-            "streak": self.streak.copy(),
-            "visits": self.visits.copy(),
+            "version": _EVIDENCE_VERSION, "decay": self.decay, "uids": self.uids.copy(),
+            "successes": self.successes.copy(), "trials": self.trials.copy(), "streak": self.streak.copy(),
+            "visits": self.visits.copy()
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

@@ -109,7 +109,7 @@ class _PerPromptPriority(PromptMode):
 
 @register_prompt_mode("failure_weighted")
 class FailureWeighted(_PerPromptPriority):
-    """Priority p (1 - p^n): the chance a group of n is informative, from the decayed rate."""
+    """Priority (1 - p)(1 - p^n - (1 - p)^n): the ``failure_weighted`` utility at the mean budget."""
 
     reads = (*LEARNER_KEYS, *_DRAW_KEYS)
 

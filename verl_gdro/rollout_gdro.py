@@ -1,27 +1,10 @@
 """Rollout-GDRO: the compute adversary (docs/algorithm.md section 3; paper 3.3, 4.3, Eqs. 17-21, 28-31).
 
-Every prompt of difficulty bin b gets n_b rollouts, n_b in the arm set {n_min, ..., n_max}, and the
-step spends exactly ``n_mean * len(bins)`` rollouts: compute-neutral against GRPO at n = n_mean.
-
-The allocators (one class each, registered by name in :mod:`verl_gdro.allocators`) share this
-module's functions; the per-bin ones share one exact solver, :func:`solve_exact_budget`:
-
-- ``bandit`` (default): one exponential-weights learner per bin over the arms (Eq. 17), gains with a
-  shadow price (Eq. 18), an arm-score EMA (Eq. 19), a configuration chosen under the exact budget
-  (Eq. 20: most probable, ``map``, or drawn from the conditioned product distribution, ``sample``)
-  and a dual update of the shadow price from the unconstrained preference (Eq. 21).
-- ``neyman`` (Thm 4.2): minimise sum_b count_b v_b / n_b (Eqs. 28-30) under the same budget, with
-  the implied shadow price of the continuous solution (Eq. 31) reported as the allocator's ``mu``.
-
-Why an exact dynamic program rather than greedy marginal allocation: one step of bin b costs
-count_b budget units, so the problem is a multiple-choice knapsack with an equality constraint;
-greedy is not exact there. The DP is O(bins * arms * budget) and vectorised over the budget axis.
-
-Equation numbers: the spec cites Eqs. 17-21 and 28-31 for this section; the individual numbers
-above follow the order in which the spec describes the steps (the paper text was not at hand to
-check each one), so treat a single number as a pointer into that range.
-
-numpy only: this module must never import verl or torch.
+Every prompt of difficulty bin b gets n_b rollouts in {n_min, ..., n_max}, and the step spends exactly
+``n_mean * len(bins)``. The allocators (:mod:`verl_gdro.allocators`) share this module's functions: the
+exact-budget solver (a DP: one step of bin b costs count_b units, a multiple-choice knapsack with an
+equality constraint, where greedy is not exact), the conditioned partition and one function per
+equation. numpy only.
 """
 
 from __future__ import annotations
@@ -33,8 +16,7 @@ from typing import Any
 
 import numpy as np
 
-# The per-prompt evidence and utilities serve both adversaries: they live on the math floor in
-# verl_gdro.evidence and are re-exported here, where the allocators use them.
+# re-exported from the math floor, where both adversaries read them
 from verl_gdro.evidence import (
     FULL_INFORMATION_UTILITIES,
     PER_PROMPT_UTILITIES,
@@ -47,43 +29,21 @@ from verl_gdro.evidence import (
 )
 
 __all__ = [
-    "ARM_UTILITIES",
-    "SELECTIONS",
-    "TIE_RTOL",
-    "InfeasibleBudgetError",
-    "argmax_toward",
-    "dual_update",
-    "exact_budget_marginals",
-    "FULL_INFORMATION_UTILITIES",
-    "PER_PROMPT_UTILITIES",
-    "arm_utility_values",
-    "expected_informative_utility",
-    "hit_utility",
-    "per_prompt_allocation",
-    "per_prompt_utility",
-    "smoothed_rate",
-    "exp_weights_arm_log_probs",
-    "exp_weights_arm_probs",
-    "gain_with_shadow_price",
-    "neyman_implied_price",
-    "neyman_scores",
-    "sample_exact_budget",
-    "score_ema",
-    "variance_utility",
-    "solve_exact_budget",
+    "ARM_UTILITIES", "SELECTIONS", "TIE_RTOL", "InfeasibleBudgetError", "argmax_toward", "dual_update",
+    "exact_budget_marginals", "FULL_INFORMATION_UTILITIES", "PER_PROMPT_UTILITIES", "arm_utility_values",
+    "expected_informative_utility", "hit_utility", "per_prompt_allocation", "per_prompt_utility", "smoothed_rate",
+    "exp_weights_arm_log_probs", "exp_weights_arm_probs", "gain_with_shadow_price", "neyman_implied_price",
+    "neyman_scores", "sample_exact_budget", "score_ema", "variance_utility", "solve_exact_budget"
 ]
 
 ARM_UTILITIES = ("expected_informative", "failure_weighted", "knapsack", "variance", "hit", "informative", "loss")
 SELECTIONS = ("auto", "map", "sample")
 
-#: Relative tolerance under which two DP scores count as equal optima. Mathematically equal sums
-#: can differ in the last bits once float addition is involved (0.1 + 0.2 != 0.3); 1e-12 relative
-#: (absolute below magnitude 1) is ~4500 ulps, far above the rounding of a sum of a few dozen
-#: terms and far below any difference a learner's scores can meaningfully express.
+#: Relative tolerance (absolute below magnitude 1) under which two DP scores are equal optima: far above
+#: the rounding of a sum of a few dozen terms, far below any difference a learner's scores express.
 TIE_RTOL = 1e-12
 
-#: Sampled draws kept for the importance weights between two updates: the step's call plus its
-#: refills; an older draw's groups are weighed as unknown (skipped and counted), never wrongly.
+#: Sampled draws kept for the importance weights between two updates (the call and its refills).
 MAX_RECORDED_DRAWS = 16
 
 _DEV_SENTINEL = np.iinfo(np.int64).max // 4
@@ -93,25 +53,14 @@ class InfeasibleBudgetError(ValueError):
     """No choice of one allowed arm per bin spends the budget exactly."""
 
 
-# --------------------------------------------------------------------------------------------
-# Exact-budget solver, sampler and marginals
-# --------------------------------------------------------------------------------------------
+# ---- exact-budget solver, sampler and marginals ----
 
 
 @dataclass(frozen=True)
 class _BudgetProblem:
-    """A validated exact-budget problem, costs reduced by their common divisor, with windows.
-
-    ``cost[b, a] = counts[b] * arms[a] / g`` and ``target = budget / g`` where g is the gcd of
-    every cost: dividing by it shrinks the budget axis (e.g. when every bin holds an even number of
-    prompts) without changing the feasible set.
-
-    ``lo[b]..hi[b]`` is the window of suffix costs (spent by bins b..B-1) that can still be part of
-    a configuration meeting the target: at least what the suffix must spend and what the prefix
-    cannot cover, at most the converse. Tables are only computed on these windows; states outside
-    them can never complete the budget, so leaving them at -inf changes nothing and roughly halves
-    the work for realistic batches.
-    """
+    """A validated exact-budget problem: costs divided by their gcd g (``cost[b, a] = counts[b] * arms[a] / g``,
+    ``target = budget / g``), and per bin the window ``lo[b]..hi[b]`` of suffix spends (bins b..B-1) that
+    can still meet the target; tables are computed on these windows only."""
 
     log_probs: np.ndarray  # [B, A] float64, finite or -inf
     counts: np.ndarray  # [B] int64 > 0
@@ -134,13 +83,9 @@ def _as_int_array(x: Any, name: str, ndim: int = 1) -> np.ndarray:
         return arr.astype(np.int64)
     if arr.dtype == bool:
         raise ValueError(f"{name} must hold integers, got booleans")
-    if not np.issubdtype(arr.dtype, np.integer):
-        if (
-            not np.issubdtype(arr.dtype, np.floating)
-            or not np.all(np.isfinite(arr))
-            or np.any(arr != np.round(arr))
-        ):
-            raise ValueError(f"{name} must hold integers, got dtype {arr.dtype}")
+    if not np.issubdtype(arr.dtype, np.integer) and (not np.issubdtype(arr.dtype, np.floating)
+                                                     or not np.all(np.isfinite(arr)) or np.any(arr != np.round(arr))):
+        raise ValueError(f"{name} must hold integers, got dtype {arr.dtype}")
     return arr.astype(np.int64)
 
 
@@ -149,10 +94,8 @@ def _validate_problem(log_probs: Any, counts: Any, arms: Any, budget: Any) -> _B
     arms_a = _as_int_array(arms, "arms")
     lp = np.asarray(log_probs, dtype=np.float64)
     if lp.ndim != 2 or lp.shape != (counts_a.size, arms_a.size):
-        raise ValueError(
-            f"log_probs must have shape (len(counts), len(arms)) = ({counts_a.size}, {arms_a.size}),"
-            f" got {lp.shape}"
-        )
+        raise ValueError(f"log_probs must have shape (len(counts), len(arms)) = ({counts_a.size}, {arms_a.size}),"
+            f" got {lp.shape}")
     if arms_a.size == 0:
         raise ValueError("arms must hold at least one arm")
     if np.any(arms_a < 1) or np.any(np.diff(arms_a) <= 0):
@@ -186,16 +129,8 @@ def _validate_problem(log_probs: Any, counts: Any, arms: Any, budget: Any) -> _B
     else:
         lo, hi = suf_lo, suf_lo
     return _BudgetProblem(
-        log_probs=lp,
-        counts=counts_a,
-        arms=arms_a,
-        budget=budget_i,
-        cost=cost,
-        target=target,
-        lo=lo,
-        hi=hi,
-        pad=int(cost.max()) if cost.size else 0,
-        feasible_range=feasible,
+        log_probs=lp, counts=counts_a, arms=arms_a, budget=budget_i, cost=cost, target=target, lo=lo, hi=hi,
+        pad=int(cost.max()) if cost.size else 0, feasible_range=feasible
     )
 
 
@@ -205,18 +140,12 @@ def _infeasible(problem: _BudgetProblem) -> InfeasibleBudgetError:
     return InfeasibleBudgetError(
         f"budget={problem.budget} cannot be met exactly with counts={problem.counts.tolist()} and "
         f"arms={problem.arms.tolist()} (one allowed arm per bin, -inf log_probs excluded; "
-        f"the unconstrained range of totals is [{lo}, {hi}])"
-    )
+        f"the unconstrained range of totals is [{lo}, {hi}])")
 
 
 class _Workspace(threading.local):
-    """Per-thread scratch buffers for the DP, reused across calls.
-
-    Why: a fresh [arms, budget] temporary is over glibc's mmap threshold (~128 KiB) for realistic
-    budgets, so numpy would map and page-fault new memory for every intermediate result; on a
-    sandboxed or busy host that cost dominated the solver (measured: ~0.5 ms per temporary).
-    Writing into buffers that persist keeps the solver well under its 5 ms target.
-    """
+    """Per-thread scratch buffers for the DP, reused across calls: a fresh [arms, budget] temporary is
+    over glibc's mmap threshold and would page-fault on every call."""
 
     def __init__(self) -> None:
         self.fbuf = np.empty((0, 0))
@@ -241,21 +170,14 @@ def _max_width(pb: _BudgetProblem) -> int:
 
 
 def _shift_into(out: np.ndarray, row: np.ndarray, starts: np.ndarray, add: np.ndarray) -> None:
-    """out[a, j] = row[starts[a] + j] + add[a]: one bin's DP step for every arm.
-
-    ``row`` is a table padded with ``pad`` fill entries in front and ``starts[a] = pad + lo -
-    cost[a]``, so spends below zero read fill values (-inf or the sentinel) instead of wrapping
-    around. One contiguous copy-and-add per arm: measured faster than a single fancy-index gather
-    (which needs an index array as large as the output) or a take over a strided window view.
-    """
+    """out[a, j] = row[starts[a] + j] + add[a]: one bin's DP step for every arm (``row`` is padded in
+    front, so spends below zero read fill values instead of wrapping around)."""
     width = out.shape[1]
     first = starts.tolist()
     if len(first) > 1 and row.flags.c_contiguous:
         step = first[1] - first[0]
         if step != 0 and first == list(range(first[0], first[0] + step * len(first), step)):
-            # Starts in arithmetic progression (consecutive arms: cost_b(a) = count_b * a / g): the
-            # shifted copies are one strided view of ``row``, added in one call. The same
-            # element-wise sums as the per-arm loop below, ~3x fewer microseconds per DP stage.
+            # starts in arithmetic progression (consecutive arms): one strided view, the same sums
             size = row.itemsize
             view = np.ndarray((len(first), width), dtype=row.dtype, buffer=row, offset=first[0] * size,
                               strides=(step * size, size))
@@ -275,35 +197,14 @@ def _tolerance(best: np.ndarray) -> np.ndarray:
 
 
 def solve_exact_budget(log_probs: Any, counts: Any, arms: Any, budget: int) -> np.ndarray:
-    """The arm value per bin maximising sum_b log_probs[b, a_b] s.t. sum_b counts[b] * n_b == budget.
+    """The arm value per bin (int64 [bins]) maximising sum_b log_probs[b, a_b] s.t. sum_b counts[b] * n_b
+    == budget: Eq. 20's most probable configuration and the Neyman allocation (Eqs. 28-30); -inf forbids an arm.
 
-    Used for Eq. 20 (most probable configuration under the exact budget) and for the Neyman
-    allocation (Eqs. 28-30, scores -count_b v_b / n): one exact solver for both allocators.
-
-    Args:
-        log_probs: [bins, arms] scores to maximise; -inf marks a forbidden arm.
-        counts: prompts per bin, integers > 0.
-        arms: the arm values, strictly increasing integers >= 1.
-        budget: the exact total, an integer >= 0.
-
-    Returns:
-        int64 array [bins] of arm VALUES (not indices).
-
-    Ties (total scores equal within :data:`TIE_RTOL`): the smallest sum_b |n_b - budget /
-    sum(counts)| (computed exactly in integers, scaled by sum(counts)), then the lexicographically
-    smallest arm vector (bin 0 first). Why: among equally good configurations the one closest to
-    uniform GRPO changes the least, and a fixed order makes the result reproducible.
-
-    Method: a suffix DP over bins, V_b[c] = best score of bins b.. spending exactly c, vectorised
-    over the budget axis (per bin, a max over arms of shifted copies of V_{b+1}); a second integer
-    table holds the smallest deviation among the (near-)optimal suffixes. Reconstruction walks
-    from bin 0 and takes the smallest optimal arm, which gives the lexicographic tie-break.
-    Tolerance ties are resolved stage by stage, so the result equals brute force whenever
-    distinct optima differ by more than ~bins * TIE_RTOL and equal optima by rounding only.
-
-    Raises:
-        InfeasibleBudgetError: no configuration meets the budget (the message names the budget).
-        ValueError: malformed inputs (shapes, counts <= 0, arms not increasing, budget < 0).
+    Ties (within :data:`TIE_RTOL`): the smallest sum_b |n_b - nbar| (exact, in integers), then the
+    lexicographically smallest arms: closest to uniform GRPO, reproducible. A suffix DP over bins
+    (V_b[c] = best score of bins b.. spending exactly c, vectorised over c) with a second table of the
+    smallest deviation; reconstruction from bin 0 takes the smallest optimal arm. Raises
+    :class:`InfeasibleBudgetError` (naming the budget) or ValueError for malformed inputs.
     """
     pb = _validate_problem(log_probs, counts, arms, budget)
     num_bins = pb.counts.size
@@ -379,12 +280,8 @@ def _logsumexp_rows(x: np.ndarray) -> np.ndarray:
 
 
 class _Partition:
-    """Log partition tables of prod_b p_b(n_b) restricted to the exact budget.
-
-    forward[b][pad + c]: log total mass of configurations of bins 0..b-1 spending exactly c;
-    backward[b][pad + c]: the same for bins b..B-1. Both only on the windows of
-    :class:`_BudgetProblem` (prefix windows are target minus suffix windows).
-    """
+    """Log partition tables of prod_b p_b(n_b) under the exact budget, on the problem's windows:
+    forward[b][pad + c] for bins 0..b-1 spending exactly c, backward[b][pad + c] for bins b..B-1."""
 
     def __init__(self, pb: _BudgetProblem) -> None:
         self.pb = pb
@@ -408,12 +305,9 @@ class _Partition:
             self.backward[b][pad + lo : pad + lo + width] = _logsumexp_rows(cand)
         self.log_z = float(self.forward[num_bins][pad + pb.target])
 
-    def marginals(self, bins: np.ndarray | None = None, arm_idx: np.ndarray | None = None) -> np.ndarray:
-        """Conditional probabilities P(n_b = arms[a] | exact budget) by forward-backward.
-
-        P(a_b = a) = sum_c F_b[c] p_b(a) R_{b+1}[target - c - cost_b(a)] / Z over prefix spends
-        c. Without arguments: the full [B, A] matrix; with ``arm_idx`` ([B]): one arm per bin.
-        """
+    def marginals(self, arm_idx: np.ndarray | None = None) -> np.ndarray:
+        """P(n_b = arms[a] | exact budget) by forward-backward: sum_c F_b[c] p_b(a) R_{b+1}[target - c -
+        cost_b(a)] / Z; the full [B, A] matrix, or with ``arm_idx`` ([B]) one arm per bin."""
         pb = self.pb
         num_bins, pad = pb.counts.size, pb.pad
         fbuf, _, _ = _WORKSPACE.get(pb.log_probs.shape[1], _max_width(pb))
@@ -433,10 +327,7 @@ class _Partition:
             lse = _logsumexp_rows(s.T)
             with np.errstate(under="ignore"):
                 vals = np.exp(lse + pb.log_probs[b, arms_b] - self.log_z)
-            if arm_idx is None:
-                out[b] = vals
-            else:
-                out[b] = vals[0]
+            out[b] = vals if arm_idx is None else vals[0]
         return out
 
     def sample(self, rng: np.random.Generator) -> np.ndarray:
@@ -461,9 +352,7 @@ class _Partition:
 
 def _partition(log_probs: Any, counts: Any, arms: Any, budget: int) -> _Partition:
     pb = _validate_problem(log_probs, counts, arms, budget)
-    if pb.counts.size == 0 and pb.budget != 0:
-        raise _infeasible(pb)
-    if not pb.feasible_range:
+    if (pb.counts.size == 0 and pb.budget != 0) or not pb.feasible_range:
         raise _infeasible(pb)
     part = _Partition(pb)
     if not np.isfinite(part.log_z):
@@ -472,39 +361,18 @@ def _partition(log_probs: Any, counts: Any, arms: Any, budget: int) -> _Partitio
 
 
 def exact_budget_marginals(log_probs: Any, counts: Any, arms: Any, budget: int) -> np.ndarray:
-    """[bins, arms] marginals P(n_b = arm | sum_b counts[b] n_b == budget) under prod_b p_b.
-
-    ``log_probs`` are (possibly unnormalised) per-bin log-probabilities, -inf forbidden. The
-    conditioning couples the bins, so a marginal can be far from p_b itself: EXP3 must divide a
-    played arm's gain by this conditional marginal, not by p_b, to stay unbiased.
-    Raises InfeasibleBudgetError when no configuration meets the budget.
-    """
+    """[bins, arms] marginals P(n_b = arm | sum_b counts[b] n_b == budget) under prod_b p_b (unnormalised
+    log-probabilities, -inf forbidden): the budget couples the bins, so EXP3 divides a played arm's gain
+    by this marginal, not by p_b. Raises InfeasibleBudgetError when no configuration meets the budget."""
     return _partition(log_probs, counts, arms, budget).marginals()
 
 
-def sample_exact_budget(
-    log_probs: Any,
-    counts: Any,
-    arms: Any,
-    budget: int,
-    rng: np.random.Generator,
-    size: int | None = None,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Draw configurations from prod_b p_b(n_b) conditioned on the exact budget.
-
-    Forward log partition sums over the bins, then backward sampling with ``rng`` (the caller's
-    seeded generator, so the draw is reproducible and its state checkpointable).
-
-    Args:
-        size: None for one draw; an int for that many independent draws (the partition tables
-            are computed once).
-
-    Returns:
-        (values, marginals): the arm value per bin, and each drawn arm's conditional marginal
-        probability (forward-backward): the importance weight's denominator for EXP3. Shapes
-        [bins], or [size, bins] when ``size`` is given.
-    Raises InfeasibleBudgetError when no configuration meets the budget.
-    """
+def sample_exact_budget(log_probs: Any, counts: Any, arms: Any, budget: int, rng: np.random.Generator,
+                        size: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Draw configurations from prod_b p_b(n_b) conditioned on the exact budget (forward partition sums,
+    backward sampling with the caller's seeded ``rng``): (arm values, each drawn arm's conditional
+    marginal, EXP3's importance-weight denominator), shapes [bins], or [size, bins] for ``size`` draws.
+    Raises InfeasibleBudgetError when no configuration meets the budget."""
     if size is not None and (isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 0):
         raise ValueError(f"size must be None or an integer >= 0, got {size!r}")
     part = _partition(log_probs, counts, arms, budget)
@@ -517,17 +385,12 @@ def sample_exact_budget(
     return part.pb.arms[idx], full[rows, idx]
 
 
-# --------------------------------------------------------------------------------------------
-# The paper's equations, one function each
-# --------------------------------------------------------------------------------------------
+# ---- the paper's equations, one function each ----
 
 
 def exp_weights_arm_log_probs(scores: np.ndarray, eta: float, gamma: float) -> np.ndarray:
-    """log p_b(n) of Eq. 17, computed stably (never -inf for finite scores when gamma > 0).
-
-    log((1 - gamma) softmax(eta * s) + gamma / A) = logaddexp(log(1-gamma) + log_softmax, log(gamma/A)).
-    Log space matters: the exact-budget selection sums log-probabilities over bins.
-    """
+    """log p_b(n) of Eq. 17 as logaddexp(log(1 - gamma) + log_softmax, log(gamma / A)): stable, finite for
+    gamma > 0 (the exact-budget selection sums log-probabilities over bins)."""
     s = eta * np.asarray(scores, dtype=np.float64)
     num_arms = s.shape[-1]
     m = s.max(axis=-1, keepdims=True)
@@ -538,81 +401,49 @@ def exp_weights_arm_log_probs(scores: np.ndarray, eta: float, gamma: float) -> n
 
 
 def exp_weights_arm_probs(scores: np.ndarray, eta: float, gamma: float) -> np.ndarray:
-    """Eq. 17: p_b(n) = (1 - gamma) softmax(eta * score_b)(n) + gamma / A, per bin (last axis).
-
-    The gamma / A floor keeps every arm explorable and every log-probability finite.
-    """
+    """Eq. 17: p_b(n) = (1 - gamma) softmax(eta * score_b)(n) + gamma / A, per bin (last axis)."""
     s = eta * np.asarray(scores, dtype=np.float64)
     e = np.exp(s - s.max(axis=-1, keepdims=True))
     return (1.0 - gamma) * e / e.sum(axis=-1, keepdims=True) + gamma / s.shape[-1]
 
 
 def gain_with_shadow_price(utility: np.ndarray, arms: np.ndarray, mu: float, n_mean: float) -> np.ndarray:
-    """Eq. 18: G_b(n) = u_b(n) - mu * (n - nbar).
-
-    The shadow price mu charges each rollout above the mean budget (and credits each below), so
-    the learner buys extra rollouts only where their utility beats the going price.
-    """
+    """Eq. 18: G_b(n) = u_b(n) - mu * (n - nbar): extra rollouts only where their utility beats the price."""
     return np.asarray(utility, dtype=np.float64) - mu * (np.asarray(arms, dtype=np.float64) - n_mean)
 
 
 def score_ema(score: np.ndarray, gain: np.ndarray, rate: float) -> np.ndarray:
-    """Eq. 19: score_b(n) <- (1 - rate) score_b(n) + rate * G_b(n) (rate = score_ema = 0.4).
-
-    An EMA rather than a cumulative sum because the utilities drift as the policy learns: the
-    learner must track the current frontier, not the average over the whole run.
-    """
+    """Eq. 19: score_b(n) <- (1 - rate) score_b(n) + rate * G_b(n); an EMA, as the utilities drift."""
     return (1.0 - rate) * score + rate * gain
 
 
 def dual_update(mu: float, nhat: float, n_mean: float, dual_lr: float) -> float:
-    """Eq. 21: mu <- max(0, mu + dual_lr * (nhat - nbar)), nhat the unconstrained preference.
-
-    Why nhat and not the realised mean: the exact budget makes the realised mean equal nbar at
-    every step, so the paper's literal update would never move mu. nhat = sum_b qhat(b) argmax_n
-    p_b(n) measures how much the bins would spend if unconstrained; mu rises until that equals nbar.
-    """
+    """Eq. 21: mu <- max(0, mu + dual_lr * (nhat - nbar)), nhat = sum_b qhat(b) argmax_n p_b(n), the
+    unconstrained preference (the realised mean is nbar at every step: it would never move mu)."""
     return max(0.0, mu + dual_lr * (nhat - n_mean))
 
 
 def neyman_scores(counts: np.ndarray, variances: np.ndarray, arms: np.ndarray) -> np.ndarray:
-    """Eqs. 28-30 as DP scores: maximise -sum_b count_b v_b / n_b, i.e. minimise the variance proxy.
-
-    The continuous optimum is the square-root rule n_b ∝ sqrt(v_b) (Thm 4.2); the exact-budget DP
-    solves the integer version exactly.
-    """
+    """Eqs. 28-30 as DP scores -count_b v_b / n_b (Thm 4.2's n_b ∝ sqrt(v_b), solved in integers)."""
     c = np.asarray(counts, dtype=np.float64)[:, None]
     v = np.asarray(variances, dtype=np.float64)[:, None]
     return -c * v / np.asarray(arms, dtype=np.float64)[None, :]
 
 
 def neyman_implied_price(counts: np.ndarray, variances: np.ndarray, budget: float) -> float:
-    """Eq. 31: mu = (sum_b count_b sqrt(v_b) / budget)^2, the shadow price of the continuous solution.
-
-    At the optimum of min sum count_b v_b / n_b s.t. sum count_b n_b = budget, the Lagrange
-    multiplier equals v_b / n_b^2 for every bin, which with n_b = sqrt(v_b) budget / sum count sqrt(v)
-    gives this value: the marginal variance reduction bought by one more rollout.
-    """
+    """Eq. 31: mu = (sum_b count_b sqrt(v_b) / budget)^2, the continuous solution's Lagrange multiplier
+    v_b / n_b^2: the variance reduction one more rollout buys."""
     if budget <= 0:
         return 0.0
     s = float(np.sum(np.asarray(counts, dtype=np.float64) * np.sqrt(variances)))
     return (s / float(budget)) ** 2
 
 
-def per_prompt_allocation(
-    utility: np.ndarray, n_min: int, budget: int
-) -> tuple[np.ndarray, float]:
-    """Exact-budget allocation maximising sum_i u_i(n_i), per prompt, by greedy marginal gains.
-
-    ``utility`` is [prompts, arms] (arms n_min..n_max in order), each row concave in n. Every prompt
-    starts at n_min and the remaining ``budget - prompts * n_min`` rollouts go, one at a time, to the
-    largest marginal gains. For separable concave utilities with unit costs this greedy is optimal
-    (unlike the per-bin problem, where one step of a bin costs its count). Ties: the smaller
-    increment index (spreading), then the earlier prompt, so the result is deterministic.
-
-    Returns (n per prompt, the marginal gain of the last rollout placed: the budget's shadow price,
-    Eq. 31's mu for this allocator; 0 when nothing beyond n_min was placed).
-    """
+def per_prompt_allocation(utility: np.ndarray, n_min: int, budget: int) -> tuple[np.ndarray, float]:
+    """Exact-budget allocation maximising sum_i u_i(n_i) (``utility`` [prompts, arms], rows concave in n):
+    from n_min, each further rollout to the largest marginal gain, optimal for separable concave
+    utilities with unit costs. Ties: the smaller increment, then the earlier prompt. Returns (n per
+    prompt, the last placed rollout's gain: this allocator's mu; 0 when none was placed)."""
     u = np.asarray(utility, dtype=np.float64)
     rows, num_arms = u.shape
     extra = int(budget) - rows * int(n_min)
@@ -629,9 +460,8 @@ def per_prompt_allocation(
 
 
 def argmax_toward(values: np.ndarray, arms: np.ndarray, target: float) -> np.ndarray:
-    """Per row, the arm with the largest value; exact ties go to the arm closest to ``target``
-    (then the smaller arm). Why toward nbar: with uniform probabilities (e.g. at the start) the
-    unconstrained preference must be the GRPO budget, not an arbitrary end of the arm range."""
+    """Per row, the arm with the largest value; exact ties go to the arm closest to ``target``, then the
+    smaller (uniform probabilities must prefer the GRPO budget, not an end of the arm range)."""
     values = np.asarray(values)
     arms_f = np.asarray(arms, dtype=np.float64)
     is_max = values == values.max(axis=-1, keepdims=True)

@@ -94,10 +94,8 @@ class Surrogate(LossSignal):
                       trials: NDArray[np.int64], arrays: Mapping[str, ArrayLike | None]) -> NDArray[np.float64]:
         missing = [name for name in cls.needs if arrays.get(name) is None]
         if missing:
-            raise ValueError(
-                f"gdro.prompt.loss_signal={cls.name} needs {missing} per trajectory (the reference policy's "
-                "log-probs come from actor_rollout_ref.actor.use_kl_loss=true)"
-            )
+            raise ValueError(f"gdro.prompt.loss_signal={cls.name} needs {missing} per trajectory (the reference "
+                "policy's log-probs come from actor_rollout_ref.actor.use_kl_loss=true)")
         current = arrays["old_log_probs"] if arrays.get("log_probs") is None else arrays["log_probs"]
         common = {"clip_ratio_low": prompt.clip_ratio_low, "clip_ratio_high": prompt.clip_ratio_high,
                   "clip_ratio_c": prompt.clip_ratio_c}

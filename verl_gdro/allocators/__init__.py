@@ -1,16 +1,8 @@
 """Rollout-GDRO's allocators: one small class per allocator, registered by name (numpy only).
 
-- :mod:`~verl_gdro.allocators.registry`: :func:`register_allocator` / :func:`get_allocator`, the
-  table the controller, the config resolver and the dry run read;
-- :mod:`~verl_gdro.allocators.protocol`: what the controller asks of an allocator
-  (:class:`RolloutAllocator`) and hands it after a step (:class:`ObservedStep`);
-- :mod:`~verl_gdro.allocators.base`: the per-bin family's shared configuration and state
-  (:class:`RolloutGDRO`);
-- the built-ins, one module each: ``bandit`` (:mod:`.bandit`), ``neyman`` (:mod:`.neyman`),
-  ``per_prompt`` (:mod:`.per_prompt`), ``release_as_run`` (:mod:`.release_as_run`).
-
-The math they share (the exact-budget DP and sampler, the partition, the shadow price, the
-paper's equations) stays in :mod:`verl_gdro.rollout_gdro` as plain functions.
+:mod:`.registry` (:func:`register_allocator` / :func:`get_allocator`), :mod:`.protocol` (what the
+controller asks of an allocator and hands it after a step), :mod:`.base` (the per-bin family's shared
+configuration and state) and one module per built-in; the math they share is in :mod:`verl_gdro.rollout_gdro`.
 """
 
 from __future__ import annotations
@@ -32,17 +24,6 @@ from verl_gdro.allocators.release_as_run import ReleaseAsRunAllocator
 LEARNER_ALLOCATORS: tuple[str, ...] = tuple(n for n, c in ALLOCATOR_REGISTRY.items() if issubclass(c, RolloutGDRO))
 
 __all__ = [
-    "ALLOCATOR_REGISTRY",
-    "LEARNER_ALLOCATORS",
-    "BinBandit",
-    "Neyman",
-    "Observation",
-    "ObservedStep",
-    "PerPrompt",
-    "ReleaseAsRunAllocator",
-    "RolloutAllocator",
-    "RolloutGDRO",
-    "allocator_names",
-    "get_allocator",
-    "register_allocator",
+    "ALLOCATOR_REGISTRY", "LEARNER_ALLOCATORS", "BinBandit", "Neyman", "Observation", "ObservedStep", "PerPrompt",
+    "ReleaseAsRunAllocator", "RolloutAllocator", "RolloutGDRO", "allocator_names", "get_allocator", "register_allocator"
 ]

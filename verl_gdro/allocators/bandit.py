@@ -1,12 +1,7 @@
-"""The bin bandit (``gdro.rollout.allocator=bandit``, docs/algorithm.md section 3; Eqs. 17-21).
-
-One exponential-weights learner per difficulty bin over the arms n_min..n_max (Eq. 17), gains with
-a shadow price (Eq. 18), an arm-score EMA (Eq. 19), a configuration chosen under the exact budget
-(Eq. 20: the most probable, ``map``, or drawn from the conditioned product distribution,
-``sample``) and a dual update of the shadow price from the unconstrained preference (Eq. 21).
-Full-information utilities score every arm from the bin's smoothed pass rate; played-arm
-utilities (``informative``, ``loss``) score the arm played, importance-weighted under ``sample``
-by the marginal of the draw that chose it (EXP3). numpy only.
+"""The bin bandit (``gdro.rollout.allocator=bandit``, docs/algorithm.md section 3; Eqs. 17-21): per-bin
+exponential weights over the arms, a configuration under the exact budget (``map`` or ``sample``) and a
+dual shadow price. Played-arm utilities (``informative``, ``loss``) score the arm played, weighted under
+``sample`` by the marginal of the draw that chose it (EXP3). numpy only.
 """
 
 from __future__ import annotations
@@ -179,9 +174,8 @@ class BinBandit(RolloutGDRO):
         played = np.zeros(num_present, dtype=np.int64)
         np.maximum.at(played, inverse, n_a)
         if np.any(n_a != played[inverse]):
-            raise ValueError(
-                f"n must be the same for every prompt of a bin under arm_utility={self.arm_utility!r} (one played arm per bin)"
-            )
+            raise ValueError(f"n must be the same for every prompt of a bin under arm_utility={self.arm_utility!r} "
+                "(one played arm per bin)")
         dropped = 0
         if self.arm_utility == "informative":
             informative = ((stats.successes > 0) & (stats.successes < n_a)).astype(np.float64)
@@ -212,10 +206,8 @@ class BinBandit(RolloutGDRO):
         marg_played = self._played_marginals(b, n_a, present, played)
         known = np.isfinite(marg_played)
         if not known.any():
-            raise ValueError(
-                "n matches no recorded draw under selection='sample' (the importance weight is the "
-                "marginal of the draw that chose each bin's arm): see update_refusal"
-            )
+            raise ValueError("n matches no recorded draw under selection='sample' (the importance weight is the "
+                "marginal of the draw that chose each bin's arm): see update_refusal")
         info["unweighted_bins"] = int((has & ~known).sum())
         g_played = np.where(known, g_played / np.where(known, marg_played, 1.0), np.nan)
         info["played_marginal"] = dict(zip(present[known].tolist(), marg_played[known].tolist(), strict=True))

@@ -1,12 +1,7 @@
-"""The per-bin allocators' shared state and checks: :class:`RolloutGDRO` (docs/algorithm.md, section 3).
-
-The bin bandit, Neyman and the per-prompt allocator share one configuration (``gdro.rollout.*``),
-one state layout (arm scores, shadow price, smoothed pass rates, Neyman variances, the sampler's
-generator, the recorded draws: one ``state_dict`` format, so checkpoints of every version load)
-and one way to take a step's outcome (:meth:`RolloutGDRO.observe`). Each lives in its own module
-and overrides :meth:`~RolloutGDRO.allocate` and :meth:`~RolloutGDRO._learn`; the math they share
-(the exact-budget DP, the partition, the shadow price) are plain functions in
-:mod:`verl_gdro.rollout_gdro`. ``RolloutGDRO(num_bins, allocator=name, ...)`` builds the registered
+"""The per-bin allocators' shared configuration, state and checks: :class:`RolloutGDRO` (docs/algorithm.md,
+section 3). The bin bandit, Neyman and per-prompt share ``gdro.rollout.*``, one ``state_dict`` format
+and :meth:`RolloutGDRO.observe`; each overrides ``allocate`` and ``_learn``, and the math they share is
+in :mod:`verl_gdro.rollout_gdro`. ``RolloutGDRO(num_bins, allocator=name, ...)`` builds the registered
 class of that name. numpy only.
 """
 
@@ -74,14 +69,11 @@ def check_rollout_args(num_bins: Any, n_min: Any, n_max: Any, n_mean: Any, eta: 
     _check_range("arm_utility", arm_utility in ARM_UTILITIES, f"one of {list(ARM_UTILITIES)}", arm_utility)
     _check_range("selection", selection in SELECTIONS, f"one of {list(SELECTIONS)}", selection)
     per_prompt = get_allocator(allocator).per_prompt_evidence
-    _check_range(
-        "arm_utility", not per_prompt or arm_utility in PER_PROMPT_UTILITIES,
-        f"one of {list(PER_PROMPT_UTILITIES)} with allocator='per_prompt' (it needs u(p, n) for every n)", arm_utility,
-    )
-    _check_range(
-        "arm_utility", arm_utility != "hit" or per_prompt,
-        "'hit' only with allocator='per_prompt' (it needs each prompt's own counts)", arm_utility,
-    )
+    _check_range("arm_utility", not per_prompt or arm_utility in PER_PROMPT_UTILITIES,
+                 f"one of {list(PER_PROMPT_UTILITIES)} with allocator='per_prompt' (it needs u(p, n) for every n)",
+                 arm_utility)
+    _check_range("arm_utility", arm_utility != "hit" or per_prompt,
+                 "'hit' only with allocator='per_prompt' (it needs each prompt's own counts)", arm_utility)
     _check_range("seed", _is_int(seed) and seed >= 0, "integer >= 0", seed)
 
 
@@ -248,8 +240,7 @@ class RolloutGDRO:
             raise ValueError(f"bins, n and successes must have equal lengths, got {b.size}, {n_a.size}, {s_a.size}")
         if n_a.min() < self.n_min or n_a.max() > self.n_max:
             raise ValueError(
-                f"n must lie in the arm range [{self.n_min}, {self.n_max}], got values in [{n_a.min()}, {n_a.max()}]"
-            )
+                f"n must lie in the arm range [{self.n_min}, {self.n_max}], got values in [{n_a.min()}, {n_a.max()}]")
         if s_a.min() < 0 or np.any(s_a > n_a):
             raise ValueError("successes must lie in [0, n] per prompt")
         loss_a: np.ndarray | None = None
@@ -324,10 +315,8 @@ class RolloutGDRO:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` output; rejects state of a differently configured controller."""
         if not isinstance(state, dict) or state.get("version") != _STATE_VERSION:
-            raise ValueError(
-                f"state must be a RolloutGDRO state_dict of version {_STATE_VERSION}, got "
-                f"{state.get('version') if isinstance(state, dict) else type(state).__name__}"
-            )
+            raise ValueError(f"state must be a RolloutGDRO state_dict of version {_STATE_VERSION}, got "
+                f"{state.get('version') if isinstance(state, dict) else type(state).__name__}")
         mine, theirs = self._config(), state.get("config", {})
         diff = {k: (theirs.get(k), v) for k, v in mine.items() if theirs.get(k) != v}
         if diff:
@@ -352,10 +341,8 @@ class RolloutGDRO:
 def _warn_skip(reason: str, arm_utility: str, incomplete: int) -> None:
     """Log why the allocator skips a step's update (the controller counts it as a metric)."""
     if reason == "incomplete":
-        logger.warning(
-            "verl-gdro: %d planned prompt(s) lack trajectories (generation failures); Rollout-GDRO "
-            "skips this step's update rather than learn from a partial budget", incomplete,
-        )
+        logger.warning("verl-gdro: %d planned prompt(s) lack trajectories (generation failures); Rollout-GDRO "
+                       "skips this step's update rather than learn from a partial budget", incomplete)
         return
     logger.warning(
         "verl-gdro: Rollout-GDRO skips this step's update (%s): %s", reason,

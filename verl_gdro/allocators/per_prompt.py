@@ -1,11 +1,6 @@
-"""Per-prompt allocation (``gdro.rollout.allocator=per_prompt``; docs/algorithm.md section 3).
-
-Each prompt gets its own n from its own recent evidence: the utility u_i(n) of its (decayed)
-successes and trials (:func:`verl_gdro.evidence.per_prompt_utility`), maximised over the step by
-greedy marginal gains under the exact budget (:func:`verl_gdro.rollout_gdro.per_prompt_allocation`,
-optimal for separable concave utilities with unit costs). Nothing is learnt between steps: it is a
-plug-in optimiser over the classifier's evidence; ``mu`` is the last rollout's marginal gain.
-numpy only.
+"""Per-prompt allocation (``gdro.rollout.allocator=per_prompt``; docs/algorithm.md section 3): each
+prompt its own n from its own (decayed) evidence, greedy marginal gains under the exact budget; nothing
+is learnt between steps, ``mu`` is the last rollout's marginal gain. numpy only.
 """
 
 from __future__ import annotations

@@ -1,14 +1,7 @@
-"""The registry of Rollout-GDRO allocators, shaped like verl's estimator registry in ``core_algos``.
-
-An allocator is one class registered under its ``gdro.rollout.allocator`` name::
-
-    @register_allocator("uniform")
-    class Uniform(RolloutGDRO): ...
-
-and :func:`get_allocator` returns the class for a name (a ValueError naming the key for an unknown
-one). The controller, the config resolver and the dry run only ever go through this table, so
-adding an allocator is one module plus its registration (docs/integration.md, "Add your own
-allocator"). numpy-free and import-free: every floor may read it.
+"""The registry of Rollout-GDRO allocators, shaped like verl's estimator registry in ``core_algos``:
+``@register_allocator("name")`` on the class, :func:`get_allocator` by name. The controller, the config
+resolver and the dry run only go through this table (docs/integration.md, "Add your own allocator").
+Import-free: every floor may read it.
 """
 
 from __future__ import annotations

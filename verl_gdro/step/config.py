@@ -1,19 +1,10 @@
 """The ``gdro`` config group: resolution (presets), validation, and the cross-checks with verl's keys.
 
-Importable without verl, Ray or torch (the recipes' ``DRY_RUN=1`` path and the CPU demo call it), so
-every mistake in a launch command surfaces in a second instead of after Ray, the workers and vLLM
-have started. Every error is a ``ValueError`` whose message starts with the offending key, e.g.
-``gdro.rollout.n_min=1 is invalid: ...``; ``docs/configuration.md`` lists every check with its
-message and ``tests/test_step_config.py`` checks each one.
-
-Two entry points:
-
-- :func:`resolve_gdro` turns the ``gdro`` group alone into a frozen :class:`GDROSettings`
-  (defaults from the package YAML, ``null`` keys from ``gdro.preset``, every key range-checked).
-  :func:`estimator_settings` applies it to ``algorithm.gdro``, the group the estimator alone reads.
-- :func:`validate_gdro_config` does that and then checks the group against the rest of the verl
-  config (trainer mode, estimator, ``rollout.n``, data loader, reference policy, ...). The GDRO
-  trainer calls it at init; recipes call it in their dry run.
+Importable without verl, Ray or torch, so a launch mistake surfaces in a second. Every error is a
+``ValueError`` starting with the offending key (``gdro.rollout.n_min=1 is invalid: ...``), each listed
+in docs/configuration.md. :func:`resolve_gdro` resolves the ``gdro`` group alone (YAML defaults, the
+preset's ``null`` keys, range checks); :func:`estimator_settings` applies it to ``algorithm.gdro``;
+:func:`validate_gdro_config` also checks the group against the rest of the verl config.
 """
 
 from __future__ import annotations
@@ -21,7 +12,7 @@ from __future__ import annotations
 import inspect
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, replace
 from functools import lru_cache
 from importlib import resources
@@ -31,46 +22,24 @@ from verl_gdro.allocators import RolloutGDRO, allocator_names, get_allocator
 from verl_gdro.presets import MIX_SUPPORTS, PRESETS, resolve_preset
 from verl_gdro.prompt_gdro import PromptGDRO
 from verl_gdro.prompt_modes import PROMPT_MODE_REGISTRY, get_prompt_mode, sampling_modes
-from verl_gdro.rollout_gdro import ARM_UTILITIES, PER_PROMPT_UTILITIES
+from verl_gdro.rollout_gdro import ARM_UTILITIES, PER_PROMPT_UTILITIES, SELECTIONS
 from verl_gdro.signals import LOSS_SIGNAL_REGISTRY, get_loss_signal
 
-#: Rollout-GDRO's built-in allocators (the registry, verl_gdro/allocators/, may hold more): the bin
-#: bandit, Neyman, per-prompt, and ``release_as_run`` (the release's frozen arms as its runs used
-#: them; an explicit option for reproducing its rows)
+#: the registered allocators (verl_gdro/allocators/)
 ALLOCATORS = allocator_names()
 
 __all__ = [
-    "ALLOCATORS",
-    "ARM_UTILITIES",
-    "ESTIMATOR_NAME",
-    "PASSK_ESTIMATORS",
-    "PROMPT_MODES",
-    "SAMPLING_MODES",
-    "ROW_INDEX_FIELD",
-    "SELECTIONS",
-    "TRAINER_MODES",
-    "TRAINER_NAME",
-    "UID_KEYS",
-    "WEIGHT_NORMALIZATIONS",
-    "ClassifierSettings",
-    "GDROSettings",
-    "PromptSettings",
-    "RolloutSettings",
-    "default_gdro_group",
-    "estimator_settings",
-    "keys_read",
-    "resolve_gdro",
-    "to_plain",
-    "validate_gdro_config",
+    "ALLOCATORS", "ARM_UTILITIES", "ESTIMATOR_NAME", "PASSK_ESTIMATORS", "PROMPT_MODES", "SAMPLING_MODES",
+    "ROW_INDEX_FIELD", "SELECTIONS", "TRAINER_MODES", "TRAINER_NAME", "UID_KEYS", "WEIGHT_NORMALIZATIONS",
+    "ClassifierSettings", "GDROSettings", "PromptSettings", "RolloutSettings", "default_gdro_group",
+    "estimator_settings", "keys_read", "resolve_gdro", "to_plain", "validate_gdro_config",
 ]
 
 ESTIMATOR_NAME = "gdro_grpo"
 TRAINER_NAME = "gdro_sync"
 #: Every GDRO trainer mode -> the verl V1 trainer mode it extends (verl_gdro/integration/trainer.py).
 TRAINER_MODES: dict[str, str] = {
-    TRAINER_NAME: "sync",
-    "gdro_colocate_async": "colocate_async",
-    "gdro_separate_async": "separate_async",
+    TRAINER_NAME: "sync", "gdro_colocate_async": "colocate_async", "gdro_separate_async": "separate_async"
 }
 
 # `index`: verl's RLHFDataset surfaces `extra_info.index` as the prompt column `index` (0 when it is
@@ -84,25 +53,19 @@ PASSK_ESTIMATORS = ("pooled", "any_of_n")
 SAMPLING_MODES = sampling_modes()
 PROMPT_MODES = tuple(PROMPT_MODE_REGISTRY)
 WEIGHT_NORMALIZATIONS = ("mean_one", "raw")
-SELECTIONS = ("auto", "map", "sample")
 
 # Same bound as PromptGDRO: exp(eta * score_clip) must stay finite in float64.
 _MAX_EXPONENT = 600.0
 
-_SECTIONS = ("classifier", "prompt", "rollout")
-
 
 def _constructor_kwargs(cls: type, settings: object, **given: Any) -> dict[str, Any]:
-    """``cls``'s constructor arguments: ``given`` first, every other one from the settings field of
-    the same name. Read from the signature, so a controller argument added without its config key
-    fails here (AttributeError) instead of silently taking its default."""
+    """``cls``'s constructor arguments: ``given`` first, the others from the settings' fields of the same
+    name (an argument added without its config key fails here instead of taking its default)."""
     params = list(inspect.signature(cls.__init__).parameters)[1:]  # __init__'s, past self (__new__ may be generic)
     return {name: given[name] if name in given else getattr(settings, name) for name in params}
 
 
-# ---------------------------------------------------------------------------------------------
-# Resolved settings
-# ---------------------------------------------------------------------------------------------
+# ---- resolved settings ----
 
 
 @dataclass(frozen=True)
@@ -125,15 +88,9 @@ class ClassifierSettings:
 
     def kwargs(self) -> dict[str, Any]:
         """Constructor arguments of :class:`verl_gdro.classifier.OnlineDifficultyClassifier`."""
-        return {
-            "bin_edges": None if self.bin_edges is None else list(self.bin_edges),
-            "num_bins": self.num_bins,
-            "window": self.window,
-            "hysteresis": self.hysteresis,
-            "k": self.k,
-            "estimator": self.passk_estimator,
-            "unseen_bin": self.unseen_bin,
-        }
+        return {"bin_edges": None if self.bin_edges is None else list(self.bin_edges), "num_bins": self.num_bins,
+                "window": self.window, "hysteresis": self.hysteresis, "k": self.k,
+                "estimator": self.passk_estimator, "unseen_bin": self.unseen_bin}
 
 
 @dataclass(frozen=True)
@@ -147,8 +104,7 @@ class PromptSettings:
     beta: float
     gamma: float
     max_weight: float
-    #: Eq. 14's clip of S; inf = no clip (the release: omega is then rescaled by exp(-eta max S),
-    #: which cancels in q and in the mean_one multipliers)
+    #: Eq. 14's clip of S; inf = no clip (the release)
     score_clip: float
     normalize_by_share: bool
     share_floor: float | None
@@ -158,15 +114,12 @@ class PromptSettings:
     clip_ratio_low: float
     clip_ratio_high: float
     clip_ratio_c: float
-    #: sampling modes: the uniform exploration floor, the evidence's per-visit decay, GRESO's
-    #: revisit probability and the band's width (docs/algorithm.md, "Prompt sampling modes"); their
-    #: defaults are the package YAML's, like every other key's
+    #: the sampling modes' keys (docs/algorithm.md, "Prompt sampling modes")
     explore: float
     rate_decay: float
     revisit: float
     band_width: float
-    #: Eq. 15's exploration mixture over ``all`` B bins or the bins ``present`` in the step (the
-    #: release's gamma / number of classes present)
+    #: Eq. 15's exploration mixture over ``all`` B bins or the bins ``present`` in the step (the release)
     mix_support: str = "all"
 
     def kwargs(self, num_bins: int) -> dict[str, Any]:
@@ -193,10 +146,7 @@ class RolloutSettings:
     rate_decay: float | None = None
 
     def kwargs(self, num_bins: int, n_mean: int) -> dict[str, Any]:
-        """Constructor arguments of :class:`verl_gdro.rollout_gdro.RolloutGDRO`.
-
-        ``n_mean`` is ``actor_rollout_ref.rollout.n``: verl's own GRPO n is the mean budget.
-        """
+        """Constructor arguments of :class:`RolloutGDRO` (``n_mean``: verl's ``rollout.n``, the mean budget)."""
         return _constructor_kwargs(RolloutGDRO, self, num_bins=num_bins, n_mean=n_mean)
 
 
@@ -212,8 +162,7 @@ class GDROSettings:
     prompt: PromptSettings
     rollout: RolloutSettings
     advantage_clip: float | None = None
-    #: a response is correct when its correctness value is above this: the trainer's
-    #: ``reward_extra_info[acc_key]``, the standalone estimator's outcome reward
+    #: a response is correct when its correctness value (or the estimator's outcome reward) is above this
     correct_threshold: float = 0.0
 
     @property
@@ -244,17 +193,12 @@ class GDROSettings:
         return d
 
 
-# ---------------------------------------------------------------------------------------------
-# Helpers
-# ---------------------------------------------------------------------------------------------
+# ---- helpers ----
 
 
 def to_plain(cfg: Any) -> Any:
-    """A DictConfig/ListConfig (resolved) or mapping as plain Python containers; None stays None.
-
-    omegaconf is imported lazily and only when the input is one of its containers, so plain dicts
-    (the demo, tests) need nothing beyond the standard library.
-    """
+    """A DictConfig/ListConfig (resolved) or mapping as plain Python containers; None stays None
+    (omegaconf is imported only for its own containers)."""
     if cfg is None:
         return None
     mod = type(cfg).__module__
@@ -314,11 +258,8 @@ def _int(key: str, value: Any, low: int | None = None, high: int | None = None) 
     ok_type = isinstance(value, int) and not isinstance(value, bool)
     if not ok_type and hasattr(value, "dtype") and getattr(value.dtype, "kind", "") in "iu":
         ok_type, value = True, int(value)
-    rng = _range_text(low, high, False, False)
-    if not ok_type:
-        raise ValueError(f"{key}={value!r} is invalid: must be an integer {rng}".rstrip())
-    if (low is not None and value < low) or (high is not None and value > high):
-        raise ValueError(f"{key}={value!r} is invalid: must be an integer {rng}")
+    if not ok_type or (low is not None and value < low) or (high is not None and value > high):
+        raise ValueError(f"{key}={value!r} is invalid: must be an integer {_range_text(low, high, False, False)}".rstrip())
     return int(value)
 
 
@@ -332,14 +273,8 @@ def _range_text(low: float | None, high: float | None, low_open: bool, high_open
     return ""
 
 
-def _float(
-    key: str,
-    value: Any,
-    low: float | None = None,
-    high: float | None = None,
-    low_open: bool = False,
-    high_open: bool = False,
-) -> float:
+def _float(key: str, value: Any, low: float | None = None, high: float | None = None, low_open: bool = False,
+           high_open: bool = False) -> float:
     rng = _range_text(low, high, low_open, high_open)
     if isinstance(value, bool) or not isinstance(value, (int, float)) and not hasattr(value, "__float__"):
         raise ValueError(f"{key}={value!r} is invalid: must be a number {rng}".rstrip())
@@ -360,9 +295,7 @@ def _choice(key: str, value: Any, allowed: tuple[str, ...]) -> str:
     return str(value)
 
 
-# ---------------------------------------------------------------------------------------------
-# The gdro group alone
-# ---------------------------------------------------------------------------------------------
+# ---- the gdro group alone ----
 
 
 def _resolve_classifier(c: dict[str, Any]) -> ClassifierSettings:
@@ -371,19 +304,15 @@ def _resolve_classifier(c: dict[str, Any]) -> ClassifierSettings:
     num_bins_raw = c["num_bins"]
     if edges_raw is not None:
         if not isinstance(edges_raw, (list, tuple)) or len(edges_raw) == 0:
-            raise ValueError(
-                f"{p}.bin_edges={edges_raw!r} is invalid: must be null or a non-empty list of inner edges "
-                "strictly increasing inside (0, 1)"
-            )
+            raise ValueError(f"{p}.bin_edges={edges_raw!r} is invalid: must be null or a non-empty list of inner edges "
+                "strictly increasing inside (0, 1)")
         edges = tuple(_float(f"{p}.bin_edges[{i}]", e, 0.0, 1.0, True, True) for i, e in enumerate(edges_raw))
         if any(b <= a for a, b in zip(edges, edges[1:])):
             raise ValueError(f"{p}.bin_edges={list(edges)} is invalid: inner edges must be strictly increasing")
         derived = len(edges) + 1
         if num_bins_raw is not None and num_bins_raw != derived:
-            raise ValueError(
-                f"{p}.num_bins={num_bins_raw!r} disagrees with {p}.bin_edges: {len(edges)} inner edges "
-                f"give {derived} bins; set {p}.num_bins={derived} or null"
-            )
+            raise ValueError(f"{p}.num_bins={num_bins_raw!r} disagrees with {p}.bin_edges: {len(edges)} inner edges "
+                f"give {derived} bins; set {p}.num_bins={derived} or null")
         num_bins = derived
     else:
         if num_bins_raw is None:
@@ -395,18 +324,13 @@ def _resolve_classifier(c: dict[str, Any]) -> ClassifierSettings:
     narrowest = min(b - a for a, b in zip(full, full[1:]))
     hysteresis = _float(f"{p}.hysteresis", c["hysteresis"], low=0.0)
     if hysteresis >= narrowest:
-        raise ValueError(
-            f"{p}.hysteresis={c['hysteresis']!r} is invalid: must be >= 0 and smaller than the narrowest "
-            f"bin ({narrowest:.6g}), or a prompt could never leave its bin"
-        )
+        raise ValueError(f"{p}.hysteresis={c['hysteresis']!r} is invalid: must be >= 0 and smaller than the narrowest "
+            f"bin ({narrowest:.6g}), or a prompt could never leave its bin")
     return ClassifierSettings(
-        num_bins=num_bins,
-        bin_edges=edges,
-        window=_int(f"{p}.window", c["window"], low=1),
-        hysteresis=hysteresis,
+        num_bins=num_bins, bin_edges=edges, window=_int(f"{p}.window", c["window"], low=1), hysteresis=hysteresis,
         k=_int(f"{p}.k", c["k"], low=1),
         passk_estimator=_choice(f"{p}.passk_estimator", c["passk_estimator"], PASSK_ESTIMATORS),
-        unseen_bin=_int(f"{p}.unseen_bin", c["unseen_bin"], low=0, high=num_bins - 1),
+        unseen_bin=_int(f"{p}.unseen_bin", c["unseen_bin"], low=0, high=num_bins - 1)
     )
 
 
@@ -416,10 +340,8 @@ SIGNAL_DEFAULTS: dict[str, float] = {"kl_coef": 0.001, "clip_ratio_low": 0.2, "c
                                      "clip_ratio_c": 3.0}
 #: gdro.prompt key -> the actor key it must equal: the signal measures what the actor optimises.
 ACTOR_SIGNAL_KEYS: dict[str, str] = {
-    "kl_coef": "actor_rollout_ref.actor.kl_loss_coef",
-    "clip_ratio_low": "actor_rollout_ref.actor.clip_ratio_low",
-    "clip_ratio_high": "actor_rollout_ref.actor.clip_ratio_high",
-    "clip_ratio_c": "actor_rollout_ref.actor.clip_ratio_c",
+    "kl_coef": "actor_rollout_ref.actor.kl_loss_coef", "clip_ratio_low": "actor_rollout_ref.actor.clip_ratio_low",
+    "clip_ratio_high": "actor_rollout_ref.actor.clip_ratio_high", "clip_ratio_c": "actor_rollout_ref.actor.clip_ratio_c"
 }
 
 
@@ -433,53 +355,39 @@ def _resolve_prompt(c: dict[str, Any], preset: str, num_bins: int) -> PromptSett
     else:
         score_clip = _float(f"{p}.score_clip", raw_clip, low=0.0, low_open=True)
     if math.isfinite(score_clip) and eta * score_clip > _MAX_EXPONENT:
-        raise ValueError(
-            f"{p}.eta={c['eta']!r} is invalid with {p}.score_clip={c['score_clip']!r}: eta * score_clip must be "
-            f"<= {_MAX_EXPONENT} so that exp(eta * S) stays finite"
-        )
+        raise ValueError(f"{p}.eta={c['eta']!r} is invalid with {p}.score_clip={c['score_clip']!r}: eta * score_clip "
+            f"must be <= {_MAX_EXPONENT} so that exp(eta * S) stays finite")
     share_floor = c["share_floor"]
     if share_floor is not None:
         share_floor = _float(f"{p}.share_floor", share_floor, 0.0, 1.0, low_open=True)
     min_ess = _float(f"{p}.min_ess", c["min_ess"], 0.0, 1.0, high_open=True)
     weight_normalization = _choice(f"{p}.weight_normalization", c["weight_normalization"], WEIGHT_NORMALIZATIONS)
     if min_ess > 0 and weight_normalization != "mean_one":
-        raise ValueError(
-            f"{p}.min_ess={min_ess} is invalid with {p}.weight_normalization={weight_normalization!r}: the "
-            "effective-sample-size floor acts on mean_one multipliers"
-        )
+        raise ValueError(f"{p}.min_ess={min_ess} is invalid with {p}.weight_normalization={weight_normalization!r}: "
+            "the effective-sample-size floor acts on mean_one multipliers")
     mix_support = _choice(f"{p}.mix_support", c["mix_support"], MIX_SUPPORTS)
     if (math.isinf(score_clip) or mix_support == "present") and (min_ess > 0 or weight_normalization != "mean_one"):
-        raise ValueError(
-            f"{p}.score_clip={score_clip} / {p}.mix_support={mix_support} (the release's multipliers) is invalid "
-            f"with {p}.min_ess={min_ess} / {p}.weight_normalization={weight_normalization!r}: without a clip "
+        raise ValueError(f"{p}.score_clip={score_clip} / {p}.mix_support={mix_support} (the release's multipliers) is "
+            f"invalid with {p}.min_ess={min_ess} / {p}.weight_normalization={weight_normalization!r}: without a clip "
             "omega is only known up to a common factor, and the present-bins mixture is defined for mean_one "
-            "multipliers without an ESS floor only"
-        )
+            "multipliers without an ESS floor only")
     signal = {k: SIGNAL_DEFAULTS[k] if c[k] is None else c[k] for k in SIGNAL_DEFAULTS}
     low = _float(f"{p}.clip_ratio_low", signal["clip_ratio_low"], 0.0, 1.0, high_open=True)
     high = _float(f"{p}.clip_ratio_high", signal["clip_ratio_high"], low=0.0)
     return PromptSettings(
-        enable=_bool(f"{p}.enable", c["enable"]),
-        mode=_choice(f"{p}.mode", c["mode"], tuple(PROMPT_MODE_REGISTRY)),
-        loss_signal=_choice(f"{p}.loss_signal", loss_signal, tuple(LOSS_SIGNAL_REGISTRY)),
-        eta=eta,
+        enable=_bool(f"{p}.enable", c["enable"]), mode=_choice(f"{p}.mode", c["mode"], tuple(PROMPT_MODE_REGISTRY)),
+        loss_signal=_choice(f"{p}.loss_signal", loss_signal, tuple(LOSS_SIGNAL_REGISTRY)), eta=eta,
         beta=_float(f"{p}.beta", c["beta"], 0.0, 1.0, low_open=True),
         gamma=_float(f"{p}.gamma", c["gamma"], 0.0, 1.0, high_open=True),
-        max_weight=_float(f"{p}.max_weight", c["max_weight"], low=0.0, low_open=True),
-        score_clip=score_clip,
-        normalize_by_share=_bool(f"{p}.normalize_by_share", c["normalize_by_share"]),
-        share_floor=share_floor,
-        weight_normalization=weight_normalization,
-        min_ess=min_ess,
-        kl_coef=_float(f"{p}.kl_coef", signal["kl_coef"], low=0.0),
-        clip_ratio_low=low,
-        clip_ratio_high=high,
+        max_weight=_float(f"{p}.max_weight", c["max_weight"], low=0.0, low_open=True), score_clip=score_clip,
+        normalize_by_share=_bool(f"{p}.normalize_by_share", c["normalize_by_share"]), share_floor=share_floor,
+        weight_normalization=weight_normalization, min_ess=min_ess,
+        kl_coef=_float(f"{p}.kl_coef", signal["kl_coef"], low=0.0), clip_ratio_low=low, clip_ratio_high=high,
         clip_ratio_c=_float(f"{p}.clip_ratio_c", signal["clip_ratio_c"], low=1.0, low_open=True),
         explore=_float(f"{p}.explore", c["explore"], 0.0, 1.0, low_open=True),
         rate_decay=_float(f"{p}.rate_decay", c["rate_decay"], 0.0, 1.0, low_open=True),
         revisit=_float(f"{p}.revisit", c["revisit"], 0.0, 1.0, low_open=True),
-        band_width=_float(f"{p}.band_width", c["band_width"], low=0.0, low_open=True),
-        mix_support=mix_support,
+        band_width=_float(f"{p}.band_width", c["band_width"], low=0.0, low_open=True), mix_support=mix_support
     )
 
 
@@ -487,10 +395,8 @@ def _resolve_rollout(c: dict[str, Any], preset: str) -> RolloutSettings:
     p = "gdro.rollout"
     n_min = _int(f"{p}.n_min", c["n_min"])
     if n_min < 2:
-        raise ValueError(
-            f"{p}.n_min={n_min} is invalid: must be >= 2 (one rollout gives a GRPO group no baseline: its "
-            "advantage would be its raw reward)"
-        )
+        raise ValueError(f"{p}.n_min={n_min} is invalid: must be >= 2 (one rollout gives a GRPO group no baseline: its "
+            "advantage would be its raw reward)")
     n_max = _int(f"{p}.n_max", c["n_max"])
     if n_max < n_min:
         raise ValueError(f"{p}.n_max={n_max} is invalid: must be >= {p}.n_min={n_min}")
@@ -501,53 +407,34 @@ def _resolve_rollout(c: dict[str, Any], preset: str) -> RolloutSettings:
     cls = get_allocator(allocator)
     per_prompt = getattr(cls, "per_prompt_evidence", False)
     if per_prompt and arm_utility not in PER_PROMPT_UTILITIES:
-        raise ValueError(
-            f"{p}.arm_utility={arm_utility!r} is invalid with {p}.allocator=per_prompt: allowed "
-            f"{list(PER_PROMPT_UTILITIES)} (the allocator needs u(p, n) for every n)"
-        )
+        raise ValueError(f"{p}.arm_utility={arm_utility!r} is invalid with {p}.allocator=per_prompt: allowed "
+            f"{list(PER_PROMPT_UTILITIES)} (the allocator needs u(p, n) for every n)")
     if arm_utility == "hit" and not per_prompt:
-        raise ValueError(
-            f"{p}.arm_utility='hit' is invalid with {p}.allocator={c['allocator']!r}: HORA's hit utility needs "
-            f"each prompt's own counts, set {p}.allocator=per_prompt"
-        )
+        raise ValueError(f"{p}.arm_utility='hit' is invalid with {p}.allocator={c['allocator']!r}: HORA's hit utility "
+            f"needs each prompt's own counts, set {p}.allocator=per_prompt")
     rate_decay = c.get("rate_decay")
     if rate_decay is not None:
         rate_decay = _float(f"{p}.rate_decay", rate_decay, 0.0, 1.0, low_open=True)
         if "rollout.rate_decay" not in cls.reads:
-            raise ValueError(
-                f"{p}.rate_decay={rate_decay} is invalid with {p}.allocator={c['allocator']!r}: it decays the "
-                f"per_prompt allocator's evidence; set {p}.allocator=per_prompt or leave it null"
-            )
+            raise ValueError(f"{p}.rate_decay={rate_decay} is invalid with {p}.allocator={c['allocator']!r}: it "
+                f"decays the per_prompt allocator's evidence; set {p}.allocator=per_prompt or leave it null")
     seed = c["seed"]
     return RolloutSettings(
-        enable=_bool(f"{p}.enable", c["enable"]),
-        n_min=n_min,
-        n_max=n_max,
+        enable=_bool(f"{p}.enable", c["enable"]), n_min=n_min, n_max=n_max,
         eta=_float(f"{p}.eta", c["eta"], low=0.0, low_open=True),
         gamma=_float(f"{p}.gamma", c["gamma"], 0.0, 1.0, high_open=True),
         score_ema=_float(f"{p}.score_ema", c["score_ema"], 0.0, 1.0, low_open=True),
-        dual_lr=_float(f"{p}.dual_lr", c["dual_lr"], low=0.0),
-        allocator=allocator,
-        arm_utility=arm_utility,
-        selection=_choice(f"{p}.selection", selection, SELECTIONS),
-        seed=_int(f"{p}.seed", seed, low=0),
-        rate_decay=rate_decay,
+        dual_lr=_float(f"{p}.dual_lr", c["dual_lr"], low=0.0), allocator=allocator, arm_utility=arm_utility,
+        selection=_choice(f"{p}.selection", selection, SELECTIONS), seed=_int(f"{p}.seed", seed, low=0),
+        rate_decay=rate_decay
     )
 
 
 def resolve_gdro(group: Any = None, standalone: bool = False) -> GDROSettings:
-    """Resolve and validate the ``gdro`` group (a mapping, a DictConfig, settings, or None for defaults).
-
-    Missing keys take the package YAML's defaults; ``null`` keys that a preset decides take the
-    preset's value (explicit values win); every key is type- and range-checked, and an unknown key
-    is an error. Raises ValueError naming the offending ``gdro.*`` key.
-
-    ``gdro.rollout.enable`` and ``gdro.prompt.mode`` left ``null`` take the default of the path that
-    runs them: under the GDRO trainer (and in the step API) both adversaries run, Prompt-GDRO in the
-    preset's mode; for the ``gdro_grpo`` estimator in a trainer of its own (``standalone``) only
-    Prompt-GDRO's reweighting can run, so they resolve to ``false`` and ``reweight``. An explicit
-    value is kept either way (and refused where the path cannot honour it).
-    """
+    """Resolve and validate the ``gdro`` group (a mapping, a DictConfig, settings, or None for defaults):
+    YAML defaults, ``null`` keys from the preset, every key checked (a ValueError naming it). Left
+    ``null``, ``rollout.enable`` and ``prompt.mode`` take the path's default: both adversaries in the
+    preset's mode, or for the estimator alone (``standalone``) ``false`` and ``reweight``."""
     if isinstance(group, GDROSettings):
         return group
     given = to_plain(group) or {}
@@ -582,15 +469,10 @@ def resolve_gdro(group: Any = None, standalone: bool = False) -> GDROSettings:
     if advantage_clip is not None:
         advantage_clip = _float("gdro.advantage_clip", advantage_clip, low=0.0, low_open=True)
     settings = GDROSettings(
-        enable=_bool("gdro.enable", c["enable"]),
-        preset=str(preset),
-        uid_key=uid_key,
-        acc_key=acc_key,
-        classifier=classifier,
-        prompt=_resolve_prompt(c["prompt"], preset, classifier.num_bins),
-        rollout=_resolve_rollout(c["rollout"], preset),
-        advantage_clip=advantage_clip,
-        correct_threshold=_float("gdro.correct_threshold", c["correct_threshold"]),
+        enable=_bool("gdro.enable", c["enable"]), preset=str(preset), uid_key=uid_key, acc_key=acc_key,
+        classifier=classifier, prompt=_resolve_prompt(c["prompt"], preset, classifier.num_bins),
+        rollout=_resolve_rollout(c["rollout"], preset), advantage_clip=advantage_clip,
+        correct_threshold=_float("gdro.correct_threshold", c["correct_threshold"])
     )
     _refuse_unread(given, settings, standalone)
     return settings
@@ -600,9 +482,7 @@ def _reads_rate_decay(allocator: Any) -> bool:
     return allocator in allocator_names() and "rollout.rate_decay" in get_allocator(allocator).reads
 
 
-# ---------------------------------------------------------------------------------------------
-# What a resolved configuration reads: derived from the strategies' declarations
-# ---------------------------------------------------------------------------------------------
+# ---- what a resolved configuration reads: derived from the strategies' declarations ----
 
 #: keys every enabled configuration reads (the switches, the run's identity, the classifier)
 _ALWAYS_READ = ("enable", "preset", "uid_key", "acc_key", "correct_threshold", "advantage_clip", "classifier.num_bins",
@@ -615,15 +495,9 @@ RUN_KEYS = ("rollout.seed",)
 
 
 def keys_read(settings: GDROSettings) -> frozenset[str]:
-    """The ``gdro`` keys (dotted, relative to the group: ``rollout.eta``) that the controller reads
-    under ``settings`` (the GDRO trainer and the step API), from the active strategies' ``reads``.
-
-    Active: Prompt-GDRO's mode when Prompt-GDRO is on; the allocator when Rollout-GDRO is on; the
-    loss signal when Prompt-GDRO is on or the allocator logs it (``logs_loss_signal``: the per-bin
-    allocators, whose bandit may also learn from it). With
-    ``gdro.enable=false`` only ``enable`` is read. Paths that run less (the ``gdro_grpo`` estimator
-    alone) read a subset of this set.
-    """
+    """The ``gdro`` keys (dotted: ``rollout.eta``) the controller reads under ``settings``, from the active
+    strategies' ``reads``: the prompt mode, the allocator, and the loss signal when Prompt-GDRO is on or
+    the allocator logs it (``logs_loss_signal``). The estimator alone reads a subset."""
     if not settings.enable:
         return frozenset({"enable"})
     keys = set(_ALWAYS_READ)
@@ -660,12 +534,10 @@ def _without(given: Mapping[str, Any], keys: list[str]) -> dict[str, Any]:
 
 
 def unread_keys(given: Any, settings: GDROSettings, standalone: bool = False) -> dict[str, Any]:
-    """The strategy keys (``prompt.*`` / ``rollout.*``) that ``given`` sets and no active strategy
-    reads (:func:`keys_read`): a value other than the one the key resolves to without it (the
-    package default, the preset's value, a filled-in default). A switched-off section's keys are
-    left alone, so an adversary (or verl-gdro) can be turned off without editing the rest of a
-    command line; the loss signals' coefficients that follow the actor are checked against it by
-    :func:`validate_gdro_config` instead."""
+    """The strategy keys (``prompt.*`` / ``rollout.*``) ``given`` sets to a value other than the one it
+    resolves to without it, and no active strategy reads (:func:`keys_read`). A switched-off section's
+    keys are left alone (an adversary can be turned off alone); the signals' coefficients that follow
+    the actor are checked by :func:`validate_gdro_config`."""
     if not settings.enable or not isinstance(given, Mapping):
         return {}
     read = keys_read(settings)
@@ -710,26 +582,16 @@ _GDRO_KEY = re.compile(r"(?<![\w.])gdro(?=[.= ])")
 
 
 def estimator_settings(algorithm: Any) -> GDROSettings:
-    """The settings of the ``gdro_grpo`` estimator alone (no GDRO trainer step open): the
-    ``algorithm.gdro`` group, resolved with the standalone path defaults.
-
-    ``algorithm`` is the group verl hands an estimator (``config=``). The estimator calls this at
-    run time and :func:`validate_gdro_config` (the dry run, the driver check) calls it on the
-    composed config's ``algorithm``, so both resolve every key alike. Errors name
-    ``algorithm.gdro.<key>``: that is the namespace this path reads.
-    """
+    """The settings of the ``gdro_grpo`` estimator alone: ``algorithm.gdro`` (of the group verl hands an
+    estimator) resolved with the standalone defaults; errors name ``algorithm.gdro.<key>``. The estimator
+    and :func:`validate_gdro_config` both call it, so both resolve every key alike."""
     try:
         return resolve_gdro(_group_of(algorithm), standalone=True)
     except ValueError as e:
         raise ValueError(_GDRO_KEY.sub("algorithm.gdro", str(e))) from None
 
 
-# ---------------------------------------------------------------------------------------------
-# The gdro group against the rest of the verl config
-# ---------------------------------------------------------------------------------------------
-
-_MISSING = object()
-
+# ---- the gdro group against the rest of the verl config ----
 
 def _select(cfg: Any, path: str, default: Any = None) -> Any:
     node = cfg
@@ -750,13 +612,8 @@ def _select(cfg: Any, path: str, default: Any = None) -> Any:
 
 def validate_gdro_config(cfg: Any) -> GDROSettings:
     """Validate a whole verl config (DictConfig or nested dict) that uses verl-gdro; return the settings.
-
-    One namespace per path: under the GDRO trainer the top-level ``gdro`` group is resolved with
-    :func:`resolve_gdro` (an ``algorithm.gdro`` that differs from it is refused); otherwise the
-    estimator's own :func:`estimator_settings` resolves ``algorithm.gdro`` and a top-level ``gdro``
-    group, which nothing would read, is refused. Then the settings are checked against the rest of
-    the config. Raises a ValueError that names the offending key. Callable without Ray, torch or verl.
-    """
+    One namespace per path (:func:`_path_settings`), then the settings against the rest of the config;
+    a ValueError names the offending key."""
     trainer_mode = _select(cfg, "trainer.v1.trainer_mode")
     settings = _path_settings(cfg, trainer_mode)
     if trainer_mode in TRAINER_MODES:
@@ -766,80 +623,50 @@ def validate_gdro_config(cfg: Any) -> GDROSettings:
 
 
 def _path_settings(cfg: Any, trainer_mode: Any) -> GDROSettings:
-    """The settings of the path's own namespace: ``gdro`` under the GDRO trainer (an
-    ``algorithm.gdro`` that differs is refused), ``algorithm.gdro`` for the estimator alone."""
+    """The settings of the path's own namespace: ``gdro`` under the GDRO trainer (an ``algorithm.gdro`` that
+    differs is refused), ``algorithm.gdro`` for the estimator alone (a top-level ``gdro`` is refused)."""
     gdro_trainer = trainer_mode in TRAINER_MODES
     top = _select(cfg, "gdro")
     algo_group = _select(cfg, "algorithm.gdro")
-    # One namespace per path: the GDRO trainer reads the top-level gdro group (and hands it to the
-    # estimator as algorithm.gdro); the estimator in verl's own trainer reads algorithm.gdro only.
     if gdro_trainer:
         if top is None and algo_group is not None:
-            raise ValueError(
-                f"algorithm.gdro is invalid with trainer.v1.trainer_mode={trainer_mode}: the GDRO trainer reads the "
-                "top-level gdro group (and hands it to the estimator); set +gdro.<key>=... instead"
-            )
+            raise ValueError(f"algorithm.gdro is invalid with trainer.v1.trainer_mode={trainer_mode}: the GDRO "
+                "trainer reads the top-level gdro group (and hands it to the estimator); set +gdro.<key>=... instead")
         if top is not None and algo_group is not None and to_plain(top) != to_plain(algo_group):
             if resolve_gdro(top) != resolve_gdro(algo_group):
-                raise ValueError(
-                    "algorithm.gdro disagrees with gdro: the GDRO trainer reads gdro and hands it to the estimator; "
-                    "set only gdro.* (the package config mirrors it into algorithm.gdro) or make them equal"
-                )
+                raise ValueError("algorithm.gdro disagrees with gdro: the GDRO trainer reads gdro and hands it to the "
+                    "estimator; set only gdro.* (the package config mirrors it into algorithm.gdro) or make them equal")
         return resolve_gdro(top)
     else:
         if top is not None:
-            raise ValueError(
-                f"gdro is invalid with trainer.v1.trainer_mode={trainer_mode!r}: the top-level gdro group is read "
-                f"only by the GDRO trainer ({'|'.join(TRAINER_MODES)}); the {ESTIMATOR_NAME} estimator in verl's own "
-                "trainer reads algorithm.gdro: set +algorithm.gdro.<key>=... on verl's ppo_trainer config instead, or "
-                f"set trainer.v1.trainer_mode={TRAINER_NAME}"
-            )
+            raise ValueError(f"gdro is invalid with trainer.v1.trainer_mode={trainer_mode!r}: the top-level gdro "
+                f"group is read only by the GDRO trainer ({'|'.join(TRAINER_MODES)}); the {ESTIMATOR_NAME} estimator "
+                "in verl's own trainer reads algorithm.gdro: set +algorithm.gdro.<key>=... on verl's ppo_trainer "
+                f"config instead, or set trainer.v1.trainer_mode={TRAINER_NAME}")
         return estimator_settings(_select(cfg, "algorithm"))
 
 
 def _check_trainer(cfg: Any, trainer_mode: str, settings: GDROSettings) -> None:
-    """The GDRO trainer against verl's trainer keys (estimator, V1, loader workers, sync step, sampler)."""
-    adv = _select(cfg, "algorithm.adv_estimator")
-    if adv != ESTIMATOR_NAME:
-        raise ValueError(
-            f"algorithm.adv_estimator={adv!r} is invalid with trainer.v1.trainer_mode={trainer_mode}: "
-            f"the GDRO trainer applies Prompt-GDRO through the '{ESTIMATOR_NAME}' estimator; "
-            f"set algorithm.adv_estimator={ESTIMATOR_NAME}"
-        )
-    use_v1 = _select(cfg, "trainer.use_v1", True)
-    if use_v1 is not True:
-        raise ValueError(
-            f"trainer.use_v1={use_v1!r} is invalid with trainer.v1.trainer_mode={trainer_mode}: "
-            "the GDRO trainer is a V1 trainer; set trainer.use_v1=true"
-        )
-    workers = _select(cfg, "data.dataloader_num_workers", 0)
-    if workers != 0:
-        raise ValueError(
-            f"data.dataloader_num_workers={workers!r} is invalid with trainer.v1.trainer_mode={trainer_mode}: "
-            "must be 0, or the adaptive sampler's draws run batches ahead of the controller updates"
-        )
-    base_mode = TRAINER_MODES[trainer_mode]
-    sync_step = _select(cfg, f"trainer.v1.{base_mode}.parameter_sync_step", 1)
-    if sync_step != 1:
-        raise ValueError(
-            f"trainer.v1.{base_mode}.parameter_sync_step={sync_step!r} is invalid with trainer.v1.trainer_mode="
-            f"{trainer_mode}: must be 1 (one generation batch, one advantage stage and one controller "
-            "update per step)"
-        )
-    custom = _select(cfg, "trainer.v1.sampler.custom_sampler.path")
-    if custom and settings.enable:
-        raise ValueError(
-            f"trainer.v1.sampler.custom_sampler.path={custom!r} is invalid with trainer.v1.trainer_mode="
-            f"{trainer_mode}: the GDRO trainer installs its own replay buffer to observe every generated group, "
-            "including those verl filters, evicts or discards; remove the custom sampler"
-        )
-    skip = _select(cfg, "skip.rollout_tq.enable", False)
-    if skip and settings.enable:
-        raise ValueError(
-            f"skip.rollout_tq.enable={skip!r} is invalid with trainer.v1.trainer_mode={trainer_mode}: verl's rollout "
-            "cache replays trajectories GDRO did not plan (no dispatch-time bin or rollout count); set "
-            "skip.rollout_tq.enable=false, or gdro.enable=false"
-        )
+    """The GDRO trainer against verl's trainer keys (estimator, V1, loader workers, sync step, sampler, cache)."""
+    on = settings.enable
+    checks: tuple[tuple[str, Any, Callable[[Any], bool], str], ...] = (
+        ("algorithm.adv_estimator", None, lambda v: v != ESTIMATOR_NAME, "the GDRO trainer applies Prompt-GDRO "
+         f"through the '{ESTIMATOR_NAME}' estimator; set algorithm.adv_estimator={ESTIMATOR_NAME}"),
+        ("trainer.use_v1", True, lambda v: v is not True, "the GDRO trainer is a V1 trainer; set trainer.use_v1=true"),
+        ("data.dataloader_num_workers", 0, lambda v: v != 0,
+         "must be 0, or the adaptive sampler's draws run batches ahead of the controller updates"),
+        (f"trainer.v1.{TRAINER_MODES[trainer_mode]}.parameter_sync_step", 1, lambda v: v != 1,
+         "must be 1 (one generation batch, one advantage stage and one controller update per step)"),
+        ("trainer.v1.sampler.custom_sampler.path", None, lambda v: bool(v) and on, "the GDRO trainer installs its "
+         "own replay buffer to observe every generated group, including those verl filters, evicts or discards; "
+         "remove the custom sampler"),
+        ("skip.rollout_tq.enable", False, lambda v: bool(v) and on, "verl's rollout cache replays trajectories GDRO "
+         "did not plan (no dispatch-time bin or rollout count); set skip.rollout_tq.enable=false, or gdro.enable=false"),
+    )
+    for key, default, refused, why in checks:
+        value = _select(cfg, key, default)
+        if refused(value):
+            raise ValueError(f"{key}={value!r} is invalid with trainer.v1.trainer_mode={trainer_mode}: {why}")
 
 
 def _check_budget(cfg: Any, trainer_mode: Any, settings: GDROSettings) -> None:
@@ -851,25 +678,19 @@ def _check_budget(cfg: Any, trainer_mode: Any, settings: GDROSettings) -> None:
 
     if gdro_trainer or gdro_estimator:
         if not isinstance(n, int) or isinstance(n, bool) or n < 2:
-            raise ValueError(
-                f"actor_rollout_ref.rollout.n={n!r} is invalid with algorithm.adv_estimator={adv}: must be an "
-                "integer >= 2 (GRPO needs a group; with Rollout-GDRO it is the mean budget per prompt)"
-            )
+            raise ValueError(f"actor_rollout_ref.rollout.n={n!r} is invalid with algorithm.adv_estimator={adv}: must "
+                "be an integer >= 2 (GRPO needs a group; with Rollout-GDRO it is the mean budget per prompt)")
 
     if settings.enable and settings.rollout.enable:
         r = settings.rollout
         if not gdro_trainer:
-            raise ValueError(
-                f"algorithm.gdro.rollout.enable=True is invalid with trainer.v1.trainer_mode={trainer_mode!r}: Rollout-GDRO "
-                f"chooses rollouts before generation, which only the GDRO trainer does; set "
-                f"trainer.v1.trainer_mode={TRAINER_NAME}"
-            )
+            raise ValueError("algorithm.gdro.rollout.enable=True is invalid with trainer.v1.trainer_mode="
+                f"{trainer_mode!r}: Rollout-GDRO chooses rollouts before generation, which only the GDRO trainer "
+                f"does; set trainer.v1.trainer_mode={TRAINER_NAME}")
         if isinstance(n, int) and not (r.n_min <= n <= r.n_max):
-            raise ValueError(
-                f"actor_rollout_ref.rollout.n={n} is invalid: the mean budget must lie in "
+            raise ValueError(f"actor_rollout_ref.rollout.n={n} is invalid: the mean budget must lie in "
                 f"[gdro.rollout.n_min={r.n_min}, gdro.rollout.n_max={r.n_max}], or the exact budget "
-                "batch_size * n cannot be met"
-            )
+                "batch_size * n cannot be met")
 
 
 def _check_strategies(cfg: Any, trainer_mode: Any, settings: GDROSettings) -> GDROSettings:
@@ -878,22 +699,18 @@ def _check_strategies(cfg: Any, trainer_mode: Any, settings: GDROSettings) -> GD
     gdro_trainer = trainer_mode in TRAINER_MODES
     top = _select(cfg, "gdro")
     if settings.resamples and not gdro_trainer:
-        raise ValueError(
-            f"algorithm.gdro.prompt.mode={settings.prompt.mode} is invalid with trainer.v1.trainer_mode={trainer_mode!r}: "
-            f"only the GDRO trainer's sampler can draw the prompts; set trainer.v1.trainer_mode={TRAINER_NAME} or "
-            "algorithm.gdro.prompt.mode=reweight"
-        )
+        raise ValueError(f"algorithm.gdro.prompt.mode={settings.prompt.mode} is invalid with trainer.v1.trainer_mode="
+            f"{trainer_mode!r}: only the GDRO trainer's sampler can draw the prompts; set trainer.v1.trainer_mode="
+            f"{TRAINER_NAME} or algorithm.gdro.prompt.mode=reweight")
 
     needs_ref = "ref_log_probs" in get_loss_signal(settings.prompt.loss_signal).needs
     if gdro_trainer and settings.enable and settings.prompt.enable and needs_ref:
         use_kl_loss = bool(_select(cfg, "actor_rollout_ref.actor.use_kl_loss", False))
         kl_in_reward = bool(_select(cfg, "algorithm.use_kl_in_reward", False))
         if not (use_kl_loss or kl_in_reward):
-            raise ValueError(
-                f"gdro.prompt.loss_signal={settings.prompt.loss_signal} is invalid without a reference policy: it needs "
-                "ref_log_prob; set actor_rollout_ref.actor.use_kl_loss=true (the paper's KL loss) or choose "
-                "gdro.prompt.loss_signal=failure_rate"
-            )
+            raise ValueError(f"gdro.prompt.loss_signal={settings.prompt.loss_signal} is invalid without a reference "
+                "policy: it needs ref_log_prob; set actor_rollout_ref.actor.use_kl_loss=true (the paper's KL loss) or "
+                "choose gdro.prompt.loss_signal=failure_rate")
 
     if gdro_trainer:  # the loss signals are computed by the GDRO trainer only
         settings = _signals_follow_actor(cfg, settings, top)
@@ -901,11 +718,9 @@ def _check_strategies(cfg: Any, trainer_mode: Any, settings: GDROSettings) -> GD
     if gdro_trainer and settings.enable and settings.uid_key == "row_index":
         custom = _select(cfg, "data.custom_cls.path")
         if not custom:
-            raise ValueError(
-                "gdro.uid_key=row_index is invalid without data.custom_cls: the row index comes from the GDRO "
-                "dataset class; set data.custom_cls.path=pkg://verl_gdro.integration.dataset "
-                "data.custom_cls.name=GDRODataset, or use gdro.uid_key=index"
-            )
+            raise ValueError("gdro.uid_key=row_index is invalid without data.custom_cls: the row index comes from the "
+                "GDRO dataset class; set data.custom_cls.path=pkg://verl_gdro.integration.dataset "
+                "data.custom_cls.name=GDRODataset, or use gdro.uid_key=index")
 
     return settings
 
@@ -943,11 +758,9 @@ def _signals_follow_actor(cfg: Any, settings: GDROSettings, group: Any) -> GDROS
                 and f"prompt.{key}" not in keys_read(settings):
             raise ValueError(_unread_message(f"prompt.{key}", explicit, settings))
         if explicit is not None and reads and float(explicit) != float(actor):
-            raise ValueError(
-                f"gdro.prompt.{key}={explicit!r} disagrees with {actor_key}={actor!r}: the loss signal "
+            raise ValueError(f"gdro.prompt.{key}={explicit!r} disagrees with {actor_key}={actor!r}: the loss signal "
                 f"({settings.prompt.loss_signal}) must measure what the actor optimises; leave gdro.prompt.{key} "
-                "unset (it follows the actor) or make them equal"
-            )
+                "unset (it follows the actor) or make them equal")
         if explicit is None:
             follow[key] = float(actor)
     if not follow:

@@ -1,15 +1,10 @@
 """Process-local hand-over of the step's Prompt-GDRO multipliers to the ``gdro_grpo`` estimator.
 
-verl calls an advantage estimator as ``fn(token_level_rewards, response_mask, index=uid,
-config=algorithm_cfg)``: no stable prompt id, no step, no trainer. The GDRO trainer (and the CPU
-demo) know each prompt's bin, so they compute the multiplier of every prompt group (keyed by verl's
-per-fetch ``uid``) and open a :func:`gdro_step` around verl's own advantage computation; the
-estimator looks the multipliers up with :func:`current_step`. With no step open the estimator runs
-standalone (see ``estimator.py``).
-
-The estimator runs in the trainer process only (docs/integration.md), in the thread that called
-``compute_advantage``, so a context variable is enough: no locks, no globals shared across Ray
-actors, and a step that raises leaves no stale multipliers behind.
+verl calls an estimator with no stable prompt id, no step and no trainer, so the GDRO trainer (and the
+CPU demo) open a :func:`gdro_step` around verl's ``compute_advantage`` with every prompt group's
+multiplier (keyed by verl's per-fetch ``uid``); the estimator reads :func:`current_step`, and runs
+standalone when none is open. It runs in the trainer process, in the calling thread (docs/integration.md),
+so a context variable suffices and a step that raises leaves no stale multipliers behind.
 """
 
 from __future__ import annotations
@@ -36,8 +31,7 @@ def is_padding_uid(uid: object) -> bool:
 
 
 def uid_keys(index: Sequence[object]) -> list[str]:
-    """verl's per-row ``uid`` values as a list of str, in one C-level pass (a per-row Python loop
-    here and in the estimator was part of GDRO's fixed per-step cost, benchmarks/overhead.py)."""
+    """verl's per-row ``uid`` values as a list of str, in one C-level pass (benchmarks/overhead.py)."""
     if isinstance(index, np.ndarray):
         index = index.tolist()
     if set(map(type, index)) == {str}:  # verl's uids are str already: one C-level type pass, no calls
@@ -63,22 +57,15 @@ def _check_range(multipliers: np.ndarray) -> tuple[int | None, bool]:
 
 @dataclass(frozen=True)
 class RowPlan:
-    """The caller's per-row view of the very batch the estimator will see (optional).
-
-    ``uids``: verl's uid of every row, in the batch's row order; ``multipliers``: each row's
-    multiplier (its group's value); ``singleton``: whether the row's uid occurs once in ``uids``.
-    The GDRO trainer already holds all three (the rows it fetched, their plan positions and
-    multipliers), so it hands them over and the estimator, after checking that its ``index`` is
-    exactly ``uids``, skips grouping the rows by uid and looking the multipliers up (about a
-    third of a millisecond per step at 1,024 rows, benchmarks/overhead.py). When the rows differ
-    in any way the estimator takes its general path over the per-uid table.
+    """The caller's per-row view of the very batch the estimator will see (optional): verl's ``uids`` in row
+    order, each row's multiplier, and whether its uid occurs once. When its ``index`` is exactly ``uids``
+    the estimator skips grouping the rows (benchmarks/overhead.py); otherwise it reads the per-uid table.
     """
 
     uids: list[str]
     multipliers: np.ndarray
     singleton: np.ndarray
-    #: derived at construction, for the estimator: every multiplier exactly 1, any singleton row,
-    #: and the multipliers in float32 (what float32 rewards times an integer or float32 mask make)
+    #: derived at construction, for the estimator (the float32 column has numpy's and torch's bits alike)
     all_ones: bool = field(init=False, repr=False, compare=False)
     any_singleton: bool = field(init=False, repr=False, compare=False)
     multipliers_f32: np.ndarray = field(init=False, repr=False, compare=False)
@@ -88,17 +75,13 @@ class RowPlan:
         s = np.asarray(self.singleton, dtype=bool)
         if m.shape != (len(self.uids),) or s.shape != (len(self.uids),):
             raise ValueError(
-                f"RowPlan: multipliers {m.shape} and singleton {s.shape} need one entry per uid ({len(self.uids)})"
-            )
+                f"RowPlan: multipliers {m.shape} and singleton {s.shape} need one entry per uid ({len(self.uids)})")
         bad, all_ones = _check_range(m)
         if bad is not None:
             raise ValueError(f"RowPlan: multipliers must be finite and >= 0; row {bad} has {m[bad]}")
         object.__setattr__(self, "multipliers", m)
         object.__setattr__(self, "singleton", s)
-        # Prepared here, in the caller's numpy work, rather than in the estimator: there they were
-        # the first small numpy / torch calls after verl's [N, T] passes, ~0.1 ms each with cold
-        # caches against a few us warm (benchmarks/overhead.py). float32 rounding is numpy's and
-        # torch's alike (round to nearest even), so the column has the same bits.
+        # prepared here rather than in the estimator, where cold caches made them slow (benchmarks/overhead.py)
         object.__setattr__(self, "all_ones", all_ones)
         object.__setattr__(self, "any_singleton", bool(s.any()))
         object.__setattr__(self, "multipliers_f32", m.astype(np.float32))
@@ -113,37 +96,26 @@ class RowPlan:
 
 @dataclass(frozen=True)
 class GDROStep:
-    """The multiplier of every prompt group of one advantage computation, keyed by verl ``uid``.
-
-    ``settings`` (optional): the caller's resolved ``gdro`` settings
-    (:class:`verl_gdro.step.config.GDROSettings`). The GDRO trainer validated at init that
-    ``algorithm.gdro`` equals them, so the estimator uses them instead of resolving and validating
-    its config group again on every step.
-    """
+    """The multiplier of every prompt group of one advantage computation, keyed by verl ``uid``;
+    ``settings``: the caller's resolved ``gdro`` settings, which the estimator uses instead of its own."""
 
     multipliers: Mapping[str, float]
     settings: Any = None
     rows: RowPlan | None = None
-    #: the algorithm group's ``norm_adv_by_std_in_grpo`` as the caller read it (None: the estimator
-    #: reads its config; an OmegaConf lookup cost up to 0.1 ms there with cold caches)
+    #: the algorithm group's ``norm_adv_by_std_in_grpo`` as the caller read it (None: the estimator reads it)
     norm_adv_by_std: bool | None = None
 
     def lookup(self, index: Sequence[object]) -> np.ndarray:
-        """Per-row multipliers for verl's ``index`` (uid) array; padding groups get 1.
-
-        A non-padding uid without a multiplier is a bug in the caller (a prompt the trainer never
-        planned), so it raises instead of silently training that prompt unweighted.
-        """
+        """Per-row multipliers for verl's ``index`` (uid) array; padding groups get 1, and any other uid
+        without a multiplier raises (a prompt the trainer never planned) rather than train it unweighted."""
         keys = uid_keys(index)
         values = list(map(self.multipliers.get, keys))
         if None in values:
             for i, key in enumerate(keys):
                 if values[i] is None:
                     if not is_padding_uid(key):
-                        raise KeyError(
-                            f"gdro_grpo: no Prompt-GDRO multiplier for uid {key!r}; the open gdro_step() does "
-                            "not cover this batch (was the batch planned by the GDRO trainer?)"
-                        )
+                        raise KeyError(f"gdro_grpo: no Prompt-GDRO multiplier for uid {key!r}; the open gdro_step() "
+                            "does not cover this batch (was the batch planned by the GDRO trainer?)")
                     values[i] = 1.0
         return np.array(values, dtype=np.float64).reshape(len(keys))
 
@@ -171,15 +143,8 @@ def _per_uid_table(keys: list[str], vals: NDArray[np.float64]) -> dict[str, floa
 
 
 class _RowTable(Mapping[str, float]):
-    """The per-uid table of a :class:`RowPlan`, built on first use.
-
-    With a row plan that matches its batch (the GDRO trainer's usual step) the estimator never
-    reads the table, so :func:`gdro_step` given only ``rows`` does not build one: building and
-    validating a uid -> multiplier dict of every group cost ~0.05 ms per step at 256 prompts
-    (benchmarks/overhead.py). When the batch differs from the plan (verl's batch balancing
-    reordered or padded it), the estimator's lookup builds it here, with the same repeated-uid
-    check as ``gdro_step(uids=..., values=...)``; the multipliers were checked by the RowPlan.
-    """
+    """The per-uid table of a :class:`RowPlan`, built (with the repeated-uid check) on first use: only
+    when the batch differs from the plan, e.g. after verl's batch balancing reordered or padded it."""
 
     def __init__(self, rows: RowPlan) -> None:
         self._rows = rows
@@ -212,16 +177,10 @@ def gdro_step(multipliers: Mapping[str, float] | None = None, *, uids: Sequence[
               rows: RowPlan | None = None, norm_adv_by_std: bool | None = None) -> Iterator[GDROStep]:
     """Open a step: the estimator applies these per-uid multipliers instead of running standalone.
 
-    Either ``multipliers`` (uid -> multiplier) or parallel ``uids`` / ``values`` (one per prompt
-    group, or one per row: repeated uids must carry the same value), or only ``rows``: the table is
-    then the row plan's own, built only if the estimator needs it (its batch is not exactly those
-    rows). ``settings``: the resolved
-    ``gdro`` settings the estimator should use (see :class:`GDROStep`); ``None`` resolves them
-    from the estimator's config as standalone. ``rows``: the per-row view of the batch
-    (:class:`RowPlan`), which must agree with the multipliers; the estimator then skips its own
-    grouping when its batch is exactly these rows. ``norm_adv_by_std``: the value of the
-    algorithm group's ``norm_adv_by_std_in_grpo`` (what verl's trainer passes to grpo), so the
-    estimator need not look it up in its config; None reads the config. Steps do not nest.
+    Either ``multipliers`` (uid -> multiplier), parallel ``uids`` / ``values`` (per group, or per row:
+    repeated uids must carry one value), or only ``rows`` (:class:`RowPlan`, which must agree with the
+    multipliers). ``settings`` / ``norm_adv_by_std``: what the estimator would otherwise read from its
+    config (None: it reads it). Steps do not nest.
     """
     table: Mapping[str, float]
     if multipliers is None and uids is None and values is None and rows is not None:

@@ -1,29 +1,11 @@
 """One GDRO step, shared by the verl trainer and the CPU demo: plan -> multipliers -> update -> metrics.
 
 :class:`GDROController` holds the three controllers of docs/algorithm.md (classifier, Prompt-GDRO,
-Rollout-GDRO) and turns one step's flat per-trajectory arrays into decisions, controller updates
-and the ``gdro/`` metrics. The ``gdro_sync`` trainer and the CPU demo both call exactly this code,
-so what the demo measures is what a GPU run does. numpy only at import (no verl, no torch).
-
-A step, in the order of docs/algorithm.md ("Order in step t"):
-
-1. ``plan = ctrl.before_generation(prompt_uids)``: classify the step's prompts with the history up
-   to t-1 (``plan.bins``) and, with Rollout-GDRO on, allocate ``plan.rollout_n`` under the exact
-   budget ``rollout_n * len(prompt_uids)``. Several calls before one update accumulate (verl may
-   fetch a step's prompts in chunks); positions continue across calls (``plan.positions``).
-2. ``mult = ctrl.advantage_multipliers(group_index)``: the Eq. 16 multiplier of every trajectory
-   (``group_index`` = the plan position of its prompt), from S_{t-1}; exactly 1.0 when Prompt-GDRO
-   is off or in a sampling mode (``resample``, ``failure_weighted``, ``greso``, ``band``). Hand them to the estimator with
-   ``verl_gdro.step.context.gdro_step`` around verl's ``compute_advantage``.
-3. ``metrics = ctrl.after_advantage(group_index, acc, ...)``: per-prompt loss signal
-   (docs/algorithm.md section 2), classifier visit, Prompt-GDRO and Rollout-GDRO updates, the
-   sampling modes' per-prompt evidence, and every metric of docs/algorithm.md section 4 (``verl_gdro.metrics.step_metrics``) plus a few integration counters. The
-   ``failure_rate`` signal reads only ``acc``, so this may run as soon as step 2's multipliers
-   are taken (the GDRO trainer does so, before verl's estimator); the surrogate signals read the
-   advantages and run after it.
-4. Only with the update-time signal (``update_surrogate``, :attr:`GDROController.wants_update_losses`):
-   ``metrics = ctrl.after_update(group_index, losses)`` after the PPO update, with each measured
-   response's loss; Prompt-GDRO (and a bandit fed the loss) learns from it for the next step.
+Rollout-GDRO) and turns one step's flat per-trajectory arrays into decisions, updates and the ``gdro/``
+metrics, in the order of docs/algorithm.md ("Order in step t"): ``before_generation`` (bins and the
+call's rollouts; several calls before one update accumulate), ``advantage_multipliers`` (Eq. 16, handed
+to the estimator through ``gdro_step``), ``after_advantage`` (loss signal, controller updates, metrics)
+and, with the update-time signal only, ``after_update``. numpy only at import.
 """
 
 from __future__ import annotations
@@ -162,27 +144,16 @@ class GDROController(StepPlanner):
 
     # ---- update -> metrics ----------------------------------------------------------------------
 
-    def after_advantage(
-        self,
-        group_index: ArrayLike,
-        acc: ArrayLike,
-        *,
-        response_mask: ArrayLike | None = None,
-        old_log_probs: ArrayLike | None = None,
-        ref_log_probs: ArrayLike | None = None,
-        advantages: ArrayLike | None = None,
-        log_probs: ArrayLike | None = None,
-        extra_time_s: float = 0.0,
-    ) -> dict[str, float]:
+    def after_advantage(self, group_index: ArrayLike, acc: ArrayLike, *, response_mask: ArrayLike | None = None,
+                        old_log_probs: ArrayLike | None = None, ref_log_probs: ArrayLike | None = None,
+                        advantages: ArrayLike | None = None, log_probs: ArrayLike | None = None,
+                        extra_time_s: float = 0.0) -> dict[str, float]:
         """Update every controller with the step's trajectories and return the ``gdro/`` metrics.
 
-        ``group_index``: plan position of each (non-padding) trajectory's prompt; ``acc``: binary
-        correctness of each trajectory (the reward's ``acc``, >= 0.5 counts as correct), never the
-        shaped score; ``response_mask``, ``old_log_probs``, ``ref_log_probs``, ``advantages``: [N, T]
-        arrays, needed by the loss signals measured at the driver from them (``log_probs``
-        defaults to ``old_log_probs``: the on-policy point); ``extra_time_s``: controller-side time
-        spent by the caller, added to ``gdro/controller_time_s``. Prompts planned but without any
-        trajectory are left out of every update. Clears the plan.
+        ``group_index``: plan position of each (non-padding) trajectory's prompt; ``acc``: its binary
+        correctness (>= 0.5 counts), never the shaped score; the [N, T] arrays: what the driver-side loss
+        signals read (``log_probs`` defaults to ``old_log_probs``, the on-policy point); ``extra_time_s``:
+        the caller's controller-side time. Prompts planned without trajectories are left out. Clears the plan.
         """
         t0 = time.perf_counter()
         if not self.enabled:
@@ -239,22 +210,15 @@ class GDROController(StepPlanner):
     def after_update(self, group_index: ArrayLike, losses: ArrayLike) -> dict[str, float]:
         """Feed the update-time loss of the step :meth:`after_advantage` last observed (``update_surrogate``).
 
-        ``group_index``: plan position of each measured response's prompt in that step (any subset,
-        any order, repeats allowed: a response measured on several mini-batch passes is averaged);
-        ``losses``: each response's loss measured during the actor's PPO update
-        (:func:`verl_gdro.prompt_gdro.clipped_surrogate_response_loss` without the dual clip).
-        Prompts with no measured response (groups removed untrained) are left out; Prompt-GDRO's
-        scores (and an allocator that learns from the loss) update, so the next step's multipliers
-        use them: the release's order. Returns the metrics the update changes: per-bin ``loss``
-        and ``score``, replacing the placeholders :meth:`after_advantage` logged, and
-        ``update_loss_responses``. Refused (ValueError, nothing changed) without an observed step
-        waiting, or with malformed input.
+        ``group_index``: plan position of each measured response's prompt (any subset, order or repeats:
+        several passes are averaged); ``losses``: each response's loss from the actor's PPO update
+        (:func:`verl_gdro.prompt_gdro.clipped_surrogate_response_loss`). Prompt-GDRO (and an allocator fed
+        the loss) updates for the next step, the release's order. Returns the per-bin ``loss`` and
+        ``score`` metrics that replace :meth:`after_advantage`'s placeholders; a ValueError changes nothing.
         """
         if not self.wants_update_losses:
-            raise ValueError(
-                f"after_update needs gdro.prompt.loss_signal in {list(update_time_signals())} (got "
-                f"{self.settings.prompt.loss_signal!r}) with Prompt-GDRO or a loss-fed bandit on"
-            )
+            raise ValueError(f"after_update needs gdro.prompt.loss_signal in {list(update_time_signals())} (got "
+                f"{self.settings.prompt.loss_signal!r}) with Prompt-GDRO or a loss-fed bandit on")
         waiting = self._awaiting
         if waiting is None:
             raise ValueError("after_update: no observed step is waiting for its update-time losses (call after_advantage first)")

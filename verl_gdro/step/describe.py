@@ -88,15 +88,11 @@ def check_saved_state(state: Any, settings: Mapping[str, Any], rollout_n: int, b
         raise ValueError(f"not a GDROController state of version {STATE_VERSION}")
     saved = upgrade_saved_settings(state.get("settings"), settings)
     if saved != settings:
-        raise ValueError(
-            f"GDROController state was saved under different gdro settings ({dict_diff(saved or {}, settings)}); "
-            "resume with the same gdro.* config"
-        )
+        raise ValueError("GDROController state was saved under different gdro settings ("
+            f"{dict_diff(saved or {}, settings)}); resume with the same gdro.* config")
     if int(state["rollout_n"]) != rollout_n:
-        raise ValueError(
-            f"GDROController state was saved with actor_rollout_ref.rollout.n={state['rollout_n']}, "
-            f"this run has {rollout_n}"
-        )
+        raise ValueError(f"GDROController state was saved with actor_rollout_ref.rollout.n={state['rollout_n']}, "
+            f"this run has {rollout_n}")
     for name, has in built.items():
         if has != (state.get(name) is not None):
             raise ValueError(f"GDROController state: {name} presence differs from this configuration")

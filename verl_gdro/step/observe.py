@@ -22,18 +22,9 @@ from verl_gdro.metrics import PREFIX, step_metrics_prepared
 from verl_gdro.prompt_gdro import bin_mean_losses
 
 __all__ = [
-    "ROLLOUT_SKIP_REASONS",
-    "StepOutcome",
-    "acc_array",
-    "bin_mean",
-    "count_outcomes",
-    "int_array",
-    "observation_metrics",
-    "rollout_metrics",
-    "update_all_or_nothing",
-    "update_time_losses",
-    "update_time_metrics",
-    "visit_classifier",
+    "ROLLOUT_SKIP_REASONS", "StepOutcome", "acc_array", "bin_mean", "count_outcomes", "int_array",
+    "observation_metrics", "rollout_metrics", "update_all_or_nothing", "update_time_losses", "update_time_metrics",
+    "visit_classifier"
 ]
 
 #: Why Rollout-GDRO skips a step's update, each logged as ``gdro/rollout_skip/<reason>`` (0 / 1)
@@ -219,10 +210,8 @@ def acc_array(acc: ArrayLike, size: int) -> NDArray[np.float64]:
         raise ValueError("acc must be finite for every trajectory (the reward's correctness, 0 or 1)")
     if a.size and (a.min() < 0.0 or a.max() > 1.0):
         # a shaped score (e.g. -1 / +1) under the acc key is a configuration error, not correctness
-        raise ValueError(
-            f"acc must be the binary correctness in [0, 1] (the reward's acc, never the shaped score), "
-            f"got values in [{a.min()}, {a.max()}]"
-        )
+        raise ValueError(f"acc must be the binary correctness in [0, 1] (the reward's acc, never the shaped score), "
+            f"got values in [{a.min()}, {a.max()}]")
     return (a >= 0.5).astype(np.float64)
 
 

@@ -95,19 +95,15 @@ class StepPlanner:
         n = self.rollout.plan(uids, bins, self.classifier)
         budget = self.rollout_n * int(uids.size)
         if int(n.sum()) != budget:
-            raise AssertionError(
-                f"Rollout-GDRO allocated {int(n.sum())} rollouts for {uids.size} prompts, not the exact "
-                f"budget {budget} = rollout.n * prompts"
-            )
+            raise AssertionError(f"Rollout-GDRO allocated {int(n.sum())} rollouts for {uids.size} prompts, not the "
+                f"exact budget {budget} = rollout.n * prompts")
         return uids, bins, n
 
     def _group_index(self, group_index: ArrayLike) -> NDArray[np.int64]:
         g = int_array("group_index", group_index)
         if g.size and (g.min() < 0 or g.max() >= self._uids.size):
-            raise ValueError(
-                f"group_index must hold plan positions in [0, {self._uids.size}) (prompts planned since the "
-                f"last update), got values in [{g.min()}, {g.max()}]"
-            )
+            raise ValueError(f"group_index must hold plan positions in [0, {self._uids.size}) (prompts planned since "
+                f"the last update), got values in [{g.min()}, {g.max()}]")
         return g
 
     def planned_uids(self, group_index: ArrayLike) -> NDArray[np.int64]:

@@ -1,40 +1,20 @@
 """The data adversary's prompt draws, verl-free: one sampler for the verl trainer, the CPU study
 and anyone's own RL loop.
 
-:class:`PromptSampler` draws a step's batch of distinct training prompts under the ``gdro.prompt.mode``
-of its :class:`~verl_gdro.step.controller.GDROController` (docs/algorithm.md, "Prompt sampling
-modes"):
-
-- ``resample``: Prompt-GDRO's bin distribution q_t (Eq. 15) over the bins that hold prompts,
-  under the same ESS floor (``min_ess``) and weight cap (``max_weight``) as reweighting
-  (:func:`~verl_gdro.prompt_gdro.resample_bin_masses`), spread uniformly over each bin's prompts:
-  prompt i of bin b has weight m(b) / |b|;
-- ``failure_weighted``, ``greso``, ``band``: a priority per prompt from its decayed evidence
-  (:func:`verl_gdro.evidence.sampling_priority`).
-
-Every mode mixes in the uniform exploration floor ``gdro.prompt.explore`` (no prompt's probability
-falls below explore / N) and draws the batch without replacement (:func:`draw_without_replacement`),
-so a step has exactly ``size`` distinct prompts and the rollouts stay GRPO's: ``size * rollout.n``.
-The draw probabilities are a function of the controller's state, so they are computed once per
-controller update (one O(N) vectorised pass: priorities and the floor, :attr:`PromptSampler.passes`
-counts them) and every draw until the next update reuses them; each draw is one exponential race
-and one partial sort, O(N) (:attr:`PromptSampler.draws`). A draw may exclude rows
-(``draw(size, exclude=rows)``: prompts still in flight, or already drawn for the step): they are
-drawn only when the other rows cannot fill the batch. Drawing k rows excluding the m already drawn
-under the same probabilities is distributed exactly like drawing the k after those m in one longer
-draw (successive sampling forgets the order), so a trainer that dispatches a step's batch and then
-refills (DAPO, failed groups, async top-ups) draws all of them as one batch of distinct prompts.
-The per-prompt evidence lives in the controller (it is updated in
-:meth:`~verl_gdro.step.controller.GDROController.after_advantage` and saved with its state); the
-sampler's own state is its generator. :meth:`PromptSampler.draw_metrics` describes the draws made
-since the last update (:data:`DRAW_METRICS`).
+:class:`PromptSampler` draws a step's batch of distinct training prompts under the controller's
+``gdro.prompt.mode`` (docs/algorithm.md, "Prompt sampling modes": ``resample`` spreads q_t's bin masses
+over each bin's prompts, the per-prompt modes read :func:`verl_gdro.evidence.sampling_priority`), with
+the exploration floor ``explore`` and without replacement, so a step has exactly ``size`` prompts. The
+probabilities are computed once per controller update (:attr:`PromptSampler.passes`); a draw may
+exclude rows (in flight, or already drawn), which is distributed like the tail of one longer draw, so
+refills draw the step's batch as one. The evidence lives in the controller; the sampler's state is its
+generator.
 
 Usage::
 
     sampler = PromptSampler(ctrl, dataset_uids, seed=0)
     rows = sampler.draw(batch_size)          # row positions into the training set
     plan = ctrl.before_generation(dataset_uids[rows])
-    ...
 """
 
 from __future__ import annotations
@@ -78,10 +58,8 @@ class PromptSampler:
 
     def __init__(self, controller: GDROController, uids: ArrayLike, seed: int = 0) -> None:
         if not controller.resamples:
-            raise ValueError(
-                f"gdro.prompt.mode={controller.settings.prompt.mode!r} does not draw prompts: a PromptSampler needs "
-                "Prompt-GDRO on with a sampling mode (resample, failure_weighted, greso or band)"
-            )
+            raise ValueError(f"gdro.prompt.mode={controller.settings.prompt.mode!r} does not draw prompts: a "
+                "PromptSampler needs Prompt-GDRO on with a sampling mode (resample, failure_weighted, greso or band)")
         self.controller = controller
         self.evidence = controller.attach_prompts(uids)
         self.uids = self.evidence.uids
@@ -118,9 +96,8 @@ class PromptSampler:
             prompt = self.controller.prompt
             assert prompt is not None  # resamples implies Prompt-GDRO on
             # q_t over the bins that hold prompts, under the reweighting's ESS floor and weight cap
-            mass, self.adversary_share = resample_bin_masses(
-                prompt.scores, sizes, prompt.eta, prompt.score_clip, prompt.gamma, prompt.max_weight, prompt.min_ess
-            )
+            mass, self.adversary_share = resample_bin_masses(prompt.scores, sizes, prompt.eta, prompt.score_clip,
+                                                             prompt.gamma, prompt.max_weight, prompt.min_ess)
             priority = mass[bins] / sizes[bins]
         else:
             ev = self.evidence
@@ -187,12 +164,10 @@ class PromptSampler:
         ``ess_share`` of the latest draw's probabilities."""
         prompts = self._stats["prompts"]
         out = {
-            "gdro/draw/coverage": self.evidence.num_visited / self.uids.size,
-            "gdro/draw/ess_share": self._ess_share,
+            "gdro/draw/coverage": self.evidence.num_visited / self.uids.size, "gdro/draw/ess_share": self._ess_share,
             "gdro/draw/explore_share": self._explore_sum / prompts if prompts else 0.0,
-            "gdro/draw/prompts": float(prompts),
-            "gdro/draw/calls": float(self._stats["calls"]),
-            "gdro/draw/excluded": float(self._stats["excluded"]),
+            "gdro/draw/prompts": float(prompts), "gdro/draw/calls": float(self._stats["calls"]),
+            "gdro/draw/excluded": float(self._stats["excluded"])
         }
         self._reset_draw_stats()
         return out
