@@ -104,7 +104,8 @@ def check_launch_keys(config: Any) -> None:
     custom = read_path(config, "data.custom_cls")
     if custom is not None and custom.get("path", None) and not custom.get("name", None):
         raise ValueError(f"data.custom_cls.name={custom.get('name', None)!r} is invalid with data.custom_cls.path="
-                         f"{custom.get('path')}: name the dataset class in that file (e.g. data.custom_cls.name=GDRODataset)")
+                         f"{custom.get('path')}: name the dataset class in that file (e.g. "
+                         "data.custom_cls.name=GDRODataset)")
     seed = read_path(config, "seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
         raise ValueError(f"seed={seed!r} is invalid: must be an integer >= 0 (it seeds the data order, vLLM "

@@ -138,25 +138,18 @@ def _standalone_multipliers(scores: np.ndarray, inverse: np.ndarray, padding: np
     """Standalone mode: bin each group by its own correctness this step; multipliers from S_{t-1};
     then update S with the failure rate (reward-only loss signal)."""
     if not get_prompt_mode(settings.prompt.mode).scales_advantages:
-        raise ValueError(
-            f"algorithm.gdro.prompt.mode={settings.prompt.mode} is invalid for the standalone gdro_grpo estimator: only "
-            "the GDRO trainer's sampler can draw the prompts; use trainer.v1.trainer_mode=gdro_sync or "
-            "algorithm.gdro.prompt.mode=reweight"
-        )
+        raise ValueError(f"algorithm.gdro.prompt.mode={settings.prompt.mode} is invalid for the standalone gdro_grpo "
+                         "estimator: only the GDRO trainer's sampler can draw the prompts; use "
+                         "trainer.v1.trainer_mode=gdro_sync or algorithm.gdro.prompt.mode=reweight")
     if settings.rollout.enable:
-        raise ValueError(
-            "algorithm.gdro.rollout.enable=True is invalid for the standalone gdro_grpo estimator: Rollout-GDRO chooses "
-            "rollouts before generation; use trainer.v1.trainer_mode=gdro_sync"
-        )
+        raise ValueError("algorithm.gdro.rollout.enable=True is invalid for the standalone gdro_grpo estimator: "
+                         "Rollout-GDRO chooses rollouts before generation; use trainer.v1.trainer_mode=gdro_sync")
     if not _STANDALONE.logged:
-        logger.warning(
-            "gdro_grpo runs STANDALONE (no GDRO trainer step open): each prompt is binned by its own group's "
-            "correctness this step (outcome reward > algorithm.gdro.correct_threshold=%s), Prompt-GDRO "
-            "state is kept in this process, loss signal = failure rate (preset %s). Use "
-            "trainer.v1.trainer_mode=gdro_sync for the online classifier, the preset's loss signal and Rollout-GDRO.",
-            settings.correct_threshold,
-            settings.preset,
-        )
+        logger.warning("gdro_grpo runs STANDALONE (no GDRO trainer step open): each prompt is binned by its own "
+                       "group's correctness this step (outcome reward > algorithm.gdro.correct_threshold=%s), "
+                       "Prompt-GDRO state is kept in this process, loss signal = failure rate (preset %s). Use "
+                       "trainer.v1.trainer_mode=gdro_sync for the online classifier, the preset's loss signal and "
+                       "Rollout-GDRO.", settings.correct_threshold, settings.preset)
         _STANDALONE.logged = True
     t0 = time.perf_counter()
     prompt = _STANDALONE.controller(settings)
@@ -178,12 +171,11 @@ def _standalone_multipliers(scores: np.ndarray, inverse: np.ndarray, padding: np
     _STANDALONE.last = {"group_bins": group_bins[real].copy(), "group_success_rate": rate[real].copy()}
     if not real.any():
         return mult
-    _STANDALONE.metrics = step_metrics(
-        settings.num_bins, group_bins[real], sums[real], counts[real].astype(np.float64),
-        prompt_weights=weights, q=prompt.bin_probs(), scores=prompt.scores, omega=prompt.omega(),
-        bin_losses=update.get("mean_losses"), controller_time_s=time.perf_counter() - t0,
-        dropped_nonfinite_total=int(prompt.dropped_nonfinite),
-    )
+    _STANDALONE.metrics = step_metrics(settings.num_bins, group_bins[real], sums[real], counts[real].astype(np.float64),
+                                       prompt_weights=weights, q=prompt.bin_probs(), scores=prompt.scores,
+                                       omega=prompt.omega(), bin_losses=update.get("mean_losses"),
+                                       controller_time_s=time.perf_counter() - t0,
+                                       dropped_nonfinite_total=int(prompt.dropped_nonfinite))
     _STANDALONE.metrics["gdro/standalone_steps"] = float(_STANDALONE.steps)
     return mult
 

@@ -158,6 +158,6 @@ def put_update_fields(batch: KVBatchMeta, consumed: ConsumedBatch, reward_field:
     raw = raw_grpo_advantages(scores, uid_keys(as_list(data["uid"])), norm_by_std)
     positions = np.full(len(batch), -1, dtype=np.int64)
     positions[consumed.rows] = consumed.group_index
-    fields = TensorDict({RAW_ADV_FIELD: raw.to(torch.float32), ROW_FIELD: torch.arange(len(batch), dtype=torch.float64)},
-                        batch_size=len(batch))
+    rows = torch.arange(len(batch), dtype=torch.float64)
+    fields = TensorDict({RAW_ADV_FIELD: raw.to(torch.float32), ROW_FIELD: rows}, batch_size=len(batch))
     return tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=fields), positions

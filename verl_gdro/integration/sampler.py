@@ -139,16 +139,16 @@ class GDROSampler(Sampler[int]):
             free = np.flatnonzero(~np.isin(later, np.fromiter(held, dtype=np.int64, count=len(held))))
             if free.size:  # else the rest of the epoch is held: draw it anyway
                 self._swap(pos, pos + 1 + int(free[0]))
-                self._swaps.append((pos, pos + 1 + int(free[0])))
                 index = int(self._perm[pos])  # type: ignore[index]
         held.add(index)
         return index
 
     def _swap(self, i: int, j: int) -> None:
-        """Exchange positions i and j of the epoch's order (sequential: materialised on first use)."""
+        """Exchange positions i and j of the epoch's order (sequential: materialised on first use); saved."""
         if self._perm is None:
             self._perm = np.arange(self.uids.size)
         self._perm[[i, j]] = self._perm[[j, i]]
+        self._swaps.append((i, j))
 
     def _call_held_rows(self) -> set[int]:
         """The rows of the announced call's held prompts (read once per call) plus those it drew."""
@@ -216,7 +216,6 @@ class GDROSampler(Sampler[int]):
         self._swaps = []  # the epoch's deferrals (absent in states written before they existed)
         for i, j in state.get("swaps", ()):
             self._swap(int(i), int(j))
-            self._swaps.append((int(i), int(j)))
         self._held_rows = None
         if self._draws is not None:
             if state.get("draws") is not None:
