@@ -1,6 +1,7 @@
 """``verl.plugins`` entry point: registers the ``gdro_grpo`` estimator and the GDRO trainer modes.
 
 verl imports it on every ``import verl`` and swallows a plugin's exceptions, so it is
+
 - **lazy**: each registration runs right after verl imports the registry it belongs to (a post-import
   hook on ``sys.meta_path``), not at import (docs/integration.md, "Plugin import cost");
 - **loud**: a failed registration is logged at WARNING and recorded in
@@ -14,6 +15,7 @@ import importlib.abc
 import logging
 import sys
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from verl_gdro.integration.registry import REGISTRATION_ERRORS
@@ -24,28 +26,20 @@ __all__ = ["REGISTER_AFTER", "register"]
 logger = logging.getLogger(__name__)
 
 
-def _register_estimator() -> None:
+def _register(module: str, name: str, what: str) -> None:
+    """Import ``module`` (which registers ``name`` with verl); a failure is recorded and logged, not raised."""
     try:
-        importlib.import_module("verl_gdro.integration.estimator")  # registers gdro_grpo
-        REGISTRATION_ERRORS.pop(ESTIMATOR_NAME, None)
+        importlib.import_module(module)
+        REGISTRATION_ERRORS.pop(name, None)
     except Exception as e:  # verl would swallow it: record and shout instead
-        REGISTRATION_ERRORS[ESTIMATOR_NAME] = f"{type(e).__name__}: {e}"
-        logger.warning("verl-gdro: registering the %s estimator failed: %s", ESTIMATOR_NAME, e, exc_info=True)
-
-
-def _register_trainers() -> None:
-    try:
-        importlib.import_module("verl_gdro.integration.trainer")  # registers gdro_sync and the async modes
-        REGISTRATION_ERRORS.pop(TRAINER_NAME, None)
-    except Exception as e:
-        REGISTRATION_ERRORS[TRAINER_NAME] = f"{type(e).__name__}: {e}"
-        logger.warning("verl-gdro: registering the %s trainer failed: %s", TRAINER_NAME, e, exc_info=True)
+        REGISTRATION_ERRORS[name] = f"{type(e).__name__}: {e}"
+        logger.warning("verl-gdro: registering the %s %s failed: %s", name, what, e, exc_info=True)
 
 
 #: verl module -> the registration that runs right after verl has imported it
 REGISTER_AFTER: dict[str, Callable[[], None]] = {
-    "verl.trainer.ppo.core_algos": _register_estimator,
-    "verl.trainer.ppo.v1": _register_trainers,
+    "verl.trainer.ppo.core_algos": partial(_register, "verl_gdro.integration.estimator", ESTIMATOR_NAME, "estimator"),
+    "verl.trainer.ppo.v1": partial(_register, "verl_gdro.integration.trainer", TRAINER_NAME, "trainer"),
 }
 
 
