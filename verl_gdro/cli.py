@@ -1,13 +1,9 @@
 """The ``verl-gdro`` command: ``demo``, ``study``, ``decide``, ``plot``, ``simulate``, ``eval`` and ``dry-run``.
 
-Each subcommand lives in its own module, which exposes ``add_arguments(parser)`` and
-``main(args) -> int``; modules are imported lazily so that ``verl-gdro plot`` does not pay for
-torch and ``verl-gdro simulate`` needs numpy only.
-
-Bad input gets one line and exit status 2, as argparse answers a bad flag: argparse's own errors,
-and every :class:`verl_gdro.errors.UsageError` a subcommand raises while it reads and validates
-its input (``verl-gdro <cmd>: error: <the key or flag, and what is allowed>``). Any other exception
-is a crash and keeps its traceback.
+Each subcommand's module exposes ``add_arguments(parser)`` and ``main(args) -> int`` and is imported
+lazily (``plot`` does not pay for torch). A :class:`verl_gdro.errors.UsageError` is one line and exit
+status 2, as argparse answers a bad flag (docs/development.md, "CLI input errors"); any other
+exception keeps its traceback.
 """
 
 from __future__ import annotations
@@ -38,16 +34,14 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-#: Third-party warnings a ``verl-gdro`` user can do nothing about: verl 0.9.1 warns at import for
-#: every optional training engine that is not installed (none is needed here). Silenced by the
-#: command only (:func:`quiet_third_party_warnings`), never at import of the library.
+#: verl's warnings at import for every optional training engine not installed (none is needed here);
+#: silenced by the command only, never at import of the library.
 QUIET_WARNINGS: tuple[str, ...] = tuple(
     f"{engine} engine is not available" for engine in ("torchtitan", "veomni", "automodel", "mindspeed", "megatron")
 )
 
 
-#: verl's platform manager logs these on every CPU-only machine (the demo's and the tests'); the
-#: CPU path needs no accelerator.
+#: verl's platform manager logs these on every CPU-only machine; the CPU path needs no accelerator.
 QUIET_LOG_PREFIXES: tuple[str, ...] = ("No supported accelerator detected", "Platform '")
 
 
@@ -107,9 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(_module=module)
         try:
             mod = importlib.import_module(module)
-        except ImportError:
-            # Keep the rest of the CLI usable if one optional part is missing.
-            p.set_defaults(_missing=True)
+        except ImportError:  # keep the rest usable; main() imports it again and raises the real error
             continue
         mod.add_arguments(p)
     _plain_parser(parser)
@@ -119,10 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     quiet_third_party_warnings()
     args = build_parser().parse_args(argv)
-    if getattr(args, "_missing", False):
-        # Import again to surface the real error.
-        importlib.import_module(args._module)
-    mod = importlib.import_module(args._module)
+    mod = importlib.import_module(args._module)  # a missing part raises its real error here
     try:
         return int(mod.main(args) or 0)
     except UsageError as e:

@@ -20,10 +20,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = [
-    "HEATMAPS", "STATE_METRICS", "add_arguments", "draw_all", "load_series", "main", "num_bins_of",
-    "series_from_rows", "series_matrix"
-]
+__all__ = ["HEATMAPS", "STATE_METRICS", "add_arguments", "draw_all", "load_series", "main", "num_bins_of",
+           "series_from_rows", "series_matrix"]
 
 #: heatmap file stem -> (per-bin metric name, title, colour-bar label)
 HEATMAPS: dict[str, tuple[str, str, str]] = {
@@ -41,8 +39,7 @@ def _rows_of(path: Path) -> list[dict[str, Any]]:
     rows = []
     with path.open() as fh:
         for i, line in enumerate(fh):
-            line = line.strip()
-            if not line:
+            if not (line := line.strip()):
                 continue
             try:
                 rows.append(json.loads(line))
@@ -57,8 +54,7 @@ def load_series(path: str | Path, name: str | None = None) -> dict[str, list[dic
     ``gdro/`` metric are skipped."""
     p = Path(path)
     if p.is_dir() and not (p / "metrics.jsonl").exists():
-        # the recipes' metrics folder (verl truncates the file it opens, so each resume writes a new
-        # one): read in name order, which is start time; a re-logged step keeps its last row
+        # the recipes' metrics folder (a new file per resume): name order is start order
         files = sorted(p.glob("*.jsonl"))
         if not files:
             raise ValueError(f"RUN_OR_JSONL={str(path)!r}: a folder with neither metrics.jsonl nor any *.jsonl file")
@@ -70,9 +66,8 @@ def load_series(path: str | Path, name: str | None = None) -> dict[str, list[dic
     return series_from_rows(_rows_of(p), name, source=str(p))
 
 
-def series_from_rows(
-    rows: list[dict[str, Any]], name: str | None = None, source: str = "rows"
-) -> dict[str, list[dict[str, Any]]]:
+def series_from_rows(rows: list[dict[str, Any]], name: str | None = None,
+                     source: str = "rows") -> dict[str, list[dict[str, Any]]]:
     """:func:`load_series` on rows already in memory (demo rows or verl file-logger rows)."""
     series: dict[str, list[dict[str, Any]]] = defaultdict(list)
     seeds = {r.get("seed") for r in rows if "data" not in r}
@@ -91,12 +86,8 @@ def series_from_rows(
         series[key].append(flat)
     if not series:
         raise ValueError(f"{source}: no rows with gdro/ metrics (is this a GDRO run's metrics file?)")
-    out = {}
-    for key, rs in series.items():
-        # a resumed run may have re-logged a step: keep the last row of each step
-        by_step = {int(r["step"]): r for r in rs}
-        out[key] = [by_step[s] for s in sorted(by_step)]
-    return out
+    by_step = {key: {int(r["step"]): r for r in rs} for key, rs in series.items()}  # a re-logged step: its last row
+    return {key: [steps[s] for s in sorted(steps)] for key, steps in by_step.items()}
 
 
 def num_bins_of(rows: Iterable[Mapping[str, Any]]) -> int:
@@ -113,19 +104,14 @@ STATE_METRICS = ("q", "score", "omega")
 
 def series_matrix(rows: Sequence[Mapping[str, Any]], metric: str, num_bins: int, mask_absent: bool = True) -> np.ndarray:
     """[num_bins, steps] matrix of per-bin ``metric``; NaN where the key is missing or, but for the
-    controller state (:data:`STATE_METRICS`), the bin was absent (which hides the placeholders
-    of files written before absent bins stopped logging them)."""
+    controller state (:data:`STATE_METRICS`), the bin was absent."""
     mat = np.full((num_bins, len(rows)), np.nan)
     masked = mask_absent and metric not in STATE_METRICS
     for j, r in enumerate(rows):
         for b in range(num_bins):
-            v = r.get(f"gdro/{metric}/bin_{b}")
-            if v is None:
-                continue
-            count = r.get(f"gdro/count/bin_{b}")
-            if masked and count is not None and float(count) == 0:
-                continue
-            mat[b, j] = float(v)
+            v, count = r.get(f"gdro/{metric}/bin_{b}"), r.get(f"gdro/count/bin_{b}")
+            if v is not None and not (masked and count is not None and float(count) == 0):
+                mat[b, j] = float(v)
     return mat
 
 
@@ -144,12 +130,8 @@ def draw_all(series: Mapping[str, Sequence[Mapping[str, Any]]], out_dir: str | P
     matplotlib.use("Agg")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    written = [
-        _heatmap(rows, metric, f"{name}: {title}", label, out / f"{_safe(name)}_{stem}.png")
-        for name, rows in series.items()
-        if rows
-        for stem, (metric, title, label) in HEATMAPS.items()
-    ]
+    written = [_heatmap(rows, metric, f"{name}: {title}", label, out / f"{_safe(name)}_{stem}.png")
+               for name, rows in series.items() if rows for stem, (metric, title, label) in HEATMAPS.items()]
     written.append(_scalar_figure(series, "gdro/lead_lag", "mu_weight - mu_data",
                                   "lead-lag of the weighted bin index (Eq. 32)", out / "lead_lag.png", zero_line=True))
     written.append(_scalar_figure(series, "gdro/zero_adv_share", "share of the step's groups",
@@ -204,10 +186,8 @@ def _wse_figure(series: Mapping[str, Sequence[Mapping[str, Any]]], path: Path) -
                    "weighted standard error proxy vs uniform allocation (Eq. 33)", legend=6)
 
 
-def _scalar_figure(
-    series: Mapping[str, Sequence[Mapping[str, Any]]], key: str, ylabel: str, title: str, path: Path,
-    zero_line: bool = False, ylim: tuple[float, float] | None = None,
-) -> Path:
+def _scalar_figure(series: Mapping[str, Sequence[Mapping[str, Any]]], key: str, ylabel: str, title: str, path: Path,
+                   zero_line: bool = False, ylim: tuple[float, float] | None = None) -> Path:
     """One scalar metric over steps, a line per series, saved to ``path``."""
     import matplotlib.pyplot as plt
 
@@ -222,10 +202,8 @@ def _scalar_figure(
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "source", metavar="RUN_OR_JSONL",
-        help="a demo run directory, its metrics.jsonl, verl's file-logger JSONL, or a recipe's metrics/ folder of them",
-    )
+    parser.add_argument("source", metavar="RUN_OR_JSONL", help="a demo run directory, its metrics.jsonl, verl's "
+                        "file-logger JSONL, or a recipe's metrics/ folder of them")
     parser.add_argument("--out", default=None, help="output folder (default: <run>/plots, or next to the JSONL)")
     parser.add_argument("--name", default=None, help="series name for a verl file-logger JSONL (default: verl)")
 
@@ -236,12 +214,7 @@ def main(args: argparse.Namespace) -> int:
     src = Path(args.source)
     with usage_errors():  # missing file, not JSONL, no gdro/ rows: one line, exit 2
         series = load_series(src, args.name)
-    if args.out:
-        out = Path(args.out)
-    elif src.is_dir():
-        out = src / "plots"
-    else:
-        out = src.parent / f"{src.stem}_plots"
+    out = Path(args.out) if args.out else src / "plots" if src.is_dir() else src.parent / f"{src.stem}_plots"
     paths = draw_all(series, out)
     print(f"wrote {len(paths)} figures for {len(series)} series to {out}")
     return 0

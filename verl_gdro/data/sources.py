@@ -70,9 +70,7 @@ def to_records(table: Any) -> list[dict[str, Any]]:
             if not isinstance(row, Mapping):
                 raise ValueError(f"table row {i} is a {type(row).__name__}, expected a mapping")
         return [dict(r) for r in rows]
-    raise ValueError(
-        f"table must be a DataFrame, a datasets.Dataset or rows of dicts, got {type(table).__name__}"
-    )
+    raise ValueError(f"table must be a DataFrame, a datasets.Dataset or rows of dicts, got {type(table).__name__}")
 
 
 def last_boxed(text: str) -> str | None:
@@ -131,17 +129,11 @@ def _pick(row: Mapping[str, Any], keys: Sequence[str], what: str, source: str) -
     raise ValueError(f"{source}: row has no {what} column; looked for {list(keys)}, found {sorted(row)}")
 
 
-def _row(
-    data_source: str, content: str, ground_truth: str, index: int, template: PromptTemplate, split: str,
-    source_id: str, ability: str = "math",
-) -> dict[str, Any]:
-    return {
-        "data_source": data_source,
-        "prompt": [{"role": "user", "content": content}],
-        "ability": ability,
-        "reward_model": {"style": "rule", "ground_truth": ground_truth},
-        "extra_info": {"index": int(index), "split": split, "template": template.name, "source_id": str(source_id)},
-    }
+def _row(data_source: str, content: str, ground_truth: str, index: int, template: PromptTemplate, split: str,
+         source_id: str, ability: str = "math") -> dict[str, Any]:
+    return {"data_source": data_source, "prompt": [{"role": "user", "content": content}], "ability": ability,
+            "reward_model": {"style": "rule", "ground_truth": ground_truth},
+            "extra_info": {"index": int(index), "split": split, "template": template.name, "source_id": str(source_id)}}
 
 
 def _resolve_template(template: PromptTemplate | str) -> PromptTemplate:
@@ -156,9 +148,8 @@ def prepare_dapo(table: Any, template: PromptTemplate | str = "answer", index_of
     for i, rec in enumerate(to_records(table)):
         problem = _pick(rec, ("prompt", "problem"), "problem", "dapo")
         if not isinstance(problem, str):
-            raise ValueError(
-                f"dapo row {i}: column 'prompt' must be the bare problem string, got {type(problem).__name__}"
-            )
+            raise ValueError(f"dapo row {i}: column 'prompt' must be the bare problem string, got "
+                             f"{type(problem).__name__}")
         answer = _pick(rec, ("solution", "answer"), "answer", "dapo")
         if isinstance(answer, Mapping):  # defensive: some mirrors nest it under reward_model
             answer = answer.get("ground_truth")
@@ -169,9 +160,8 @@ def prepare_dapo(table: Any, template: PromptTemplate | str = "answer", index_of
     return validate_rl_frame(pd.DataFrame(rows))
 
 
-def prepare_math_benchmark(
-    name: str, table: Any, template: PromptTemplate | str = "answer", index_offset: int = 0
-) -> pd.DataFrame:
+def prepare_math_benchmark(name: str, table: Any, template: PromptTemplate | str = "answer",
+                           index_offset: int = 0) -> pd.DataFrame:
     """A free-form-answer benchmark (MATH-500, AIME 24/25, AMC, Minerva, OlympiadBench) to RL rows."""
     if name not in BENCHMARKS or BENCHMARKS[name].kind != "math":
         allowed = [k for k, b in BENCHMARKS.items() if b.kind == "math"]
@@ -205,18 +195,15 @@ def gpqa_problem_text(question: str, options: Sequence[str]) -> str:
     return f"{question.strip()}\n\n" + "\n".join(lines) + f"\n\n{GPQA_INSTRUCTION}"
 
 
-def prepare_gpqa(
-    table: Any, template: PromptTemplate | str = "answer", seed: int = DEFAULT_GPQA_SEED, index_offset: int = 0
-) -> pd.DataFrame:
+def prepare_gpqa(table: Any, template: PromptTemplate | str = "answer", seed: int = DEFAULT_GPQA_SEED,
+                 index_offset: int = 0) -> pd.DataFrame:
     """GPQA-Diamond (``Question``, ``Correct Answer``, ``Incorrect Answer 1..3``) to 4-way choice rows."""
     tpl = _resolve_template(template)
     rows = []
     for i, rec in enumerate(to_records(table)):
         question = str(_pick(rec, ("Question", "question"), "question", "gpqa_diamond"))
         correct = _pick(rec, ("Correct Answer",), "correct answer", "gpqa_diamond")
-        incorrect = [
-            _pick(rec, (f"Incorrect Answer {j}",), f"incorrect answer {j}", "gpqa_diamond") for j in (1, 2, 3)
-        ]
+        incorrect = [_pick(rec, (f"Incorrect Answer {j}",), f"incorrect answer {j}", "gpqa_diamond") for j in (1, 2, 3)]
         options, letter = shuffle_choices(question, correct, incorrect, seed)
         source_id = rec.get("Record ID", rec.get("id", i))
         rows.append(_row("gpqa_diamond", tpl.render(gpqa_problem_text(question, options)), letter, index_offset + i,
@@ -224,10 +211,8 @@ def prepare_gpqa(
     return validate_rl_frame(pd.DataFrame(rows))
 
 
-def prepare_benchmark(
-    name: str, table: Any, template: PromptTemplate | str = "answer", index_offset: int = 0,
-    gpqa_seed: int = DEFAULT_GPQA_SEED,
-) -> pd.DataFrame:
+def prepare_benchmark(name: str, table: Any, template: PromptTemplate | str = "answer", index_offset: int = 0,
+                      gpqa_seed: int = DEFAULT_GPQA_SEED) -> pd.DataFrame:
     """Dispatch to the converter of benchmark ``name``."""
     if name not in BENCHMARKS:
         raise ValueError(f"benchmark={name!r} is unknown; allowed: {sorted(BENCHMARKS)}")
@@ -260,14 +245,12 @@ def validate_rl_frame(df: pd.DataFrame) -> pd.DataFrame:
             raise ValueError(f"row {pos}: extra_info.index={idx!r} must be an integer")
         idx = int(idx)
         if idx in seen:
-            raise ValueError(
-                f"extra_info.index={idx} is duplicated (rows {seen[idx]} and {pos}); prompt ids must be unique"
-            )
+            raise ValueError(f"extra_info.index={idx} is duplicated (rows {seen[idx]} and {pos}); prompt ids must be "
+                             "unique")
         seen[idx] = pos
         templates.add(extra.get("template"))
     if len(templates) > 1:
-        raise ValueError(f"extra_info.template mixes templates {sorted(map(str, templates))}; one table, one "
-                         "template")
+        raise ValueError(f"extra_info.template mixes templates {sorted(map(str, templates))}; one table, one template")
     return df
 
 

@@ -1,24 +1,11 @@
 """The standalone ``gdro_grpo`` estimator's state beside verl's checkpoint, and its metrics in verl's log.
 
-The estimator alone (``algorithm.adv_estimator=gdro_grpo`` in a trainer of verl's own) keeps
-Prompt-GDRO's scores in the trainer process (:mod:`verl_gdro.integration.estimator`). verl 0.9.1's
-V1 trainer offers one checkpoint hook, ``trainer.checkpoint_callback_class``: a
-:class:`~verl.trainer.ppo.checkpoint_callback.CheckpointCallback` it builds in the trainer's
-``__init__`` (in the trainer process, before it loads a checkpoint) and whose ``on_save`` it calls
-after each save with the ``global_step_N`` folder. :class:`StandaloneEstimatorCheckpoint` uses it:
-
-- ``on_save`` writes the estimator's state to ``<global_step_N>/gdro_estimator.json``;
-- its constructor finds the folder verl is about to resume from, by verl's own rules
-  (``trainer.resume_mode`` ``auto`` / ``resume_path``, ``find_latest_ckpt_path``), and hands the
-  saved state to the estimator, which applies it at its first step; a resumed run without that
-  file warns once that Prompt-GDRO's state restarts.
-
-verl has no hook that hands a callback or an estimator the step's metrics dict; the same
-constructor therefore wraps ``verl.utils.tracking.Tracking.log`` (process-local, once) so that
-the row verl logs for a training step also carries the estimator's ``gdro/`` metrics of that step.
-
-The ``main_ppo`` driver check (:mod:`verl_gdro.integration.driver`) selects this class when a run
-uses the estimator alone and names no callback of its own.
+verl 0.9.1's V1 trainer offers one checkpoint hook, ``trainer.checkpoint_callback_class``, built in
+the trainer process before it loads a checkpoint. :class:`StandaloneEstimatorCheckpoint`'s
+``on_save`` writes the estimator's state to ``<global_step_N>/gdro_estimator.json``; its constructor
+hands the state of the folder verl resumes from to the estimator, and wraps ``Tracking.log`` (verl
+hands no hook the step's metrics) so a training step's row carries the estimator's ``gdro/``
+metrics. The driver check selects it for the estimator alone (docs/integration.md, "1. Estimator only").
 """
 
 from __future__ import annotations
@@ -43,8 +30,7 @@ _MARK = "_verl_gdro_standalone_metrics"
 
 
 def resume_folder(config: Any) -> str | None:
-    """The ``global_step_N`` folder verl 0.9.1's V1 trainer resumes from (``_load_checkpoint``'s
-    rules), or None when it starts from scratch."""
+    """The ``global_step_N`` folder verl's V1 trainer resumes from (``_load_checkpoint``'s rules), or None."""
     from verl.utils.checkpoint.checkpoint_manager import find_latest_ckpt_path
 
     trainer = config.trainer
@@ -63,8 +49,8 @@ def resume_folder(config: Any) -> str | None:
 
 
 def install_metrics_logging() -> bool:
-    """Wrap ``Tracking.log`` once: a training-step row (one with ``training/global_step``, which
-    verl's V1 trainer adds to every step's metrics) gets the estimator's last ``gdro/`` metrics."""
+    """Wrap ``Tracking.log`` once: a training-step row (one with ``training/global_step``) gets the
+    estimator's last ``gdro/`` metrics."""
     from verl.utils.tracking import Tracking
 
     original = Tracking.log
@@ -85,10 +71,8 @@ def install_metrics_logging() -> bool:
 
 
 class StandaloneEstimatorCheckpoint(CheckpointCallback):
-    """``trainer.checkpoint_callback_class=verl_gdro.integration.checkpoint.StandaloneEstimatorCheckpoint``.
-
-    Subclass it (and call ``super()``) to add a callback of your own.
-    """
+    """``trainer.checkpoint_callback_class=verl_gdro.integration.checkpoint.StandaloneEstimatorCheckpoint``;
+    subclass it (and call ``super()``) to add a callback of your own."""
 
     def __init__(self, config: Any = None) -> None:
         super().__init__(config=config)
@@ -98,10 +82,8 @@ class StandaloneEstimatorCheckpoint(CheckpointCallback):
             return
         path = os.path.join(folder, STATE_FILE)
         if not os.path.isfile(path):
-            logger.warning(
-                "gdro_grpo (standalone): resuming from %s, which holds no %s: Prompt-GDRO's state restarts "
-                "(the checkpoint was saved without %s)", folder, STATE_FILE, CALLBACK_CLASS,
-            )
+            logger.warning("gdro_grpo (standalone): resuming from %s, which holds no %s: Prompt-GDRO's state restarts "
+                           "(the checkpoint was saved without %s)", folder, STATE_FILE, CALLBACK_CLASS)
             return
         with open(path, encoding="utf-8") as fh:
             estimator.import_standalone(json.load(fh))

@@ -1,12 +1,5 @@
-"""Stable prompt ids for the classifier: validated ``extra_info.index``, or the dataset row index.
-
-verl's ``uid`` is a fresh uuid4 per fetch, so the classifier needs an id that survives epochs and
-restarts. verl's ``RLHFDataset`` surfaces ``extra_info.index`` as the prompt column ``index`` but
-silently uses 0 when it is missing, which would merge every such prompt into one; so the trainer
-reads the whole column at startup and refuses missing, non-integer or duplicate ids
-(:func:`stable_prompt_uids`). Alternatively :class:`GDRODataset` (``data.custom_cls``) adds the row
-position as the column ``gdro_row_index`` (``gdro.uid_key=row_index``).
-"""
+"""Stable prompt ids for the classifier: validated ``extra_info.index``, or the dataset row index
+(docs/integration.md, "Stable prompt ids"); verl's ``uid`` is a fresh uuid4 per fetch."""
 
 from __future__ import annotations
 
@@ -23,13 +16,9 @@ _SHOW = 5  # rows quoted in an error message
 
 
 class GDRODataset(RLHFDataset):
-    """verl's ``RLHFDataset`` plus the row position as the prompt column ``gdro_row_index``.
-
-    Select it with ``data.custom_cls.path=pkg://verl_gdro.integration.dataset
-    data.custom_cls.name=GDRODataset`` and ``gdro.uid_key=row_index``. The row position is stable
-    as long as the data files, ``data.train_max_samples`` and the prompt-length filter are the same
-    (verl reloads the files the same way on resume).
-    """
+    """verl's ``RLHFDataset`` plus the row position as the prompt column ``gdro_row_index``
+    (``gdro.uid_key=row_index``; stable while the data files, ``data.train_max_samples`` and the
+    prompt-length filter are)."""
 
     def __getitem__(self, item: int) -> dict[str, Any]:
         row = super().__getitem__(item)
@@ -69,10 +58,8 @@ def _as_uid(value: Any) -> int | None:
 
 
 def stable_prompt_uids(dataset: Any, uid_key: str) -> np.ndarray:
-    """The stable id of every training row (position -> int64 id), validated unique and present.
-
-    Raises ValueError naming ``gdro.uid_key`` (and ``extra_info.index``) with the offending rows.
-    """
+    """The stable id of every training row (position -> int64 id), validated unique and present;
+    ValueError names ``gdro.uid_key`` and the offending rows."""
     n = len(dataset)
     if uid_key == "row_index":
         check_row_index_class(type(dataset))
@@ -82,19 +69,15 @@ def stable_prompt_uids(dataset: Any, uid_key: str) -> np.ndarray:
 
 
 def check_row_index_class(dataset_cls: type) -> None:
-    """``gdro.uid_key=row_index`` needs the row position, which only :class:`GDRODataset` (or a
-    subclass) adds. The trainer checks its dataset; the dry run the class verl would load."""
+    """``gdro.uid_key=row_index`` needs the row position, which only :class:`GDRODataset` adds."""
     if not issubclass(dataset_cls, GDRODataset):
-        raise ValueError(
-            f"gdro.uid_key=row_index is invalid with dataset class {dataset_cls.__name__}: set "
-            "data.custom_cls.path=pkg://verl_gdro.integration.dataset data.custom_cls.name=GDRODataset"
-        )
+        raise ValueError(f"gdro.uid_key=row_index is invalid with dataset class {dataset_cls.__name__}: set "
+                         "data.custom_cls.path=pkg://verl_gdro.integration.dataset data.custom_cls.name=GDRODataset")
 
 
 def stable_ids_from_extra_info(column: list[Any]) -> np.ndarray:
-    """``gdro.uid_key=index``: the validated ``extra_info.index`` of every row of an ``extra_info``
-    column (a dict or None per row). The trainer calls it on its dataset, the dry run on the parquet
-    files, so both accept exactly the same rows."""
+    """``gdro.uid_key=index``: the validated ``extra_info.index`` of every row of an ``extra_info`` column
+    (the trainer's dataset, the dry run's parquet files: both accept the same rows)."""
     n = len(column)
     uids = np.empty(n, dtype=np.int64)
     missing: list[int] = []
@@ -118,19 +101,15 @@ def stable_ids_from_extra_info(column: list[Any]) -> np.ndarray:
         )
     if bad:
         row, value = bad[0]
-        raise ValueError(
-            f"gdro.uid_key=index: extra_info.index must be an integer; row {row} has {value!r} "
-            f"({len(bad)} such rows)"
-        )
+        raise ValueError(f"gdro.uid_key=index: extra_info.index must be an integer; row {row} has {value!r} "
+                         f"({len(bad)} such rows)")
     order = np.argsort(uids, kind="stable")
     sorted_uids = uids[order]
     dup = np.flatnonzero(sorted_uids[1:] == sorted_uids[:-1])
     if dup.size:
         value = int(sorted_uids[dup[0]])
         rows = sorted(order[sorted_uids == value].tolist())
-        raise ValueError(
-            f"gdro.uid_key=index: extra_info.index {value} appears in training rows {rows[:_SHOW]} "
-            f"({dup.size} duplicate ids in all); stable prompt ids must be unique, or different prompts would "
-            "share one difficulty history"
-        )
+        raise ValueError(f"gdro.uid_key=index: extra_info.index {value} appears in training rows {rows[:_SHOW]} "
+                         f"({dup.size} duplicate ids in all); stable prompt ids must be unique, or different prompts "
+                         "would share one difficulty history")
     return uids

@@ -1,37 +1,11 @@
 """The ``gdro_grpo`` advantage estimator: verl's GRPO per uid, times the Prompt-GDRO multipliers.
 
-Registered with ``verl.trainer.ppo.core_algos.register_adv_est`` (through the ``verl.plugins``
-entry point), selected with ``algorithm.adv_estimator=gdro_grpo``. verl calls it from
-``compute_advantage`` in the trainer process as
-``fn(token_level_rewards=..., response_mask=..., config=<algorithm cfg>, index=uid)``.
-
-1. GRPO outcome advantages per uid over each group's *actual* size, computed by verl's own
-   ``compute_grpo_outcome_advantage`` (so the math, epsilon and ``norm_adv_by_std_in_grpo`` are
-   verl's). Rollout-GDRO gives prompts different group sizes; verl's function already groups by
-   uid, whatever the size.
-2. Singleton groups get advantage 0. verl's GRPO gives a group of one its raw reward (mean 0,
-   std 1 for a singleton), which is not a group-relative advantage; a singleton only appears here
-   when generation failed for the other rollouts of a prompt (n >= 2 is enforced).
-3. Prompt-GDRO multipliers (Eq. 16):
-   - inside a :func:`verl_gdro.step.context.gdro_step` (the GDRO trainer, the CPU demo): the
-     per-uid multipliers of the step, computed from the classifier's bins and S_{t-1};
-   - otherwise **standalone** (any recipe that keeps its own trainer; Prompt-GDRO ``reweight``
-     and Rollout-GDRO off unless set otherwise, which is then refused): each group is binned by its
-     own correctness this step (outcome reward > ``algorithm.gdro.correct_threshold``),
-     Prompt-GDRO's state lives in this process across steps, and the loss signal is the failure
-     rate (an estimator sees no log-probs). Logged once.
-
-4. ``gdro.advantage_clip`` (the paper's [-5, 5]; ``null``, the default, is no clip) clips the
-   result to [-c, c].
-
-With Prompt-GDRO disabled (or multipliers all exactly 1) and no advantage clip, the result
-equals verl's ``grpo`` bit for bit on every group of two or more responses.
-
-Settings: standalone, ``config["gdro"]`` (i.e. ``algorithm.gdro``, the only namespace this path
-reads), resolved by :func:`verl_gdro.integration.estimator_keys.estimator_path_settings`, the
-function the dry run and the driver check use too: it refuses every key this path does not read
-(:data:`~verl_gdro.integration.estimator_keys.ESTIMATOR_READS`); inside a GDRO trainer step, the trainer's settings (its top-level
-``gdro`` group, also copied to ``algorithm.gdro``). Missing keys take the package defaults.
+Registered with ``core_algos.register_adv_est`` (through the ``verl.plugins`` entry point); what it
+computes is docs/integration.md, "What gdro_grpo computes, exactly". The multipliers come from the
+open :func:`verl_gdro.step.context.gdro_step` (the GDRO trainer, the CPU demo), else **standalone**
+(docs/integration.md, "1. Estimator only"): each group binned by its own correctness this step,
+Prompt-GDRO's state kept in this process, the failure rate as loss signal; settings from
+``algorithm.gdro`` through :func:`~verl_gdro.integration.estimator_keys.estimator_path_settings`.
 """
 
 from __future__ import annotations
@@ -46,7 +20,7 @@ import torch
 from verl.trainer.ppo import core_algos
 
 from verl_gdro.classifier import raw_bin
-from verl_gdro.integration.estimator_keys import estimator_path_settings
+from verl_gdro.integration.estimator_keys import estimator_path_settings, read_key
 from verl_gdro.integration.glue import correctness
 from verl_gdro.metrics import step_metrics
 from verl_gdro.prompt_gdro import PromptGDRO
@@ -54,15 +28,8 @@ from verl_gdro.prompt_modes import get_prompt_mode
 from verl_gdro.step.config import ESTIMATOR_NAME, GDROSettings, resolve_gdro
 from verl_gdro.step.context import PADDING_UID_PREFIX, current_step, uid_keys
 
-__all__ = [
-    "ESTIMATOR_NAME",
-    "compute_gdro_grpo_advantage",
-    "export_standalone",
-    "import_standalone",
-    "pop_standalone_metrics",
-    "reset_standalone",
-    "standalone_state",
-]
+__all__ = ["ESTIMATOR_NAME", "compute_gdro_grpo_advantage", "export_standalone", "import_standalone",
+           "pop_standalone_metrics", "reset_standalone", "standalone_state"]
 
 #: version of :func:`export_standalone`'s layout
 STANDALONE_STATE_VERSION = 1
@@ -79,10 +46,8 @@ class _Standalone:
         self.steps = 0
         self.logged = False
         self.last: dict[str, Any] = {}
-        #: the last step's gdro/ metrics, until the trainer's logger takes them (pop_standalone_metrics)
-        self.metrics: dict[str, float] = {}
-        #: state restored from a checkpoint (import_standalone), applied when the controller is built
-        self.pending: dict[str, Any] | None = None
+        self.metrics: dict[str, float] = {}  # the last step's, until pop_standalone_metrics
+        self.pending: dict[str, Any] | None = None  # import_standalone's, applied when the controller is built
 
     def controller(self, settings: GDROSettings) -> PromptGDRO:
         if self.prompt is None or self.settings != settings:
@@ -99,10 +64,8 @@ class _Standalone:
         state, self.pending = self.pending, None
         assert state is not None and self.prompt is not None
         if state.get("settings") != settings.to_dict():
-            logger.warning(
-                "gdro_grpo (standalone): the checkpoint's Prompt-GDRO state was saved under other algorithm.gdro "
-                "settings; it restarts from scratch"
-            )
+            logger.warning("gdro_grpo (standalone): the checkpoint's Prompt-GDRO state was saved under other "
+                           "algorithm.gdro settings; it restarts from scratch")
             return
         prompt = dict(state["prompt"])
         prompt["scores"] = np.asarray(prompt["scores"], dtype=np.float64)
@@ -117,34 +80,25 @@ _STANDALONE = _Standalone()
 
 def standalone_state() -> dict[str, Any]:
     """Introspection of standalone mode: the Prompt-GDRO state, steps run, and the last step's bins."""
-    return {
-        "steps": _STANDALONE.steps,
-        "prompt": None if _STANDALONE.prompt is None else _STANDALONE.prompt.state_dict(),
-        "last": dict(_STANDALONE.last),
-    }
+    prompt = None if _STANDALONE.prompt is None else _STANDALONE.prompt.state_dict()
+    return {"steps": _STANDALONE.steps, "prompt": prompt, "last": dict(_STANDALONE.last)}
 
 
 def export_standalone() -> dict[str, Any] | None:
-    """The standalone state as plain JSON values (settings, Prompt-GDRO state, steps), or None
-    before the first step. Saved beside verl's checkpoint by
-    :class:`verl_gdro.integration.checkpoint.StandaloneEstimatorCheckpoint`."""
+    """The standalone state as plain JSON values, or None before the first step (saved by
+    :class:`verl_gdro.integration.checkpoint.StandaloneEstimatorCheckpoint`)."""
     if _STANDALONE.prompt is None or _STANDALONE.settings is None:
         return None
     prompt = _STANDALONE.prompt.state_dict()
     prompt["scores"] = prompt["scores"].tolist()
     prompt["observed"] = prompt["observed"].tolist()
-    return {
-        "version": STANDALONE_STATE_VERSION,
-        "settings": _STANDALONE.settings.to_dict(),
-        "prompt": prompt,
-        "steps": _STANDALONE.steps,
-    }
+    return {"version": STANDALONE_STATE_VERSION, "settings": _STANDALONE.settings.to_dict(), "prompt": prompt,
+            "steps": _STANDALONE.steps}
 
 
 def import_standalone(state: dict[str, Any]) -> None:
-    """Restore :func:`export_standalone` output: applied when the estimator builds its controller at
-    its first step (the settings are known then); state saved under other settings is refused
-    with a warning and the state restarts."""
+    """Restore :func:`export_standalone` output at the estimator's first step (when its settings are
+    known); state saved under other settings is refused with a warning."""
     if state.get("version") != STANDALONE_STATE_VERSION:
         raise ValueError(f"gdro_grpo standalone state version {state.get('version')!r} is not {STANDALONE_STATE_VERSION}")
     _STANDALONE.prompt = None
@@ -165,33 +119,12 @@ def reset_standalone() -> None:
 
 
 def _settings_from(config: Any, standalone: bool = False) -> GDROSettings:
-    if standalone:
-        return estimator_path_settings(config)
-    group = None
-    if config is not None:
-        try:
-            group = config.get("gdro", None)
-        except AttributeError:
-            group = getattr(config, "gdro", None)
-    return resolve_gdro(group)
-
-
-def _norm_by_std(config: Any) -> bool:
-    if config is None:
-        return True
-    try:
-        return bool(config.get("norm_adv_by_std_in_grpo", True))
-    except AttributeError:
-        return bool(getattr(config, "norm_adv_by_std_in_grpo", True))
+    return estimator_path_settings(config) if standalone else resolve_gdro(read_key(config, "gdro"))
 
 
 def _group_ids(keys: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
-    """(inverse group id per row, group sizes, is-padding per group, uid per group) for verl's uid
-    of every row (as str, :func:`uid_keys`).
-
-    Groups are numbered in order of first appearance. Built with C-level passes (``dict.fromkeys``,
-    ``map``) rather than a per-row Python loop: this runs every step on every row.
-    """
+    """(inverse group id per row, group sizes, is-padding per group, uid per group), groups in order
+    of first appearance; C-level passes, no per-row Python loop (this runs on every row)."""
     groups = list(dict.fromkeys(keys))
     table = dict(zip(groups, range(len(groups))))
     inverse = np.fromiter(map(table.__getitem__, keys), dtype=np.int64, count=len(keys))
@@ -200,31 +133,23 @@ def _group_ids(keys: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray, lis
     return inverse, sizes, padding, groups
 
 
-def _standalone_multipliers(
-    scores: np.ndarray, inverse: np.ndarray, padding: np.ndarray, settings: GDROSettings
-) -> np.ndarray:
+def _standalone_multipliers(scores: np.ndarray, inverse: np.ndarray, padding: np.ndarray,
+                            settings: GDROSettings) -> np.ndarray:
     """Standalone mode: bin each group by its own correctness this step; multipliers from S_{t-1};
     then update S with the failure rate (reward-only loss signal)."""
     if not get_prompt_mode(settings.prompt.mode).scales_advantages:
-        raise ValueError(
-            f"algorithm.gdro.prompt.mode={settings.prompt.mode} is invalid for the standalone gdro_grpo estimator: only "
-            "the GDRO trainer's sampler can draw the prompts; use trainer.v1.trainer_mode=gdro_sync or "
-            "algorithm.gdro.prompt.mode=reweight"
-        )
+        raise ValueError(f"algorithm.gdro.prompt.mode={settings.prompt.mode} is invalid for the standalone gdro_grpo "
+                         "estimator: only the GDRO trainer's sampler can draw the prompts; use "
+                         "trainer.v1.trainer_mode=gdro_sync or algorithm.gdro.prompt.mode=reweight")
     if settings.rollout.enable:
-        raise ValueError(
-            "algorithm.gdro.rollout.enable=True is invalid for the standalone gdro_grpo estimator: Rollout-GDRO chooses "
-            "rollouts before generation; use trainer.v1.trainer_mode=gdro_sync"
-        )
+        raise ValueError("algorithm.gdro.rollout.enable=True is invalid for the standalone gdro_grpo estimator: "
+                         "Rollout-GDRO chooses rollouts before generation; use trainer.v1.trainer_mode=gdro_sync")
     if not _STANDALONE.logged:
-        logger.warning(
-            "gdro_grpo runs STANDALONE (no GDRO trainer step open): each prompt is binned by its own group's "
-            "correctness this step (outcome reward > algorithm.gdro.correct_threshold=%s), Prompt-GDRO "
-            "state is kept in this process, loss signal = failure rate (preset %s). Use "
-            "trainer.v1.trainer_mode=gdro_sync for the online classifier, the preset's loss signal and Rollout-GDRO.",
-            settings.correct_threshold,
-            settings.preset,
-        )
+        logger.warning("gdro_grpo runs STANDALONE (no GDRO trainer step open): each prompt is binned by its own "
+                       "group's correctness this step (outcome reward > algorithm.gdro.correct_threshold=%s), "
+                       "Prompt-GDRO state is kept in this process, loss signal = failure rate (preset %s). Use "
+                       "trainer.v1.trainer_mode=gdro_sync for the online classifier, the preset's loss signal and "
+                       "Rollout-GDRO.", settings.correct_threshold, settings.preset)
         _STANDALONE.logged = True
     t0 = time.perf_counter()
     prompt = _STANDALONE.controller(settings)
@@ -240,47 +165,37 @@ def _standalone_multipliers(
     mult = np.ones(scores.shape[0])
     row_bins = group_bins[inverse[valid_row]]
     mult[valid_row] = prompt.multipliers(row_bins)
-    # the per-bin weights this step used (what the metrics log as prompt_weight)
     weights = prompt.bin_multipliers(row_bins) if row_bins.size else np.ones(settings.num_bins)
     update = prompt.update(group_bins[real], 1.0 - rate[real])
     _STANDALONE.steps += 1
     _STANDALONE.last = {"group_bins": group_bins[real].copy(), "group_success_rate": rate[real].copy()}
     if not real.any():
         return mult
-    _STANDALONE.metrics = step_metrics(
-        settings.num_bins, group_bins[real], sums[real], counts[real].astype(np.float64),
-        prompt_weights=weights, q=prompt.bin_probs(), scores=prompt.scores, omega=prompt.omega(),
-        bin_losses=update.get("mean_losses"), controller_time_s=time.perf_counter() - t0,
-        dropped_nonfinite_total=int(prompt.dropped_nonfinite),
-    )
+    _STANDALONE.metrics = step_metrics(settings.num_bins, group_bins[real], sums[real], counts[real].astype(np.float64),
+                                       prompt_weights=weights, q=prompt.bin_probs(), scores=prompt.scores,
+                                       omega=prompt.omega(), bin_losses=update.get("mean_losses"),
+                                       controller_time_s=time.perf_counter() - t0,
+                                       dropped_nonfinite_total=int(prompt.dropped_nonfinite))
     _STANDALONE.metrics["gdro/standalone_steps"] = float(_STANDALONE.steps)
     return mult
 
 
-def _planned_rows(
-    rows: Any, token_level_rewards: torch.Tensor, response_mask: torch.Tensor
-) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """The caller's per-row view of exactly this batch (no grouping, no lookup): the singleton
-    rows to zero and the multiplier column, or None for either.
-
-    Prepared before verl's per-row loop, not after it: right after that loop these few small numpy
-    and conversion calls took 0.2-0.3 ms at 256-512 x 4 (cold caches; benchmarks/overhead.py), warm
-    a tenth of that.
-    """
+def _planned_rows(rows: Any, token_level_rewards: torch.Tensor,
+                  response_mask: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The row plan's singleton rows to zero and multiplier column (or None for either); prepared
+    before verl's per-row loop, while the caches are warm (benchmarks/overhead.py)."""
     singleton_rows = torch.as_tensor(rows.singleton) if rows.any_singleton else None
     if rows.all_ones or not token_level_rewards.dtype.is_floating_point:
         return singleton_rows, None  # integer rewards: multiplied afterwards, as on the table path
-    # the dtype verl's last line gives the advantages: scores (the rewards' float dtype) times the
-    # mask column
+    # the dtype of verl's last line: scores (the rewards' float dtype) times the mask column
     dtype = torch.promote_types(token_level_rewards.dtype, response_mask.dtype)
     if dtype == torch.float32 and response_mask.device.type == "cpu":  # prepared by the RowPlan
         return singleton_rows, torch.from_numpy(rows.multipliers_f32)[:, None]
     return singleton_rows, torch.as_tensor(rows.multipliers, dtype=dtype, device=response_mask.device)[:, None]
 
 
-def _table_multipliers(
-    advantages: torch.Tensor, index: np.ndarray, step: Any, settings: GDROSettings, token_level_rewards: torch.Tensor
-) -> np.ndarray | None:
+def _table_multipliers(advantages: torch.Tensor, index: np.ndarray, step: Any, settings: GDROSettings,
+                       token_level_rewards: torch.Tensor) -> np.ndarray | None:
     """No row plan for this batch: group the rows by uid, zero singleton groups in place, and
     return each row's multiplier (from the open step's table, or standalone), or None for ones."""
     keys = uid_keys(index)  # str per row, once
@@ -298,48 +213,33 @@ def _table_multipliers(
 
 
 @core_algos.register_adv_est(ESTIMATOR_NAME)
-def compute_gdro_grpo_advantage(
-    token_level_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    index: np.ndarray | None = None,
-    config: Any = None,
-    epsilon: float = 1e-6,
-    **kwargs: Any,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def compute_gdro_grpo_advantage(token_level_rewards: torch.Tensor, response_mask: torch.Tensor,
+                                index: np.ndarray | None = None, config: Any = None, epsilon: float = 1e-6,
+                                **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """GRPO outcome advantage per uid (verl's function), singleton groups zeroed, times the
-    Prompt-GDRO multiplier of each group. Returns ``(advantages, returns)``, both [bs, T], masked.
-    """
+    Prompt-GDRO multiplier of each group. Returns ``(advantages, returns)``, both [bs, T], masked."""
     if index is None:
         raise ValueError("gdro_grpo needs the per-response uid (verl passes index=uid); got index=None")
     step = current_step()
-    # Inside a GDRO trainer / demo step the caller hands over its resolved settings (validated at
-    # init to equal algorithm.gdro): resolving the group again cost ~0.1 ms per step.
-    settings = (
-        step.settings if step is not None and step.settings is not None else _settings_from(config, standalone=step is None)
-    )
+    # inside a step the caller hands over its resolved settings (validated at init to equal algorithm.gdro)
+    use_step = step is not None and step.settings is not None
+    settings = step.settings if use_step else _settings_from(config, standalone=step is None)
     rows = step.rows if step is not None else None
     planned = rows is not None and rows.matches(index)
     reweighted = planned and not rows.all_ones
     singleton_rows, scale = _planned_rows(rows, token_level_rewards, response_mask) if planned else (None, None)
-    # verl's GRPO uses the mask only in its last line (``scores.unsqueeze(-1) * response_mask``):
-    # handed a [bs, 1] column (ones, or the row plan's multipliers) it returns the per-row
-    # advantages times it; singletons are zeroed on that column and the mask applied once at the
-    # end. Same bits as multiplying afterwards (0/1 mask, multipliers >= 0), one [bs, T] pass like
-    # verl's grpo instead of two (the second made it ~1.2x grpo at 512 x 4 x 4096 tokens;
-    # benchmarks/overhead.py).
-    column = scale if scale is not None else torch.ones(
-        (response_mask.shape[0], 1), dtype=response_mask.dtype, device=response_mask.device
-    )
+    # verl's GRPO uses the mask only in its last line (scores.unsqueeze(-1) * response_mask): handed a
+    # [bs, 1] column it returns the advantages times it, the same bits in one [bs, T] pass instead of two
+    # (0/1 mask, multipliers >= 0); the mask is applied once at the end
+    column = scale if scale is not None else torch.ones((response_mask.shape[0], 1), dtype=response_mask.dtype,
+                                                        device=response_mask.device)
+    if step is not None and step.norm_adv_by_std is not None:
+        norm_by_std = step.norm_adv_by_std
+    else:
+        norm_by_std = config is None or bool(read_key(config, "norm_adv_by_std_in_grpo", True))
     advantages, _ = core_algos.compute_grpo_outcome_advantage(
-        token_level_rewards=token_level_rewards,
-        response_mask=column,
-        index=index,
-        epsilon=epsilon,
-        norm_adv_by_std_in_grpo=(
-            step.norm_adv_by_std if step is not None and step.norm_adv_by_std is not None else _norm_by_std(config)
-        ),
-        config=config,
-    )
+        token_level_rewards=token_level_rewards, response_mask=column, index=index, epsilon=epsilon,
+        norm_adv_by_std_in_grpo=norm_by_std, config=config)
     mult: np.ndarray | None = None
     if planned:
         if singleton_rows is not None:
@@ -351,8 +251,7 @@ def compute_gdro_grpo_advantage(
     if mult is not None and not np.all(mult == 1.0):
         advantages = advantages * torch.as_tensor(mult, dtype=advantages.dtype, device=advantages.device)[:, None]
     if settings.advantage_clip is not None:
-        # The paper's advantage clip (Appendix A): after the multipliers, so it bounds what a
-        # capped Prompt-GDRO weight can do to one response's gradient.
+        # the paper's clip (Appendix A), after the multipliers: it bounds a capped weight's effect on one response
         advantages = advantages.clamp(-settings.advantage_clip, settings.advantage_clip)
     advantages = advantages * response_mask
     return advantages, advantages

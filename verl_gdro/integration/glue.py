@@ -1,18 +1,9 @@
 """The GDRO trainer's per-step numpy glue between verl's fetched batch and the controller.
 
-Everything here is pure Python and numpy (no verl, no torch), and it is all of the per-row work
-the GDRO trainer adds to verl's advantage stage besides the controller itself:
-
-- :func:`real_rows`: which fetched rows are real trajectories (not verl's padding);
-- :func:`acc_from_extra_fields`: the per-trajectory correctness in the reward's extra info;
-- :func:`consume`: the consumed groups plus the groups removed since the last update, re-adopted
-  into one controller plan with their dispatch-time decisions (:class:`ConsumedBatch`);
-- :func:`flow_metrics`: generated versus trained rollouts, per bin, next to GDRO's reallocation.
-
-``benchmarks/overhead.py`` times the trainer's step through these same functions, so the benchmark
-measures what the trainer runs, not a copy of it. Each one works in C-level passes (``map``,
-``dict`` builds, numpy) rather than a Python loop per row: this runs on every step over every row
-(1,024-2,048 at the paper's shapes), and such loops were most of GDRO's fixed per-step cost.
+All of the per-row work the trainer adds to verl's advantage stage besides the controller; pure
+Python and numpy. ``benchmarks/overhead.py`` times the trainer through these same functions. Each
+works in C-level passes (``map``, ``dict`` builds, numpy), never a Python loop per row: it runs on
+every row of every step.
 """
 
 from __future__ import annotations
@@ -34,34 +25,19 @@ from verl_gdro.step.context import PADDING_UID_PREFIX, RowPlan
 if TYPE_CHECKING:
     from verl_gdro.step.controller import GDROController
 
-__all__ = [
-    "ConsumedBatch",
-    "acc_from_extra_fields",
-    "consume",
-    "correctness",
-    "first_measurements",
-    "flow_metrics",
-    "later_outputs",
-    "observe_update",
-    "real_rows",
-]
+__all__ = ["ConsumedBatch", "acc_from_extra_fields", "consume", "correctness", "first_measurements", "flow_metrics",
+           "later_outputs", "observe_update", "real_rows"]
 
 
 def _is_padding_tag(tag: Mapping[str, Any] | None) -> bool:
     return bool(tag) and bool(tag.get("is_padding", False))  # type: ignore[union-attr]
 
 
-def real_rows(
-    uids: Sequence[str], tags: Sequence[Mapping[str, Any] | None] | None = None,
-    distinct: Mapping[str, Any] | None = None,
-) -> NDArray[np.int64]:
-    """Indices of the rows that are real trajectories: neither tagged ``is_padding`` by verl's
-    batch balancing (``tags``: one dict or None per row) nor carrying one of its padding uids.
-
-    The usual batch has no padding at all: that is settled on the distinct uids (one per prompt
-    group; ``distinct``, e.g. ``dict.fromkeys(uids)``, when the caller already has them) and one
-    C-level ``any`` over the tags, without a pass per row.
-    """
+def real_rows(uids: Sequence[str], tags: Sequence[Mapping[str, Any] | None] | None = None,
+              distinct: Mapping[str, Any] | None = None) -> NDArray[np.int64]:
+    """Indices of the rows that are real trajectories: neither tagged ``is_padding`` by verl's batch
+    balancing (``tags``: a dict or None per row) nor carrying a padding uid. A batch without padding is
+    settled on the distinct uids (``distinct``, e.g. ``dict.fromkeys(uids)``) and one ``any`` over the tags."""
     count = len(uids)
     tagged = False
     if tags is not None:
@@ -81,26 +57,18 @@ _REWARD_EXTRA_INFO = itemgetter("reward_extra_info")
 
 
 def correctness(values: NDArray[np.float64], threshold: float, source: str = "gdro.acc_key") -> NDArray[np.float64]:
-    """Binary correctness (1.0 / 0.0) of the reward's values (``source`` names them in an error): correct when above
-    ``gdro.correct_threshold``. verl's reward managers put a reward function's plain float score
-    under ``acc``, so a +-1 or shaped score arrives here as well as a {0, 1} correctness; the
-    standalone estimator applies the same threshold to its outcome reward. A non-finite value is
-    refused (it would silently count as a failure)."""
+    """Binary correctness (1.0 / 0.0): above ``gdro.correct_threshold`` (a +-1 or shaped score works as
+    well as {0, 1}). A non-finite value, which would count as a failure, is refused naming ``source``."""
     if values.size and not np.all(np.isfinite(values)):
         raise ValueError(f"{source}: the reward returned a non-finite value; correctness needs a finite number")
     return (values > threshold).astype(np.float64)
 
 
-def acc_from_extra_fields(
-    infos: Sequence[Any], rows: NDArray[np.int64], key: str
-) -> tuple[NDArray[np.float64] | None, set[str]]:
-    """The ``key`` value of each of ``rows`` from verl's per-row ``extra_fields`` (the streaming
-    reward puts the reward function's extra dict under ``reward_extra_info``), as float64.
-    ``rows``: increasing row indices (what :func:`real_rows` returns).
-
-    Returns ``(values, set())``, or ``(None, keys seen)`` when a row lacks the key or its value is
-    not a number (the caller then tries the top-level field and names what it saw in its error).
-    """
+def acc_from_extra_fields(infos: Sequence[Any], rows: NDArray[np.int64],
+                          key: str) -> tuple[NDArray[np.float64] | None, set[str]]:
+    """The ``key`` value of each of ``rows`` (increasing, as :func:`real_rows` gives them) under verl's
+    per-row ``extra_fields["reward_extra_info"]``, as float64: ``(values, set())``, or ``(None, keys
+    seen)`` when a row lacks the key or its value is not a number (the caller names them in its error)."""
     count = rows.size
     if count == len(infos) and (count == 0 or (rows[0] == 0 and rows[-1] == count - 1)):
         picked = infos  # increasing indices, as many as rows: every row in order (no padding), no copy
@@ -112,8 +80,7 @@ def acc_from_extra_fields(
     except (KeyError, TypeError, IndexError, ValueError):
         values = None
     if values is not None and np.isnan(values).any():
-        # np.fromiter reads None as NaN: a row whose value is None lacks it, as before (a true NaN
-        # stays, and the controller refuses it as non-finite correctness)
+        # np.fromiter reads None as NaN: a None lacks the value (a true NaN stays, refused as non-finite)
         if None in map(itemgetter(key), map(_REWARD_EXTRA_INFO, picked)):
             values = None
     if values is not None:
@@ -124,14 +91,10 @@ def acc_from_extra_fields(
 
 @dataclass
 class ConsumedBatch:
-    """One controller update's groups and the plan positions of the trained rows.
-
-    ``uids``: verl's uid of every fetched row; ``rows``: the real ones (:func:`real_rows`);
-    ``update``: the ledger's groups (consumed and removed-untrained), in dispatch order;
-    ``positions``: the plan position of each of ``update.uids``; ``kept_group``: for every trained
-    row, its group's index in ``update.uids``; ``group_index``: for every trained row, its plan
-    position (what :meth:`GDROController.advantage_multipliers` and ``after_advantage`` take).
-    """
+    """One controller update's groups and the plan positions of the trained rows: ``uids`` of every
+    fetched row, ``rows`` the real ones, ``update`` the ledger's groups in dispatch order, ``positions``
+    the plan position of each of ``update.uids``; per trained row ``kept_group`` (its group's index in
+    ``update.uids``) and ``group_index`` (its plan position, what the controller's methods take)."""
 
     uids: list[str]
     rows: NDArray[np.int64]
@@ -141,24 +104,15 @@ class ConsumedBatch:
     group_index: NDArray[np.int64]
 
     def multiplier_table(self, multipliers: NDArray[np.float64]) -> dict[str, float]:
-        """verl uid -> multiplier of each group, for :func:`gdro_step`, from the per-row
-        ``multipliers`` of :meth:`GDROController.advantage_multipliers`.
-
-        Every row of a group carries its prompt's bin weight, so one value per group says the same
-        as one per row, and ``gdro_step`` skips its per-row consistency check. Groups without a
-        trained row (removed untrained) get 1.0: the estimator never sees them.
-        """
+        """verl uid -> multiplier of each group for :func:`gdro_step`, from the per-row ``multipliers``
+        (every row of a group carries the same); groups removed untrained get 1.0."""
         per_group = np.ones(len(self.update.uids), dtype=np.float64)
         per_group[self.kept_group] = np.asarray(multipliers, dtype=np.float64)
         return dict(zip(self.update.uids, per_group.tolist()))
 
     def row_plan(self, multipliers: NDArray[np.float64]) -> RowPlan | None:
-        """The estimator's per-row view of the fetched batch (:class:`RowPlan`), or None when the
-        batch has padding rows (the estimator then groups the rows itself).
-
-        ``multipliers``: per real row, as given to :meth:`multiplier_table`. A row is a singleton
-        when its group has no other trained row, which is what the estimator computes from the uids.
-        """
+        """The estimator's per-row view of the fetched batch (:class:`RowPlan`; a singleton is a row whose
+        group has no other trained row), or None when the batch has padding rows."""
         if self.rows.size != len(self.uids):
             return None
         sizes = np.bincount(self.kept_group, minlength=len(self.update.uids))
@@ -166,19 +120,13 @@ class ConsumedBatch:
                        singleton=sizes[self.kept_group] == 1)
 
     def estimator_inputs(self, multipliers: NDArray[np.float64]) -> tuple[dict[str, float] | None, RowPlan | None]:
-        """What :func:`gdro_step` takes for the estimator: ``(table, rows)``.
-
-        The row plan when the fetched batch has no padding rows, and then no table (``gdro_step``
-        builds the row plan's own only if verl's batch differs from those rows); otherwise the
-        per-group table and no row plan. ``multipliers``: per real row, as
-        :meth:`GDROController.advantage_multipliers` returns them.
-        """
+        """``(table, rows)`` for :func:`gdro_step`: the row plan alone when the batch has no padding rows,
+        else the per-group table alone (``multipliers``: per real row)."""
         rows = self.row_plan(multipliers)
         return (None, rows) if rows is not None else (self.multiplier_table(multipliers), None)
 
     def dropped(self) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
-        """(plan position, acc) of every trajectory of the groups removed untrained, in the order
-        of ``update.dropped``: observed with this update, once."""
+        """(plan position, acc) of every trajectory of the groups removed untrained (``update.dropped``)."""
         dropped = self.update.dropped
         if not dropped:
             return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float64)
@@ -189,16 +137,9 @@ class ConsumedBatch:
 
 
 def later_outputs(keys: Sequence[str]) -> NDArray[np.bool_] | None:
-    """Rows that are a later output of a multi-output agent-loop session, or None when none is.
-
-    verl's agent loop writes each session's outputs under ``{uid}_{session_id}_{index}``
-    (``v1/agent_loop_tq.py``); a multi-output loop (a custom agent loop returning a list) gives
-    one session several rows, every one carrying the session's final reward. The session is the
-    trial (one of the prompt's ``n`` rollouts), so the controller observes its first row only:
-    counting every row would make every group look incomplete and inflate the classifier's
-    counts. The usual batch (one output per session: every key ends in ``_0``) costs one C-level
-    pass. Keys of another shape (padding, other writers) are never later outputs.
-    """
+    """Rows that are a later output (``{uid}_{session}_{i}``, i > 0) of a multi-output agent-loop
+    session, or None when none is: the controller observes one trial per session, its first row
+    (docs/integration.md, "Known limitations"). Keys of another shape are never later outputs."""
     if all(map(methodcaller("endswith", "_0"), keys)):
         return None
     out = np.zeros(len(keys), dtype=bool)
@@ -211,10 +152,8 @@ def later_outputs(keys: Sequence[str]) -> NDArray[np.bool_] | None:
 
 def first_measurements(rows: NDArray[np.int64], losses: NDArray[np.float64],
                        positions: NDArray[np.int64]) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
-    """The update-time losses the actor reported (one per row and mini-batch pass, ``rows`` the
-    step's row indices) as (plan position, loss) per trained row: each row's first measurement, its
-    mini-batch's pass of the first PPO epoch, in report order; verl's padding rows (position -1)
-    are left out. ``positions``: the plan position of every row of the step's batch."""
+    """The actor's update-time losses (one per row and mini-batch pass) as (plan position, loss) of each
+    trained row's first measurement (the first PPO epoch), in report order; padding rows (position -1) out."""
     if rows.size and (rows.min() < 0 or rows.max() >= positions.size):
         raise RuntimeError(f"verl-gdro: the actor reported rows outside the step's {positions.size} rows")
     _, first = np.unique(rows, return_index=True)
@@ -224,19 +163,11 @@ def first_measurements(rows: NDArray[np.int64], losses: NDArray[np.float64],
     return group_index[keep], losses[keep]
 
 
-def consume(
-    ledger: DispatchLedger, controller: GDROController, uids: list[str],
-    tags: Sequence[Mapping[str, Any] | None] | None = None, keys: Sequence[str] | None = None,
-) -> ConsumedBatch:
-    """Begin the ledger update of a fetched batch and adopt its groups into the controller's plan
-    with their dispatch-time decisions.
-
-    ``uids``: verl's uid of every fetched row (repeats per group); ``tags``: verl's per-row tags,
-    whose ``is_padding`` rows (and padding uids) are left out (:func:`real_rows`); ``keys``: the
-    rows' TransferQueue keys, whose later outputs of a multi-output session are left out of the
-    controller's statistics (:func:`later_outputs`; the estimator still scales them by their
-    group's multiplier).
-    """
+def consume(ledger: DispatchLedger, controller: GDROController, uids: list[str],
+            tags: Sequence[Mapping[str, Any] | None] | None = None, keys: Sequence[str] | None = None) -> ConsumedBatch:
+    """Begin the ledger update of a fetched batch (verl's uid of every row) and adopt its groups into the
+    controller's plan with their dispatch-time decisions; padding rows (``tags``, :func:`real_rows`) and
+    later outputs (TransferQueue ``keys``, :func:`later_outputs`) are left out."""
     distinct = dict.fromkeys(uids)  # the groups, in order of first row: shared by both checks below
     rows = real_rows(uids, tags, distinct)
     later = None if keys is None else later_outputs(keys)
@@ -252,41 +183,28 @@ def consume(
                          group_index=positions[kept_group])
 
 
-def observe_update(
-    ledger: DispatchLedger, controller: GDROController, consumed: ConsumedBatch, acc: NDArray[np.float64],
-    global_steps: int, *, extra_time_s: float = 0.0, **token_fields: NDArray[np.floating],
-) -> dict[str, float]:
-    """The controllers' update with a consumed batch, the ledger's bookkeeping and every gdro/
-    metric of the step (:meth:`GDROController.after_advantage`, :meth:`DispatchLedger.finish_update`,
-    :func:`flow_metrics`).
-
-    ``acc``: the correctness of each trained row (``consumed.rows``); the groups removed untrained
-    since the last update are observed here, once, with their own acc (:meth:`ConsumedBatch.dropped`).
-    ``token_fields``: the [N, T] arrays the surrogate loss signals read (rows of removed groups
-    appended zero-masked), none for the failure rate.
-    """
+def observe_update(ledger: DispatchLedger, controller: GDROController, consumed: ConsumedBatch,
+                   acc: NDArray[np.float64], global_steps: int, *, extra_time_s: float = 0.0,
+                   **token_fields: NDArray[np.floating]) -> dict[str, float]:
+    """The controllers' update with a consumed batch (``acc`` per trained row; the groups removed
+    untrained observed once, here), the ledger's bookkeeping and every gdro/ metric of the step.
+    ``token_fields``: the [N, T] arrays a surrogate loss signal reads (removed groups zero-masked)."""
     group_index = consumed.group_index
-    if consumed.update.dropped:  # groups removed untrained since the last update: observed once, here
+    if consumed.update.dropped:
         dropped_index, dropped_acc = consumed.dropped()
         group_index, acc = np.concatenate([group_index, dropped_index]), np.concatenate([acc, dropped_acc])
     metrics = controller.after_advantage(group_index, acc, extra_time_s=extra_time_s, **token_fields)
     counters = ledger.finish_update(consumed.update)
-    metrics.update(flow_metrics(controller.num_bins, consumed.update, consumed.kept_group, counters, global_steps,
-                                len(ledger)))
+    metrics.update(flow_metrics(controller.num_bins, consumed.update, consumed.kept_group, counters,
+                                global_steps, len(ledger)))
     return metrics
 
 
 def flow_metrics(num_bins: int, update: ObservedUpdate, kept_group: NDArray[np.int64], counters: dict[str, Any],
                  global_steps: int, inflight: int) -> dict[str, float]:
-    """What generation produced versus what verl trained, next to what GDRO reallocated (all finite).
-
-    Args:
-        update: the groups of this controller update (consumed and removed-untrained ones).
-        kept_group: for every trained (non-padding) trajectory, its group's index in ``update.uids``.
-        counters: :meth:`DispatchLedger.finish_update`'s generation calls and lost groups.
-        global_steps: verl's step counter now (staleness = steps since a group's dispatch).
-        inflight: prompts dispatched and not yet observed after this update (async prefetch).
-    """
+    """What generation produced versus what verl trained, next to what GDRO reallocated (all finite):
+    ``kept_group`` as in :class:`ConsumedBatch`, ``counters`` :meth:`DispatchLedger.finish_update`'s,
+    ``inflight`` the prompts dispatched and not yet observed after this update."""
     bins = update.bins
     kept = np.bincount(bins[kept_group], minlength=num_bins).astype(np.float64)
     generated = kept.copy()
@@ -317,8 +235,7 @@ def flow_metrics(num_bins: int, update: ObservedUpdate, kept_group: NDArray[np.i
         PREFIX + "dispatch/calls": float(len(calls)),
         PREFIX + "dispatch/prompts": float(prompts),
         PREFIX + "dispatch/rollouts": float(rollouts),
-        # the budget of the step's generation calls (each meets it exactly: rollout.n); gdro/mean_n
-        # is the mean over the groups this update observes, which need not be whole calls
+        # the generation calls' budget (rollout.n); gdro/mean_n is the observed groups' mean
         PREFIX + "call_mean_n": rollouts / prompts if prompts else 0.0,
         PREFIX + "staleness/mean": float(staleness.sum() / staleness.size) if staleness.size else 0.0,
         PREFIX + "staleness/max": float(staleness.max()) if staleness.size else 0.0,

@@ -1,21 +1,10 @@
 """The dispatch ledger: GDRO decisions of every prompt dispatched for generation and not yet observed.
 
-verl's V1 trainers do not observe a prompt in the step that dispatched it in two configurations:
-
-- DAPO group filtering (``algorithm.filter_groups``): the replay buffer drops the all-correct and
-  all-wrong groups (and, in sync mode, discards surplus groups) before the advantage stage, and
-  refills with prompts dispatched in further generation calls of the same step;
-- the async trainers (``colocate_async``, ``separate_async``): a prompt dispatched at step t (or in
-  a warm-up batch) may be trained at step t + k, and stale or failed groups are evicted.
-
-So the GDRO trainers decide at dispatch (:meth:`GDROController.decide`, with the controller state
-of that moment) and record the decision here, keyed by verl's per-dispatch ``uid``. A group is
-observed exactly once: either when the advantage stage consumes its trajectories, or when the
-replay buffer removes it untrained (:meth:`DispatchLedger.drop`, folded into the next update). The
-ledger rides in verl's ``data.pt`` checkpoint with the controller (``GDROSampler`` companions), so a
-resumed async run finds the decisions of the prompts that TransferQueue's checkpoint restores.
-
-Pure Python and numpy: no verl, no torch.
+Under DAPO filtering and in the async trainers a prompt is not observed in the step that dispatched
+it (docs/integration.md, "DAPO group filtering" and "Semantics under staleness"), so the trainers
+decide at dispatch and record the decision here under verl's per-dispatch ``uid``; a group is
+observed once, consumed or removed untrained (:meth:`DispatchLedger.drop`). The ledger rides in
+``data.pt`` as a ``GDROSampler`` companion. Pure Python and numpy: no verl, no torch.
 """
 
 from __future__ import annotations
@@ -43,7 +32,6 @@ DROP_REASONS: tuple[str, ...] = ("filtered", "surplus", "stale", "failed")
 
 class Decision(NamedTuple):
     """What GDRO decided for one dispatched prompt group, and when (a row of the ledger's table)."""
-
     stable_uid: int
     bin: int
     rollout_n: int
@@ -51,30 +39,17 @@ class Decision(NamedTuple):
     seq: int  # dispatch order over the run (orders every update deterministically)
 
 
-#: Columns of the ledger's decision table, in :class:`Decision`'s field order.
-_WIDTH = len(Decision._fields)
-
-
-def _columns_of(table: NDArray[np.int64]) -> dict[str, NDArray[np.int64]]:
-    """Each :class:`Decision` field of a decision table ([groups, 5] int64) as a column view."""
-    return {name: table[:, j] for j, name in enumerate(Decision._fields)}
+_WIDTH = len(Decision._fields)  # a decision table's columns, in Decision's field order
 
 
 @dataclass
 class ObservedUpdate:
-    """The groups one controller update observes, in dispatch order.
-
-    ``uids`` are verl uids; ``table`` holds one :class:`Decision` row per uid (int64 [len(uids), 5]);
-    ``dropped`` maps the dropped ones to (per-trajectory acc, reason).
-    """
+    """The groups one controller update observes, in dispatch order: verl ``uids``, one :class:`Decision`
+    row per uid in ``table`` (int64 [len(uids), 5]), ``dropped``: uid -> (per-trajectory acc, reason)."""
 
     uids: list[str]
     table: NDArray[np.int64]
     dropped: dict[str, tuple[list[float], str]] = field(default_factory=dict)
-
-    @cached_property
-    def _columns(self) -> dict[str, NDArray[np.int64]]:
-        return _columns_of(self.table)
 
     @property
     def decisions(self) -> list[Decision]:
@@ -82,28 +57,27 @@ class ObservedUpdate:
         return list(map(Decision._make, self.table.tolist()))
 
     def plan_columns(self) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]:
-        """(stable ids, bins, rollout_n) as views of the decision table, not copies: what
-        :meth:`GDROController.adopt` reads (it copies them into its plan). Do not write to them.
-        The three copying properties cost ~0.04 ms per step (benchmarks/overhead.py)."""
+        """(stable ids, bins, rollout_n) as read-only views, not copies (what :meth:`GDROController.adopt`
+        copies into its plan; the copying properties below cost time on every step)."""
         table = self.table
         return table[:, 0], table[:, 1], table[:, 2]
 
     @property
     def stable_uids(self) -> NDArray[np.int64]:
-        return self._columns["stable_uid"].copy()
+        return self.table[:, 0].copy()
 
     @property
     def bins(self) -> NDArray[np.int64]:
-        return self._columns["bin"].copy()
+        return self.table[:, 1].copy()
 
     @property
     def rollout_n(self) -> NDArray[np.int64]:
-        return self._columns["rollout_n"].copy()
+        return self.table[:, 2].copy()
 
     @property
     def steps(self) -> NDArray[np.int64]:
         """verl's ``global_steps`` at each group's dispatch."""
-        return self._columns["step"].copy()
+        return self.table[:, 3].copy()
 
     @cached_property
     def slot(self) -> dict[str, int]:
@@ -134,12 +108,9 @@ class _Entries(Mapping[str, Decision]):
 class DispatchLedger:
     """Decisions of dispatched prompts until their single observation; per-call dispatch counters.
 
-    A column store: one int64 row per dispatched group (its :class:`Decision`) and a dict from verl
-    uid to row. A generation call appends its rows in one array operation and an update gathers
-    its groups' rows with one index, instead of building and reading back a Python tuple per
-    prompt (~0.3 ms of the trainer's step at 256 prompts, benchmarks/overhead.py). Rows of observed
-    groups are compacted away once they outnumber the outstanding ones, so the table stays
-    proportional to the groups in flight.
+    A column store (one int64 row per group, a dict from verl uid to row): a call appends its rows and
+    an update gathers its groups' rows in one array operation each, no Python tuple per prompt.
+    Observed rows are compacted away once they outnumber the outstanding ones.
     """
 
     def __init__(self) -> None:
@@ -147,26 +118,22 @@ class DispatchLedger:
         self._table = np.zeros((0, _WIDTH), dtype=np.int64)
         self.dropped: dict[str, tuple[list[float], str]] = {}
         self._seq = 0
-        #: (prompts, rollouts) of every generation call since the last update
-        self.calls: list[tuple[int, int]] = []
-        #: groups removed without any trajectory since the last update (failed generation)
-        self.lost = 0
-        #: the same groups by drop reason (they count in ``gdro/flow/dropped_groups/<reason>`` too)
-        self.lost_by_reason: dict[str, int] = dict.fromkeys(DROP_REASONS, 0)
+        self.calls: list[tuple[int, int]] = []  # (prompts, rollouts) of each generation call since the last update
+        self.lost = 0  # groups removed with no trajectory since the last update (failed generation)
+        self.lost_by_reason: dict[str, int] = dict.fromkeys(DROP_REASONS, 0)  # the same, by drop reason
         self._lost_stable: list[int] = []  # their prompts (held_stable_uids)
 
     def __len__(self) -> int:
         return len(self._row_of)
 
     def live_stable_uids(self) -> NDArray[np.int64]:
-        """Stable prompt id of every outstanding group (dispatched, not yet observed). O(outstanding groups)."""
+        """Stable prompt id of every outstanding group (dispatched, not yet observed)."""
         rows = np.fromiter(self._row_of.values(), dtype=np.int64, count=len(self._row_of))
         return self._table[rows, 0]
 
     def held_stable_uids(self) -> NDArray[np.int64]:
-        """What a sampler excludes from its next draw: the outstanding groups' prompts plus those
-        lost (removed with no trajectory) since the last update, so that every prompt dispatched
-        between two updates is distinct (the step's batch and its refills are one draw)."""
+        """What a sampler excludes from its next draw: the outstanding groups' prompts plus those lost
+        since the last update, so that every prompt dispatched between two updates is distinct."""
         return np.concatenate([self.live_stable_uids(), np.asarray(self._lost_stable, dtype=np.int64)])
 
     @property
@@ -198,8 +165,7 @@ class DispatchLedger:
         self.calls.append((count, int(rollout_n.sum())))
 
     def _refuse_repeat(self, uids: list[str]) -> None:
-        """Raise naming the first uid of ``uids`` already outstanding or repeated (error path only;
-        the callers have found one, so ``next`` always finds it)."""
+        """Raise naming the first uid of ``uids`` already outstanding or repeated (error path only)."""
         seen: set[str] = set(self._row_of)
         repeated = next(uid for uid in uids if uid in seen or seen.add(uid))  # add() is None: falsy
         raise RuntimeError(f"verl-gdro: prompt uid {repeated!r} was dispatched twice")
@@ -222,21 +188,14 @@ class DispatchLedger:
         return True
 
     def begin_update(self, consumed: Iterable[str]) -> ObservedUpdate:
-        """The groups of one update: the consumed uids plus every dropped group, in dispatch order.
-
-        ``consumed``: the uid of every trained row (repeats per group), or the distinct ones.
-        Raises for a consumed uid without a decision (a prompt that no ``_next_train_batch`` of
-        this run dispatched).
-        """
-        # the caller's distinct uids as they are when nothing was dropped (consume passes a dict),
-        # else a copy to add the dropped ones to
+        """The groups of one update: the consumed uids (every trained row's, or the distinct ones) plus
+        every dropped group, in dispatch order. Raises for a consumed uid this run did not dispatch."""
+        # the caller's distinct uids (consume passes a dict) when nothing was dropped, else a copy
         unique = consumed if type(consumed) is dict and not self.dropped else dict.fromkeys(consumed)
         row_of = self._row_of
         if not row_of.keys() >= unique.keys():
             missing = next(u for u in unique if u not in row_of)
-            raise RuntimeError(
-                f"verl-gdro: trajectory of prompt uid {missing!r} was not planned by _next_train_batch"
-            )
+            raise RuntimeError(f"verl-gdro: trajectory of prompt uid {missing!r} was not planned by _next_train_batch")
         if not unique.keys().isdisjoint(self.dropped):
             both = next(u for u in unique if u in self.dropped)
             raise RuntimeError(f"verl-gdro: prompt uid {both!r} was both dropped and consumed")
@@ -266,15 +225,9 @@ class DispatchLedger:
         return {"calls": calls, "lost": lost, "lost_by_reason": lost_by_reason}
 
     def reconcile(self, in_flight: Iterable[str]) -> list[str]:
-        """Forget the outstanding groups that are not ``in_flight`` (verl uids of the prompt groups
-        verl still holds); return their uids.
-
-        A resumed run restores the ledger from ``data.pt`` but its groups only with TransferQueue's
-        own checkpoint (async modes, folder present): resumed without it (as ``gdro_sync``, or the
-        folder absent) they are never generated, consumed or removed again, so their decisions would
-        be held for good, excluded from every draw and counted in ``gdro/inflight_prompts``. Groups
-        already removed with trajectories (``dropped``) stay: their observation is due.
-        """
+        """Forget (and return) the outstanding groups not ``in_flight`` (the uids verl still holds): a run
+        resumed without TransferQueue's checkpoint never sees them again, and their decisions would be
+        held for good. Groups dropped with trajectories stay: their observation is due."""
         keep = set(in_flight)
         orphans = [uid for uid in self._row_of if uid not in keep and uid not in self.dropped]
         for uid in orphans:
@@ -293,26 +246,14 @@ class DispatchLedger:
             self._table = self._table[keep]
             self._row_of = dict(zip(self._row_of, range(live)))
 
-    # -- checkpointing -----------------------------------------------------------------------
-
     def state_dict(self) -> dict[str, Any]:
-        rows = np.fromiter(self._row_of.values(), dtype=np.int64, count=len(self._row_of))
-        cols = {k: v.copy() for k, v in _columns_of(self._table[rows]).items()}
-        return {
-            "version": _STATE_VERSION,
-            "uids": list(self._row_of),
-            "stable": cols["stable_uid"],
-            "bins": cols["bin"],
-            "rollout_n": cols["rollout_n"],
-            "step": cols["step"],
-            "seq": cols["seq"],
-            "next_seq": self._seq,
-            "dropped": {u: (list(a), r) for u, (a, r) in self.dropped.items()},
-            "calls": list(self.calls),
-            "lost": self.lost,
-            "lost_by_reason": dict(self.lost_by_reason),
-            "lost_stable": list(self._lost_stable),
-        }
+        table = self._table[np.fromiter(self._row_of.values(), dtype=np.int64, count=len(self._row_of))]
+        stable, bins, rollout_n, step, seq = (table[:, j].copy() for j in range(_WIDTH))
+        return {"version": _STATE_VERSION, "uids": list(self._row_of), "stable": stable, "bins": bins,
+                "rollout_n": rollout_n, "step": step, "seq": seq,
+                "next_seq": self._seq, "dropped": {u: (list(a), r) for u, (a, r) in self.dropped.items()},
+                "calls": list(self.calls), "lost": self.lost, "lost_by_reason": dict(self.lost_by_reason),
+                "lost_stable": list(self._lost_stable)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if not isinstance(state, dict) or state.get("version") != _STATE_VERSION:
@@ -328,26 +269,19 @@ class DispatchLedger:
         self._seq = int(state["next_seq"])
         self.calls = [(int(p), int(r)) for p, r in state["calls"]]
         self.lost = int(state["lost"])
-        # absent in states written before lost groups were counted by reason
-        saved = state.get("lost_by_reason") or {}
+        saved = state.get("lost_by_reason") or {}  # absent in states written before it existed
         self.lost_by_reason = {r: int(saved.get(r, 0)) for r in DROP_REASONS}
         self._lost_stable = [int(u) for u in state.get("lost_stable", ())]
 
 
 class ResumedLedger:
-    """The ledger as the sampler checkpoints it (a ``GDROSampler`` companion): loading a state
-    reconciles it with the groups in flight at that moment (:meth:`DispatchLedger.reconcile`).
-
-    ``in_flight``: returns the verl uids of the prompt groups verl holds, read when the state is
-    loaded; ``StatefulDataLoader`` applies the sampler's state at the first fetch after a resume,
-    after verl restored TransferQueue (or did not) and re-issued the pending prompts.
-    """
+    """The ledger as a ``GDROSampler`` companion: loading a state reconciles it with ``in_flight()``, the
+    uids verl holds when ``StatefulDataLoader`` applies the state (its first fetch after a resume)."""
 
     def __init__(self, ledger: DispatchLedger, in_flight: Callable[[], Iterable[str]]) -> None:
         self.ledger = ledger
         self.in_flight = in_flight
-        #: uids forgotten by the last load (diagnostics)
-        self.forgotten: list[str] = []
+        self.forgotten: list[str] = []  # uids forgotten by the last load (diagnostics)
 
     def state_dict(self) -> dict[str, Any]:
         return self.ledger.state_dict()
@@ -356,8 +290,6 @@ class ResumedLedger:
         self.ledger.load_state_dict(state)
         self.forgotten = self.ledger.reconcile(self.in_flight())
         if self.forgotten:
-            logger.warning(
-                "verl-gdro: %d dispatched prompt group(s) of the checkpoint are not in flight after the resume "
-                "(resumed without TransferQueue's checkpoint): their dispatch decisions are forgotten, their "
-                "prompts drawable again", len(self.forgotten),
-            )
+            logger.warning("verl-gdro: %d dispatched prompt group(s) of the checkpoint are not in flight after the "
+                           "resume (resumed without TransferQueue's checkpoint): their dispatch decisions are "
+                           "forgotten, their prompts drawable again", len(self.forgotten))

@@ -1,24 +1,11 @@
 """``verl.plugins`` entry point: registers the ``gdro_grpo`` estimator and the GDRO trainer modes.
 
-verl imports this module on every ``import verl`` (driver, TaskRunner actor, workers, and any
-other program of the environment that imports verl) and swallows any exception a plugin raises
-(logged at DEBUG only). Two consequences shape it:
+verl imports it on every ``import verl`` and swallows a plugin's exceptions, so it is
 
-- **Lazy.** Registering means importing the estimator (verl's ``core_algos``, ~0.6 s) and the
-  trainer module (verl's whole V1 trainer stack, ~3-6 s and ~1,500 modules), which a process that
-  never trains pays for nothing. So nothing is imported here: each registration runs right after
-  verl itself imports the registry it belongs to (``verl.trainer.ppo.core_algos`` for the
-  estimator, the package ``verl.trainer.ppo.v1`` for the trainers, whose ``__init__`` defines all
-  four trainer classes), through a post-import hook on ``sys.meta_path``. Whoever looks a name up
-  in those registries has imported them first, so the names are always there when looked up.
-  ``docs/benchmarks.md`` ("Plugin import cost") has the measurement.
-- **Loud.** Each registration is attempted on its own, a failure is logged at WARNING and recorded
-  in :data:`REGISTRATION_ERRORS`, and the GDRO trainer calls
-  :func:`verl_gdro.integration.registry.check_registered` at init. The record lives in
-  :mod:`~verl_gdro.integration.registry`, which imports neither this module nor the trainer.
-
-``VERL_USE_EXTERNAL_PLUGINS=none`` (verl's own switch) keeps verl from loading any plugin, this
-one included.
+- **lazy**: each registration runs right after verl imports the registry it belongs to (a post-import
+  hook on ``sys.meta_path``), not at import (docs/integration.md, "Plugin import cost");
+- **loud**: a failed registration is logged at WARNING and recorded in
+  :data:`~verl_gdro.integration.registry.REGISTRATION_ERRORS`, which the trainer checks at init.
 """
 
 from __future__ import annotations
@@ -28,6 +15,7 @@ import importlib.abc
 import logging
 import sys
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from verl_gdro.integration.registry import REGISTRATION_ERRORS
@@ -38,37 +26,26 @@ __all__ = ["REGISTER_AFTER", "register"]
 logger = logging.getLogger(__name__)
 
 
-def _register_estimator() -> None:
+def _register(module: str, name: str, what: str) -> None:
+    """Import ``module`` (which registers ``name`` with verl); a failure is recorded and logged, not raised."""
     try:
-        importlib.import_module("verl_gdro.integration.estimator")  # registers gdro_grpo
-        REGISTRATION_ERRORS.pop(ESTIMATOR_NAME, None)
+        importlib.import_module(module)
+        REGISTRATION_ERRORS.pop(name, None)
     except Exception as e:  # verl would swallow it: record and shout instead
-        REGISTRATION_ERRORS[ESTIMATOR_NAME] = f"{type(e).__name__}: {e}"
-        logger.warning("verl-gdro: registering the %s estimator failed: %s", ESTIMATOR_NAME, e, exc_info=True)
-
-
-def _register_trainers() -> None:
-    try:
-        importlib.import_module("verl_gdro.integration.trainer")  # registers gdro_sync and the async modes
-        REGISTRATION_ERRORS.pop(TRAINER_NAME, None)
-    except Exception as e:
-        REGISTRATION_ERRORS[TRAINER_NAME] = f"{type(e).__name__}: {e}"
-        logger.warning("verl-gdro: registering the %s trainer failed: %s", TRAINER_NAME, e, exc_info=True)
+        REGISTRATION_ERRORS[name] = f"{type(e).__name__}: {e}"
+        logger.warning("verl-gdro: registering the %s %s failed: %s", name, what, e, exc_info=True)
 
 
 #: verl module -> the registration that runs right after verl has imported it
 REGISTER_AFTER: dict[str, Callable[[], None]] = {
-    "verl.trainer.ppo.core_algos": _register_estimator,
-    "verl.trainer.ppo.v1": _register_trainers,
+    "verl.trainer.ppo.core_algos": partial(_register, "verl_gdro.integration.estimator", ESTIMATOR_NAME, "estimator"),
+    "verl.trainer.ppo.v1": partial(_register, "verl_gdro.integration.trainer", TRAINER_NAME, "trainer"),
 }
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
-    """Runs a callback right after a named module has been executed (a post-import hook).
-
-    It finds the module's spec with the other finders and wraps that spec's loader's
-    ``exec_module``; the module itself is loaded exactly as it would be without the hook.
-    """
+    """A post-import hook: wraps the ``exec_module`` of the spec the other finders give a named module,
+    to run a callback after it (the module loads exactly as it would without the hook)."""
 
     def __init__(self, callbacks: dict[str, Callable[[], None]]) -> None:
         self.callbacks = dict(callbacks)
@@ -111,10 +88,7 @@ def register() -> dict[str, str]:
             pending[module] = callback
     if pending and not any(isinstance(f, _AfterImport) for f in sys.meta_path):
         sys.meta_path.insert(0, _AfterImport(pending))
-    try:
-        # Added by the e2e tier (issue 7): refuse a bad gdro config in the main_ppo driver, before
-        # Ray starts (verl_gdro/integration/driver.py). Not a registration: failure only warns.
-        # Cheap: verl.utils.config is loaded by `import verl`, the checks are numpy-only.
+    try:  # the driver-side config check: not a registration, a failure only warns
         from verl_gdro.integration.driver import install_driver_validation
 
         install_driver_validation()

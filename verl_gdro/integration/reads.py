@@ -1,12 +1,5 @@
-"""What the GDRO trainer reads from (and writes to) TransferQueue around verl's stages.
-
-The trainer's hooks (:mod:`verl_gdro.integration.trainer`) stay short by calling these: the
-per-trajectory correctness of consumed and removed groups (:func:`read_acc`,
-:func:`observe_removed`), the per-token fields the surrogate loss signals read
-(:func:`token_fields`), the fields the update-time loss signal's actor loss reads
-(:func:`put_update_fields`), and the prompt groups verl holds in flight (:func:`tq_prompt_groups`).
-The per-row numpy work on what they read is in :mod:`verl_gdro.integration.glue`.
-"""
+"""What the GDRO trainer's hooks read from (and write to) TransferQueue around verl's stages; the
+per-row numpy work on what they read is in :mod:`verl_gdro.integration.glue`."""
 
 from __future__ import annotations
 
@@ -24,8 +17,8 @@ from verl_gdro.integration.policy_loss import RAW_ADV_FIELD, ROW_FIELD, raw_grpo
 from verl_gdro.step.config import GDROSettings
 from verl_gdro.step.context import uid_keys
 
-__all__ = ["as_list", "int_column", "observe_removed", "padded_numpy", "put_update_fields", "read_acc",
-           "token_fields", "tq_prompt_groups"]
+__all__ = ["as_list", "int_column", "observe_removed", "padded_numpy", "put_update_fields", "read_acc", "token_fields",
+           "tq_prompt_groups"]
 
 logger = logging.getLogger("verl_gdro.integration.trainer")  # the trainer's messages, under its name
 
@@ -43,11 +36,8 @@ def as_list(value: Any) -> list[Any]:
 
 
 def int_column(value: Any) -> np.ndarray:
-    """A column of integer ids (ints, numpy ints or numeric strings) as int64, in one C-level pass.
-
-    A 1-D object or integer array is converted by numpy's ``astype``, which calls ``int`` on each
-    object item as the general path does (same values, same errors), without a Python-level map.
-    """
+    """A column of integer ids (ints, numpy ints or numeric strings) as int64, in one C-level pass (a 1-D
+    object or integer array through ``astype``, which calls ``int`` per item as the general path does)."""
     if isinstance(value, np.ndarray) and value.ndim == 1 and (value.dtype == object or value.dtype.kind == "i"):
         return value.astype(np.int64)
     values = as_list(value)
@@ -55,14 +45,9 @@ def int_column(value: Any) -> np.ndarray:
 
 
 def padded_numpy(value: torch.Tensor, rows: np.ndarray) -> np.ndarray:
-    """A (possibly nested/jagged) per-token field as a zero-padded float array of the given rows.
-
-    float32 / float64 stay as they are and other dtypes (the int64 mask, bf16) become float32:
-    the loss signals accumulate their sums in float64 themselves. Without padding rows (the usual
-    case under the exact budget) the tensor's memory is returned without a copy. Converting every
-    [N, T] field to float64 and fancy-indexing it cost ~1 s per step at 512 x 4 x 4096, more than
-    the whole GRPO advantage stage (benchmarks/overhead.py).
-    """
+    """A (possibly nested/jagged) per-token field as a zero-padded float array of the given rows: float32
+    and float64 as they are, other dtypes as float32 (the loss signals sum in float64), and without a copy
+    when ``rows`` are all rows (a float64 copy of every [N, T] field cost more than the whole GRPO stage)."""
     if getattr(value, "is_nested", False):
         value = value.to_padded_tensor(0.0)
     value = value.detach().cpu()
@@ -75,17 +60,16 @@ def padded_numpy(value: torch.Tensor, rows: np.ndarray) -> np.ndarray:
 
 
 def tq_prompt_groups(partition_id: str = "train") -> list[str]:
-    """verl uids of the prompt groups registered in a TransferQueue partition: what verl holds in
-    flight (dispatched, not yet trained or removed), as verl's own ``_count_tq_prompt_groups`` counts them."""
+    """verl uids of the prompt groups a TransferQueue partition holds in flight (as verl's
+    ``_count_tq_prompt_groups`` counts them)."""
     data = tq.kv_list(partition_id)
     items = data.get(partition_id, {}) if data else {}
     return [key for key, tag in items.items() if tag.get("is_prompt", False)]
 
 
 def read_acc(settings: GDROSettings, data: Any, rows: np.ndarray, keys: list[str], partition_id: str) -> np.ndarray:
-    """Per-trajectory correctness from the reward's extra info (streaming reward: inside
-    ``extra_fields.reward_extra_info``; colocated reward model: a top-level field), thresholded
-    at ``gdro.correct_threshold``."""
+    """Per-trajectory correctness from the reward's extra info (``extra_fields.reward_extra_info``, else a
+    top-level field), thresholded at ``gdro.correct_threshold``."""
     key = settings.acc_key
     available: set[str] = set()
     if "extra_fields" in data.keys():
@@ -101,26 +85,21 @@ def read_acc(settings: GDROSettings, data: Any, rows: np.ndarray, keys: list[str
     except Exception:  # the field does not exist in the store
         values = None
     if values is None or any(v is None for v in values):
-        raise ValueError(
-            f"gdro.acc_key={key!r} is missing from the reward output (reward_extra_info keys: "
-            f"{sorted(available)}): the reward function must return a dict with the binary correctness under "
-            f"'{key}' (e.g. verl's math_dapo returns 'acc'), or set gdro.acc_key to the key it uses"
-        )
-    # bools, ints, floats, numpy scalars: one C-level pass
+        raise ValueError(f"gdro.acc_key={key!r} is missing from the reward output (reward_extra_info keys: "
+                         f"{sorted(available)}): the reward function must return a dict with the binary correctness "
+                         f"under '{key}' (e.g. verl's math_dapo returns 'acc'), or set gdro.acc_key to the key it uses")
     return correctness(np.asarray(values, dtype=np.float64), settings.correct_threshold, f"gdro.acc_key={key!r}")
 
 
 def observe_removed(ledger: DispatchLedger, settings: GDROSettings, partition_id: str, keys: dict[str, list[str]],
                     reasons: dict[str, str], warned: bool) -> bool:
-    """Record in the ledger the correctness of groups the replay buffer is about to delete (read
-    before the clear); returns whether the missing-correctness warning has been given."""
+    """Record in the ledger the correctness of groups the replay buffer is about to delete; returns
+    whether the missing-correctness warning has been given."""
     known = [u for u in keys if u in ledger.entries]
     unknown = len(keys) - len(known)
     if unknown:
         logger.warning("verl-gdro: %d removed group(s) were not dispatched by this run's GDRO trainer", unknown)
-    # one trial per session: a multi-output agent loop's later outputs are left out (later_outputs);
-    # the replay buffer's own key lists stay untouched (it clears every row)
-    keys = dict(keys)
+    keys = dict(keys)  # later outputs left out (later_outputs); the buffer's own lists stay as they are
     for u in known:
         later = later_outputs(keys[u])
         if later is not None:
@@ -131,9 +110,7 @@ def observe_removed(ledger: DispatchLedger, settings: GDROSettings, partition_id
         data = tq.kv_batch_get(keys=flat, partition_id=partition_id, select_fields=["extra_fields"])
         try:
             acc = read_acc(settings, data, np.arange(len(flat)), flat, partition_id)
-        except ValueError as e:
-            # e.g. a colocated reward model scores only after sampling: evicted groups have no
-            # reward yet. They are generated but cannot be observed; count them as lost.
+        except ValueError as e:  # e.g. a colocated reward model has not scored evicted groups: lost
             if not warned:
                 logger.warning("verl-gdro: removed groups without correctness are not observed: %s", e)
                 warned = True
@@ -147,8 +124,8 @@ def observe_removed(ledger: DispatchLedger, settings: GDROSettings, partition_id
 
 
 def token_fields(needed: tuple[str, ...], batch: KVBatchMeta, consumed: ConsumedBatch) -> dict[str, np.ndarray]:
-    """The [N, T] fields the surrogate loss signals read (``needed``: the controller's
-    ``token_fields``), for the trained rows and, zero-masked, the rows of groups removed untrained."""
+    """The [N, T] fields the surrogate loss signals read (``needed``: the controller's ``token_fields``)
+    for the trained rows and, zero-masked, the rows of groups removed untrained."""
     dropped_rows = consumed.dropped()[0].size
     extra: dict[str, np.ndarray] = {}
     wanted = ["response_mask", "old_log_probs", "advantages"]
@@ -159,10 +136,7 @@ def token_fields(needed: tuple[str, ...], batch: KVBatchMeta, consumed: Consumed
     for field in wanted:
         if field in td.keys():
             arr = padded_numpy(td[field], consumed.rows)
-            if dropped_rows:
-                # Removed groups reached no log-prob stage. verl's GRPO advantage of a filtered
-                # group is exactly 0 (identical rewards), so its surrogate term is 0; a zero mask
-                # makes every token term of these rows 0 (masked_token_mean).
+            if dropped_rows:  # removed groups reached no log-prob stage: a zero mask zeroes their terms
                 pad = np.zeros((dropped_rows, arr.shape[1]), dtype=arr.dtype)
                 arr = np.concatenate([arr, pad])
             extra[names.get(field, field)] = arr
@@ -171,9 +145,9 @@ def token_fields(needed: tuple[str, ...], batch: KVBatchMeta, consumed: Consumed
 
 def put_update_fields(batch: KVBatchMeta, consumed: ConsumedBatch, reward_field: str,
                       norm_by_std: bool) -> tuple[KVBatchMeta, np.ndarray]:
-    """Write each row's raw GRPO advantage and row index next to verl's advantages, for the actor's
-    loss (:func:`verl_gdro.integration.policy_loss.gdro_ppo_loss`); return the batch and each row's
-    plan position (-1: verl's padding rows), which the trainer reads back after the update."""
+    """Write each row's raw GRPO advantage and row index for the actor's loss
+    (:func:`~verl_gdro.integration.policy_loss.gdro_ppo_loss`); return the batch and each row's plan
+    position (-1: padding), which the trainer reads back after the update."""
     from tensordict import TensorDict
 
     data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["uid", reward_field])
@@ -184,8 +158,6 @@ def put_update_fields(batch: KVBatchMeta, consumed: ConsumedBatch, reward_field:
     raw = raw_grpo_advantages(scores, uid_keys(as_list(data["uid"])), norm_by_std)
     positions = np.full(len(batch), -1, dtype=np.int64)
     positions[consumed.rows] = consumed.group_index
-    fields = TensorDict(
-        {RAW_ADV_FIELD: raw.to(torch.float32), ROW_FIELD: torch.arange(len(batch), dtype=torch.float64)},
-        batch_size=len(batch),
-    )
+    rows = torch.arange(len(batch), dtype=torch.float64)
+    fields = TensorDict({RAW_ADV_FIELD: raw.to(torch.float32), ROW_FIELD: rows}, batch_size=len(batch))
     return tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=fields), positions

@@ -1,11 +1,5 @@
-"""What the ``verl.plugins`` entry point managed to register, and the check that reads it.
-
-:mod:`verl_gdro.integration.plugin` writes :data:`REGISTRATION_ERRORS` when importing the
-estimator or the trainer fails (verl swallows a plugin's exceptions); the trainer calls
-:func:`check_registered` at init to turn that silent failure into a loud one. Both live here, below
-the plugin and the trainer, so that neither has to import the other (the plugin imports the trainer
-to register it; the trainer used to import the plugin back for this check).
-"""
+"""What the ``verl.plugins`` entry point failed to register, and the check the trainer runs at init
+to make that loud; kept below the plugin and the trainer so neither imports the other."""
 
 from __future__ import annotations
 
@@ -29,8 +23,6 @@ def check_registered() -> None:
         if name not in TRAINER_REGISTRY:
             problems.append(f"trainer '{name}' ({REGISTRATION_ERRORS.get(TRAINER_NAME, 'not imported')})")
     if problems:
-        raise RuntimeError(
-            "verl-gdro is not registered with verl: " + "; ".join(problems) + ". Is the package installed "
-            "(pip install -e .) so that the verl.plugins entry point loads verl_gdro.integration.plugin, and is "
-            "VERL_USE_EXTERNAL_PLUGINS not 'none'?"
-        )
+        raise RuntimeError("verl-gdro is not registered with verl: " + "; ".join(problems) + ". Is the package "
+                           "installed (pip install -e .) so that the verl.plugins entry point loads "
+                           "verl_gdro.integration.plugin, and is VERL_USE_EXTERNAL_PLUGINS not 'none'?")

@@ -1,18 +1,9 @@
 """verl 0.9.1's V1 replay buffers, made to report every group they remove without training on it.
 
-The replay buffer is where verl scores and filters groups: DAPO filtering
-(``algorithm.filter_groups``) evicts finished groups whose metric is identical across the group
-(all correct or all wrong), the sync buffer discards the surplus groups it drained, and the async
-buffer evicts stale (``max_off_policy_strategy=drop``) and failed groups. All of those go through
-``ReplayBuffer._clear_groups``, which deletes the trajectories from TransferQueue. These subclasses
-hand the cleared groups' trajectory keys to the GDRO trainer's observer first (it reads their
-correctness), so that the controllers observe every group the policy generated exactly once: the
-trained ones at the advantage stage, the removed ones here. The one group that leaves the buffer
-by neither path, a failed group the sync buffer selects although none of its rollouts produced a
-trajectory (``sync_refill_failed_groups`` off), is reported at ``_materialize_batch`` as failed.
-
-Both classes add no state in ``__init__``; the trainer swaps the class of the buffer verl built
-(``GDROTrainerMixin._build_replay_buffer``), so verl's own constructor arguments stay verl's.
+DAPO-filtered, surplus, stale and failed groups all leave through ``ReplayBuffer._clear_groups``;
+these subclasses hand their keys to the GDRO trainer's observer first, so every generated group is
+observed once (docs/integration.md, "DAPO group filtering"). They add no state in ``__init__``: the
+trainer swaps the class of the buffer verl built, whose constructor arguments stay verl's.
 """
 
 from __future__ import annotations
@@ -39,8 +30,7 @@ class GDROReplayBufferMixin:
         self, global_steps: int, partition_id: str, eviction_reasons: tuple[set[str], set[str], set[str], Counter]
     ) -> tuple[set[str], int, int, dict]:
         stale, dapo, failed, _counts = eviction_reasons
-        # The sets may overlap; verl evicts their union once. Name the reason the user cares about
-        # most: filtered (no signal) over stale over failed.
+        # the sets may overlap (verl evicts their union once): filtered over stale over failed
         reasons = {u: "failed" for u in failed}
         reasons.update({u: "stale" for u in stale})
         reasons.update({u: "filtered" for u in dapo})
@@ -57,18 +47,15 @@ class GDROReplayBufferMixin:
                 uid = key.split("_")[0]
                 if uid in keys:
                     keys[uid].append(key)
-            # Outside an eviction pass the only caller is the sync buffer discarding its surplus
-            # (a failed group among it is named failed: it carried no signal either way).
+            # outside an eviction pass: the sync buffer's surplus (a failed group among it is named failed)
             failure = self.failure_keys[partition_id]  # type: ignore[attr-defined]
             reasons = {u: (self._gdro_reasons or {}).get(u, "failed" if u in failure else "surplus") for u in uids}
             self.gdro_observer(partition_id, keys, reasons)
         super()._clear_groups(partition_id, uids)  # type: ignore[misc]
 
     def _materialize_batch(self, partition_id: str, selected_prompt_uids: list[str], partition_snapshot: dict) -> Any:
-        # verl's sync buffer keeps failed groups sampleable unless sync_refill_failed_groups is set
-        # (missing trajectories are padded downstream): a group whose every rollout failed is
-        # selected with no rows, so the advantage stage never sees it. Report it as failed (no
-        # trajectory: counted, its decision forgotten) instead of leaving it in flight for ever.
+        # without sync_refill_failed_groups a group whose every rollout failed is selected with no
+        # rows: the advantage stage never sees it, so report it as failed instead of in flight for ever
         if partition_id == "train" and self.gdro_observer is not None and selected_prompt_uids:
             present = {key.split("_")[0] for key in partition_snapshot}
             empty = [u for u in selected_prompt_uids if u not in present]
@@ -92,9 +79,7 @@ def with_observer(buffer: ReplayBuffer, observer: Observer | None) -> ReplayBuff
     elif type(buffer) is ReplayBufferAsync:
         buffer.__class__ = GDROReplayBufferAsync
     elif not isinstance(buffer, GDROReplayBufferMixin):
-        raise TypeError(
-            f"verl-gdro: replay buffer {type(buffer).__name__} is not verl's built-in one; the GDRO trainer cannot "
-            "observe the groups it removes (remove trainer.v1.sampler.custom_sampler)"
-        )
+        raise TypeError(f"verl-gdro: replay buffer {type(buffer).__name__} is not verl's built-in one; the GDRO "
+                        "trainer cannot observe the groups it removes (remove trainer.v1.sampler.custom_sampler)")
     buffer.gdro_observer = observer  # type: ignore[attr-defined]
     return buffer

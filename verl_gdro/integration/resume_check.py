@@ -1,13 +1,9 @@
 """Refuse, in the ``main_ppo`` driver, a checkpoint folder that holds a run of other ``gdro`` settings.
 
-verl resumes from ``trainer.default_local_dir`` (``resume_mode=auto``, verl's default) or
-``trainer.resume_from_path`` inside its TaskRunner, after Ray, the workers and the models have
-started; the GDRO controller's state saved there (in verl's ``data.pt``, through the sampler's
-``state_dict``) is refused only then when it was saved under other settings ("saved under different
-gdro settings"). Two runs that differ in their settings but share a run name (and so a folder) hit
-exactly that. The driver has everything to decide it first: it reads the saved controller state
-and restores it into a controller built from this run's settings, with the controller's own
-``load_state_dict`` (the same comparison the trainer makes), before Ray starts.
+verl resumes (and the trainer refuses a controller state "saved under different gdro settings") only
+after Ray and the models have started; two runs of other settings that share a run name hit that.
+The driver restores the saved state into a controller of this run's settings first, with the
+controller's own ``load_state_dict`` (the trainer's comparison).
 """
 
 from __future__ import annotations
@@ -58,8 +54,8 @@ def saved_controller_state(node: Any, depth: int = 0) -> Mapping[str, Any] | Non
 
 
 def check_resume_folder(config: Any, settings: Any) -> None:
-    """Raise ValueError naming the folder when the checkpoint verl would resume from holds
-    controller state that this run's settings cannot take (other settings or rollout budget)."""
+    """Raise ValueError naming the folder when the checkpoint verl would resume from holds controller
+    state that this run's settings cannot take (other settings or rollout budget)."""
     if not settings.enable:
         return
     folder = resume_folder(config)
@@ -77,10 +73,8 @@ def check_resume_folder(config: Any, settings: Any) -> None:
     try:
         GDROController(settings, rollout_n=rollout_n).load_state_dict(state)
     except ValueError as e:
-        key = "trainer.resume_from_path" if config.trainer.get("resume_mode", "auto") == "resume_path" else (
-            "trainer.default_local_dir")
-        raise ValueError(
-            f"{key}={config.trainer.get(key.split('.')[1])} holds a run this configuration cannot resume "
-            f"({path}): {e}; give this run its own trainer.experiment_name (the recipes' EXP_NAME) or resume with "
-            "that run's settings"
-        ) from None
+        by_path = config.trainer.get("resume_mode", "auto") == "resume_path"
+        key = "trainer.resume_from_path" if by_path else "trainer.default_local_dir"
+        raise ValueError(f"{key}={config.trainer.get(key.split('.')[1])} holds a run this configuration cannot resume "
+                         f"({path}): {e}; give this run its own trainer.experiment_name (the recipes' EXP_NAME) or "
+                         "resume with that run's settings") from None

@@ -1,31 +1,12 @@
 """A lazy, stateful training sampler that carries all GDRO controller state in its ``state_dict``.
 
-verl 0.9.1 saves ``StatefulDataLoader.state_dict()`` to ``global_step_N/data.pt`` and restores it
-on resume; the loader's state embeds its sampler's ``state_dict()``. So the sampler saves the whole
-:class:`~verl_gdro.step.controller.GDROController` (classifier history, Prompt-GDRO scores,
-Rollout-GDRO arm scores, shadow price and generator) next to its own cursor and generator, and a
-resumed run continues bit-identically without any checkpoint code of ours.
-
-In ``resample`` mode (a Prompt-GDRO sampling mode: ``gdro.prompt.mode`` resample,
-failure_weighted, greso or band) the draws come from the step API's
-:class:`~verl_gdro.step.sampler.PromptSampler`, the code the CPU study runs: at the first index of a
-block it draws the whole block (distinct prompts under the controller's current state) and hands
-the indices out one at a time, so a controller update takes effect at the next block. A block is
-one generation call of the trainer, whatever batch size verl gives its data loader: verl 0.9.1
-fetches one prompt at a time (``data.gen_batch_size=1``) in its async modes, under DAPO and with
-``sync_refill_failed_groups``, and ``gen_batch_size`` prompts at a time when the user sets it, so
-the trainer announces each call (:meth:`GDROSampler.begin_call`: its prompt count and the prompts
-still in flight, which the block excludes). Without an announcement a block is ``batch_size``
-prompts (the loader's). That requires ``data.dataloader_num_workers=0`` (workers would pre-draw
-batches with stale state); the trainer enforces it. The other modes (``shuffle``, ``sequential``)
-reproduce verl's epoch semantics (every prompt once per epoch) with a seeded numpy generator; the
-announced call's held prompts are deferred within the epoch where the epoch's order reaches them
-(only at an epoch boundary: a prompt in flight, or drawn earlier in the same call, comes round
-again), so a call's prompts are distinct and not in flight in these modes too.
-
-An epoch is ``len(dataset)`` draws in ``shuffle`` and ``sequential``, so verl's ``steps_per_epoch``
-stays right; in ``resample`` mode it ends at the first block boundary after ``len(dataset)`` draws
-(a block never straddles two epochs, so a call's prompts stay distinct).
+verl saves ``StatefulDataLoader.state_dict()`` (which embeds its sampler's) to ``data.pt`` and
+restores it on resume, so the whole :class:`~verl_gdro.step.controller.GDROController` saved here
+with the sampler's cursor and generator resumes bit-identically without checkpoint code of ours.
+``resample`` (a sampling ``gdro.prompt.mode``) draws each announced generation call as one block
+with the step API's :class:`~verl_gdro.step.sampler.PromptSampler`; ``shuffle`` and ``sequential``
+keep verl's epoch order, deferring held prompts (docs/integration.md, "One draw per generation
+call"). Workers would pre-draw with stale state: ``data.dataloader_num_workers=0`` is enforced.
 """
 
 from __future__ import annotations
@@ -44,49 +25,22 @@ __all__ = ["SAMPLER_MODES", "GDROSampler", "sampler_for", "step_draw_metrics"]
 
 SAMPLER_MODES = ("sequential", "shuffle", "resample")
 _STATE_VERSION = 2
-#: versions load_state_dict reads: 1 was written before the step API's sampler drew whole batches
 _READABLE_VERSIONS = (1, 2)
 
 
-class _Draws(Iterator[int]):
-    """The iterator the data loader pulls from; all state lives in the sampler (one place to save)."""
-
-    def __init__(self, sampler: GDROSampler) -> None:
-        self._sampler = sampler
-
-    def __iter__(self) -> _Draws:
-        return self
-
-    def __next__(self) -> int:
-        return self._sampler._draw()
-
-
 class GDROSampler(Sampler[int]):
-    """Index sampler over the training set.
+    """Index sampler over the training set: ``uids`` the stable id of every row (position -> id),
+    ``controller`` the run's (saved with the sampler), ``seed`` its own generator's (``data.seed``),
+    ``batch_size`` the block ``resample`` draws when no call was announced (:meth:`begin_call`)."""
 
-    Args:
-        uids: stable prompt id of every dataset row (position -> id), e.g. from
-            :func:`verl_gdro.integration.dataset.stable_prompt_uids`.
-        controller: the run's controller (shared with the trainer); saved and restored with the
-            sampler.
-        mode: ``sequential``, ``shuffle`` (a fresh permutation per epoch) or ``resample`` (the
-            controller's sampling mode draws each batch).
-        seed: seed of the sampler's own generator (``data.seed``).
-        batch_size: the data loader's batch size: ``resample`` draws a block of this many distinct
-            prompts when no generation call was announced (:meth:`begin_call`; default 1).
-    """
-
-    def __init__(
-        self, uids: Any, controller: GDROController, mode: str = "shuffle", seed: int = 0, batch_size: int = 1
-    ) -> None:
+    def __init__(self, uids: Any, controller: GDROController, mode: str = "shuffle", seed: int = 0,
+                 batch_size: int = 1) -> None:
         super().__init__()
         if mode not in SAMPLER_MODES:
             raise ValueError(f"sampler mode {mode!r} is invalid: allowed values are {list(SAMPLER_MODES)}")
         if mode == "resample" and not controller.resamples:
-            raise ValueError(
-                "sampler mode 'resample' needs Prompt-GDRO on with a sampling gdro.prompt.mode (resample, "
-                "failure_weighted, greso or band)"
-            )
+            raise ValueError("sampler mode 'resample' needs Prompt-GDRO on with a sampling gdro.prompt.mode "
+                             "(resample, failure_weighted, greso or band)")
         if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
             raise ValueError(f"batch_size={batch_size!r} is invalid: must be an integer >= 1")
         u = np.asarray(uids, dtype=np.int64)
@@ -103,24 +57,19 @@ class GDROSampler(Sampler[int]):
         self._perm: np.ndarray | None = None
         self._resume = False
         self.batch_size = int(batch_size)
-        #: the batch drawn by the step API's sampler and the next position in it (resample mode)
-        self._draws: PromptSampler | None = None
+        # resample: the step API's sampler, its block and the next position in it
+        self._draws = PromptSampler(controller, u, seed=self.seed) if mode == "resample" else None
         self._block = np.zeros(0, dtype=np.int64)
         self._block_pos = 0
-        if mode == "resample":
-            self._draws = PromptSampler(controller, u, seed=self.seed)
-        #: the announced generation call: its prompt count (resample mode) and the prompts it must not
-        #: draw; transient (verl checkpoints between steps, when no call is in progress)
+        # the announced call's size and held prompts: transient (verl saves when no call is in progress)
         self._call_size: int | None = None
         self._call_held: Callable[[], Any] | Any = ()
-        #: shuffle / sequential: the rows the current call must not draw (read at its first draw) and
-        #: the swaps of this epoch's order that deferred a held prompt (checkpointed)
+        # shuffle / sequential: the rows the call must not draw, and this epoch's deferring swaps (saved)
         self._held_rows: set[int] | None = None
         self._ordered_call = False  # a call was announced (the trainer announces every one)
         self._swaps: list[tuple[int, int]] = []
         self._uid_order = np.argsort(u, kind="stable")
-        #: Other state checkpointed with the controller (name -> object with state_dict /
-        #: load_state_dict), e.g. the async trainers' dispatch ledger.
+        # other state saved with the controller (name -> state_dict / load_state_dict), e.g. the ledger
         self.companions: dict[str, Any] = {}
 
     def __len__(self) -> int:
@@ -132,13 +81,12 @@ class GDROSampler(Sampler[int]):
         return self._epoch
 
     def __iter__(self) -> Iterator[int]:
-        # The data loader calls iter() at every epoch start, and also (before load_state_dict)
-        # while it rebuilds its iterator on resume; after a load the epoch in progress continues.
+        # the loader calls iter() at every epoch start and, before load_state_dict, on resume
         if self._resume:
             self._resume = False
         else:
             self._start_epoch()
-        return _Draws(self)
+        return iter(self._draw, None)  # _draw ends the epoch with StopIteration; all state lives here
 
     def _start_epoch(self) -> None:
         self._epoch += 1
@@ -152,30 +100,20 @@ class GDROSampler(Sampler[int]):
             self._perm = self._rng.permutation(self.uids.size)
 
     def begin_call(self, size: int, held: Callable[[], Any] | Any = ()) -> None:
-        """Announce a generation call of ``size`` prompts and the prompts it must not draw.
-
-        ``held``: stable ids of the prompts in flight or dispatched since the last update (the
-        step's earlier calls, the async prefetch). In resample mode the next ``size`` indices (at
-        most the training set) are one block: drawn at once, distinct, none of ``held`` unless the
-        rest of the training set cannot fill it. In shuffle and sequential mode the epoch's order
-        is kept, except that a held prompt, or one drawn earlier in the call, met at an epoch
-        boundary is deferred to the first later position of the epoch that is not held (every
-        prompt still comes once per epoch). ``held`` may be a callable, read at the call's first
-        draw: on resume, ``StatefulDataLoader`` restores the sampler's state (and the dispatch
-        ledger with it) only at the first fetch, after the call was announced.
-        """
+        """Announce a generation call of ``size`` prompts and the stable ids it must not draw (``held``:
+        in flight or dispatched since the last update; a callable is read at the call's first draw,
+        after ``StatefulDataLoader`` has restored a resumed state). docs/integration.md, "One draw per
+        generation call", has what each mode does with them."""
         if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1:
             raise ValueError(f"a generation call of {size!r} prompts is invalid: must be an integer >= 1")
         if self.mode != "resample":
             self._call_held, self._held_rows, self._ordered_call = held, None, True
             return
         if self._block_pos < self._block.size:
-            raise RuntimeError(
-                f"verl-gdro: a generation call began with {self._block.size - self._block_pos} prompt(s) of the "
-                "previous call not yet fetched (the data loader must fetch each call's prompts in full)"
-            )
-        # a call larger than the training set (a warm-up window over a tiny set): the whole set,
-        # then the loader's batches
+            raise RuntimeError(f"verl-gdro: a generation call began with {self._block.size - self._block_pos} "
+                               "prompt(s) of the previous call not yet fetched (the data loader must fetch each "
+                               "call's prompts in full)")
+        # a call larger than the training set (a warm-up over a tiny set): the whole set, then the loader's batches
         self._call_size = min(int(size), int(self.uids.size))
         self._call_held = held
 
@@ -201,16 +139,16 @@ class GDROSampler(Sampler[int]):
             free = np.flatnonzero(~np.isin(later, np.fromiter(held, dtype=np.int64, count=len(held))))
             if free.size:  # else the rest of the epoch is held: draw it anyway
                 self._swap(pos, pos + 1 + int(free[0]))
-                self._swaps.append((pos, pos + 1 + int(free[0])))
                 index = int(self._perm[pos])  # type: ignore[index]
         held.add(index)
         return index
 
     def _swap(self, i: int, j: int) -> None:
-        """Exchange positions i and j of the epoch's order (sequential: materialised on first use)."""
+        """Exchange positions i and j of the epoch's order (sequential: materialised on first use); saved."""
         if self._perm is None:
             self._perm = np.arange(self.uids.size)
         self._perm[[i, j]] = self._perm[[j, i]]
+        self._swaps.append((i, j))
 
     def _call_held_rows(self) -> set[int]:
         """The rows of the announced call's held prompts (read once per call) plus those it drew."""
@@ -229,7 +167,7 @@ class GDROSampler(Sampler[int]):
 
     def _draw_resample(self) -> int:
         if self._block_pos >= self._block.size:
-            # a new block: the announced call (excluding the prompts in flight), else the loader's batch
+            # a new block: the announced call (held prompts excluded), else the loader's batch
             assert self._draws is not None
             size = self.batch_size if self._call_size is None else self._call_size
             held = self._call_held() if callable(self._call_held) else self._call_held
@@ -241,27 +179,15 @@ class GDROSampler(Sampler[int]):
         self._block_pos += 1
         return index
 
-    # -- checkpointing (embedded in StatefulDataLoader.state_dict) ---------------------------
-
     def state_dict(self) -> dict[str, Any]:
         """Cursor, generators and the whole controller state."""
-        return {
-            "version": _STATE_VERSION,
-            "mode": self.mode,
-            "seed": self.seed,
-            "num_rows": int(self.uids.size),
-            "uid_checksum": _checksum(self.uids),
-            "epoch": self._epoch,
-            "cursor": self._cursor,
-            "rng": deepcopy(self._rng.bit_generator.state),
-            "epoch_rng": deepcopy(self._epoch_rng_state),
-            "draws": None if self._draws is None else self._draws.state_dict(),
-            "block": self._block.copy(),
-            "block_pos": self._block_pos,
-            "swaps": [list(pair) for pair in self._swaps],
-            "controller": self.controller.state_dict(),
-            "companions": {name: obj.state_dict() for name, obj in self.companions.items()},
-        }
+        return {"version": _STATE_VERSION, "mode": self.mode, "seed": self.seed, "num_rows": int(self.uids.size),
+                "uid_checksum": _checksum(self.uids), "epoch": self._epoch, "cursor": self._cursor,
+                "rng": deepcopy(self._rng.bit_generator.state), "epoch_rng": deepcopy(self._epoch_rng_state),
+                "draws": None if self._draws is None else self._draws.state_dict(), "block": self._block.copy(),
+                "block_pos": self._block_pos, "swaps": [list(pair) for pair in self._swaps],
+                "controller": self.controller.state_dict(),
+                "companions": {name: obj.state_dict() for name, obj in self.companions.items()}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`; refuses state of another mode or another training set."""
@@ -270,10 +196,8 @@ class GDROSampler(Sampler[int]):
         if state["mode"] != self.mode:
             raise ValueError(f"GDROSampler state was saved in mode {state['mode']!r}, this run samples {self.mode!r}")
         if state["num_rows"] != self.uids.size or state["uid_checksum"] != _checksum(self.uids):
-            raise ValueError(
-                "GDROSampler state was saved for a different training set (row count or stable prompt ids "
-                "differ); resume with the same data files and gdro.uid_key"
-            )
+            raise ValueError("GDROSampler state was saved for a different training set (row count or stable prompt "
+                             "ids differ); resume with the same data files and gdro.uid_key")
         self.controller.load_state_dict(state["controller"])
         saved = state.get("companions", {})  # absent in checkpoints written before the ledger existed
         for name, obj in self.companions.items():
@@ -283,26 +207,22 @@ class GDROSampler(Sampler[int]):
         self._cursor = int(state["cursor"])
         self._epoch_rng_state = deepcopy(state["epoch_rng"])
         if self.mode == "shuffle" and self._epoch_rng_state is not None:
-            # Regenerate the epoch's permutation from the generator state at the epoch's start;
-            # afterwards the generator is exactly where the uninterrupted run's was.
+            # regenerate the epoch's permutation from the generator state at the epoch's start
             self._rng.bit_generator.state = deepcopy(self._epoch_rng_state)
             self._perm = self._rng.permutation(self.uids.size)
         else:
             self._perm = None
         self._rng.bit_generator.state = deepcopy(state["rng"])
-        # the epoch's deferrals of held prompts (absent in states written before they existed)
-        self._swaps = []
+        self._swaps = []  # the epoch's deferrals (absent in states written before they existed)
         for i, j in state.get("swaps", ()):
             self._swap(int(i), int(j))
-            self._swaps.append((int(i), int(j)))
         self._held_rows = None
         if self._draws is not None:
             if state.get("draws") is not None:
                 self._draws.load_state_dict(state["draws"])
             else:  # a version-1 state: the generator starts afresh, the controller was restored
                 self._draws.controller_restored()
-        # a version-1 state has no batch in progress (it drew one index at a time): the next
-        # index starts a new batch
+        # a version-1 state has no block in progress: the next index starts a new one
         self._block = np.asarray(state.get("block", ()), dtype=np.int64).copy()
         self._block_pos = int(state.get("block_pos", 0))
         self._resume = self._epoch > 0
@@ -320,11 +240,8 @@ def sampler_for(controller: GDROController, uids: Any, data_config: Any, batch_s
 
 
 def step_draw_metrics(sampler: GDROSampler | None, batch_price: float | None) -> dict[str, float]:
-    """The metrics of the step that ran besides the controller's own: the draws of a sampling mode
-    since the last update (``gdro/draw/*``, :meth:`PromptSampler.draw_metrics`) and, under the
-    ``per_prompt`` allocator, ``gdro/shadow_price`` as the price of the step's own batch allocation
-    (the controller reports its latest allocation's, often a refill of a prompt or two).
-    """
+    """The step's metrics besides the controller's: a sampling mode's draws (``gdro/draw/*``) and, when
+    the allocator prices at plan, ``gdro/shadow_price`` of the step's own batch (not of its latest refill)."""
     out: dict[str, float] = {}
     if sampler is not None and sampler._draws is not None:
         out.update(sampler._draws.draw_metrics())

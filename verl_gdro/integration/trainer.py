@@ -1,47 +1,12 @@
 """The GDRO trainers: verl's V1 trainers (sync, colocate_async, separate_async) plus the GDRO controllers.
 
-One mixin, :class:`GDROTrainerMixin`, holds every line of GDRO code; each registered trainer is
-that mixin on one of verl's V1 trainer classes:
-
-| ``trainer.v1.trainer_mode`` | class | verl trainer it extends |
-|---|---|---|
-| ``gdro_sync`` | :class:`GDROTrainerSync` | ``PPOTrainerSync`` |
-| ``gdro_colocate_async`` | :class:`GDROTrainerColocateAsync` | ``PPOTrainerColocateAsync`` |
-| ``gdro_separate_async`` | :class:`GDROTrainerSeparateAsync` | ``PPOTrainerSeparateAsync`` |
-
-The mixin overrides narrow hooks of verl's step pipeline and always calls ``super()`` (docs/integration.md);
-``fit()`` and ``step()`` stay verl's own:
-
-- ``_build_replay_buffer``: verl's own buffer, turned into its GDRO subclass
-  (:mod:`verl_gdro.integration.replay_buffer`) that reports every group it removes untrained
-  (DAPO-filtered, surplus, stale, failed) before deleting it.
-- ``_init_dataloader``: validate the stable prompt ids, install :class:`GDROSampler` (controller
-  state and the dispatch ledger ride in verl's ``data.pt`` checkpoint; on resume the ledger keeps
-  only the groups TransferQueue holds, :class:`ResumedLedger`), ``dataloader_num_workers=0``.
-- ``_next_train_batch``: every generation call (the step's batch, DAPO refills, async warm-up and
-  eviction refills) is announced to the sampler first (its prompts are distinct and none in flight,
-  whatever verl's ``gen_batch_size``: one block in a sampling mode, verl's epoch order with held
-  prompts deferred in ``reweight``), then classifies its
-  prompts and allocates their rollouts with the controller state of that moment
-  (:meth:`GDROController.decide`), asserts the exact budget
-  ``sum(__rollout_n__) == prompts * rollout.n`` for that call, and records the decisions in the
-  :class:`DispatchLedger` under verl's per-dispatch uid.
-- ``_compute_advantage``: the consumed groups plus the groups removed since the last update are
-  re-adopted into one controller plan with their dispatch-time decisions; the multipliers go into
-  verl's own advantage stage (``gdro_grpo``); then one update observes every one of those groups
-  exactly once, and the ``gdro/`` metrics (docs/algorithm.md, section 4 plus the flow counters of
-  :func:`flow_metrics`) go into the step's metrics. This runs before verl saves the step's
-  checkpoint, so the saved state includes the step.
-
-What the hooks read from and write to TransferQueue is in :mod:`verl_gdro.integration.reads`, the
-per-row numpy work in :mod:`verl_gdro.integration.glue`, the dispatch decisions in
-:mod:`verl_gdro.integration.ledger`: the mixin only sequences them around verl's stages.
-
-At init the whole config is validated (:func:`validate_gdro_config`) and the registrations are
-checked (:func:`check_registered`), so a broken install or a bad key fails before Ray starts any
-worker. The trainer sets ``trainer.v1.trainer_mode`` to verl's own mode name before verl's
-``__init__``: verl switches its async machinery on ``trainer_mode != "sync"`` and reads
-``trainer.v1.<mode>`` for the mode's settings.
+One mixin, :class:`GDROTrainerMixin`, holds every line of GDRO code; each registered trainer is that
+mixin on one of verl's V1 trainer classes. It overrides narrow hooks of verl's step pipeline
+(``_build_replay_buffer``, ``_init_dataloader``, ``_next_train_batch``, ``_compute_advantage``,
+``_update_actor``), always calling ``super()``; ``fit()`` and ``step()`` stay verl's. What each hook
+does is docs/integration.md, "2. The GDRO trainer". The mixin only sequences the TransferQueue reads
+(:mod:`~verl_gdro.integration.reads`), the per-row numpy work (:mod:`~verl_gdro.integration.glue`)
+and the dispatch decisions (:mod:`~verl_gdro.integration.ledger`) around verl's stages.
 """
 
 from __future__ import annotations
@@ -84,23 +49,12 @@ from verl_gdro.integration.reads import (
 from verl_gdro.integration.registry import check_registered
 from verl_gdro.integration.replay_buffer import with_observer
 from verl_gdro.integration.sampler import GDROSampler, sampler_for, step_draw_metrics
-from verl_gdro.step.config import (
-    TRAINER_MODES,
-    TRAINER_NAME,
-    GDROSettings,
-    validate_gdro_config,
-)
+from verl_gdro.step.config import TRAINER_MODES, TRAINER_NAME, GDROSettings, validate_gdro_config
 from verl_gdro.step.context import gdro_step, uid_keys
 from verl_gdro.step.controller import GDROController, describe_mode
 
-__all__ = [
-    "ROLLOUT_N_KEY",
-    "GDROTrainerColocateAsync",
-    "GDROTrainerMixin",
-    "GDROTrainerSeparateAsync",
-    "GDROTrainerSync",
-    "flow_metrics",
-]
+__all__ = ["ROLLOUT_N_KEY", "GDROTrainerColocateAsync", "GDROTrainerMixin", "GDROTrainerSeparateAsync",
+           "GDROTrainerSync", "flow_metrics"]
 
 logger = logging.getLogger(__name__)
 
@@ -109,10 +63,8 @@ ROLLOUT_N_KEY = "__rollout_n__"
 
 
 class GDROTrainerMixin:
-    """GDRO for a verl V1 trainer class: put it first in the bases (``class X(GDROTrainerMixin, PPOTrainerSync)``).
-
-    Subclasses set :attr:`GDRO_MODE` (a key of :data:`TRAINER_MODES`) and register themselves.
-    """
+    """GDRO for a verl V1 trainer class: put it first in the bases (``class X(GDROTrainerMixin, PPOTrainerSync)``);
+    subclasses set :attr:`GDRO_MODE` (a key of :data:`TRAINER_MODES`) and register themselves."""
 
     GDRO_MODE: str = TRAINER_NAME
 
@@ -122,22 +74,17 @@ class GDROTrainerMixin:
             config.trainer.v1.trainer_mode = self.GDRO_MODE
         settings = validate_gdro_config(config)
         with open_dict(config):
-            # verl switches on its async machinery for trainer_mode != "sync" and reads the mode's
-            # settings from trainer.v1.<mode>: give it its own mode name.
+            # verl switches its async machinery on trainer_mode != "sync" and reads trainer.v1.<mode>
             config.trainer.v1.trainer_mode = TRAINER_MODES[self.GDRO_MODE]
-            # The resolved settings replace the group (preset values instead of nulls: the config
-            # verl logs, e.g. to wandb, says what ran; resolve_gdro gives the same settings back),
-            # and the estimator, which only sees the `algorithm` group, gets the same group.
+            # the resolved settings replace the group (the logged config says what ran) and are
+            # mirrored to algorithm.gdro, the only group the estimator sees
             config.gdro = OmegaConf.create(settings.to_dict())
             config.algorithm.gdro = OmegaConf.create(settings.to_dict())
         self.gdro_settings: GDROSettings = settings  # read by _build_replay_buffer, inside verl's __init__
         super().__init__(config)  # type: ignore[call-arg]
-        with open_dict(config):
-            # verl read its mode above (self.trainer_mode); the config it logs at fit() names the
-            # GDRO mode that runs
+        with open_dict(config):  # verl has read its mode: the config it logs names the GDRO mode
             config.trainer.v1.trainer_mode = self.GDRO_MODE
-        # one line at start naming the adversaries (both are on by default, so a user who sets one
-        # switch still runs the other: say so before the first step)
+        # one line at start naming the adversaries (both are on by default)
         self.gdro_mode_line = describe_mode(settings, int(config.actor_rollout_ref.rollout.n))
         print(self.gdro_mode_line, flush=True)
         self.gdro: GDROController | None = None
@@ -151,14 +98,10 @@ class GDROTrainerMixin:
         self._gdro_time = 0.0
         self._gdro_warned_missing_acc = False
         self._gdro_batch_price: float | None = None  # per_prompt: the price of the step's batch allocation
-        #: the plan position of each row of the step's batch (update_surrogate; -1 = padding)
+        # update_surrogate: the plan position of each row of the step's batch (-1 = padding)
         self._gdro_row_positions = np.zeros(0, dtype=np.int64)
         if self.gdro is not None:
             self.replay_buffer.gdro_observer = self._gdro_observe_removed
-
-    # ------------------------------------------------------------------------------------------
-    # 0. the replay buffer reports the groups it removes untrained
-    # ------------------------------------------------------------------------------------------
 
     def _build_replay_buffer(self) -> Any:
         buffer = super()._build_replay_buffer()  # type: ignore[misc]
@@ -173,42 +116,24 @@ class GDROTrainerMixin:
                                                         reasons, self._gdro_warned_missing_acc)
         self._gdro_time += time.perf_counter() - t0
 
-    # ------------------------------------------------------------------------------------------
-    # 1. data loader with the stateful sampler
-    # ------------------------------------------------------------------------------------------
-
     def _init_dataloader(self) -> None:
         super()._init_dataloader()  # type: ignore[misc]
         if self.gdro is None:
             return
-        # data.dataloader_num_workers is 0 here: validate_gdro_config refused any other value at
-        # __init__ (worker processes would draw batches ahead of the controller updates).
+        # data.dataloader_num_workers is 0: validate_gdro_config refused any other value at __init__
         uids = stable_prompt_uids(self.train_dataset, self.gdro_settings.uid_key)
         batch_size = self.train_dataloader.batch_size  # verl's choice (gen_batch_size or train_batch_size)
         self.gdro_sampler = sampler_for(self.gdro, uids, self.config.data, int(batch_size))
         # the dispatch ledger rides in data.pt and, on load, keeps only the groups verl holds
         self.gdro_sampler.companions["ledger"] = ResumedLedger(self.gdro_ledger, in_flight=tq_prompt_groups)
-        self.train_dataloader = StatefulDataLoader(
-            dataset=self.train_dataset,
-            batch_size=batch_size,
-            num_workers=0,
-            drop_last=True,
-            collate_fn=collate_fn,
-            sampler=self.gdro_sampler,
-        )
+        self.train_dataloader = StatefulDataLoader(dataset=self.train_dataset, batch_size=batch_size, num_workers=0,
+                                                   drop_last=True, collate_fn=collate_fn, sampler=self.gdro_sampler)
         self.train_dataloader_it = None
         logger.info("verl-gdro: GDROSampler installed (mode=%s, %d prompts)", self.gdro_sampler.mode, uids.size)
 
-    # ------------------------------------------------------------------------------------------
-    # 2. classification and rollout allocation at every generation call
-    # ------------------------------------------------------------------------------------------
-
     def _next_train_batch(self, num_prompts: int | None = None) -> Any:
         if self.gdro_sampler is not None:
-            # whatever verl's loader batch size (gen_batch_size=1 in the async modes, under DAPO and
-            # sync_refill_failed_groups), the call's prompts are distinct, none of them in flight or
-            # dispatched since the last update: one block in a sampling mode, verl's epoch order
-            # with held prompts deferred otherwise (docs/integration.md)
+            # one draw per generation call, whatever verl's loader batch size (docs/integration.md)
             size = int(self.config.data.train_batch_size) if num_prompts is None else int(num_prompts)
             self.gdro_sampler.begin_call(size, self.gdro_ledger.held_stable_uids)
         batch = super()._next_train_batch(num_prompts)  # type: ignore[misc]
@@ -216,10 +141,8 @@ class GDROTrainerMixin:
             return batch
         t0 = time.perf_counter()  # the controller times itself; this counts the reads around it
         if self._gdro_uid_field not in batch.keys():
-            raise ValueError(
-                f"gdro.uid_key={self.gdro_settings.uid_key}: the prompt batch has no '{self._gdro_uid_field}' column "
-                f"(columns: {sorted(batch.keys())})"
-            )
+            raise ValueError(f"gdro.uid_key={self.gdro_settings.uid_key}: the prompt batch has no "
+                             f"'{self._gdro_uid_field}' column (columns: {sorted(batch.keys())})")
         stable = _int_column(batch[self._gdro_uid_field])
         verl_uids = uid_keys(_as_list(batch["uid"]))
         self._gdro_time += time.perf_counter() - t0
@@ -227,10 +150,8 @@ class GDROTrainerMixin:
         n = plan.rollout_n
         budget = len(verl_uids) * int(self.config.actor_rollout_ref.rollout.n)
         if int(n.sum()) != budget:
-            raise RuntimeError(
-                f"verl-gdro: __rollout_n__ sums to {int(n.sum())} for {len(verl_uids)} prompts, not the exact "
-                f"budget {budget} = prompts * actor_rollout_ref.rollout.n"
-            )
+            raise RuntimeError(f"verl-gdro: __rollout_n__ sums to {int(n.sum())} for {len(verl_uids)} prompts, not "
+                               f"the exact budget {budget} = prompts * actor_rollout_ref.rollout.n")
         self.gdro_ledger.dispatch(verl_uids, plan.uids, plan.bins, n, step=int(self.global_steps))
         if num_prompts is None and self.gdro.rollout is not None and self.gdro.rollout.prices_at_plan:
             # the step's own batch (verl's prepare_step), not a refill: gdro/shadow_price reports it
@@ -238,10 +159,6 @@ class GDROTrainerMixin:
         if self.gdro.rollout is not None:
             tu.assign_non_tensor_stack(batch, ROLLOUT_N_KEY, n.tolist())  # Python ints
         return batch
-
-    # ------------------------------------------------------------------------------------------
-    # 3. multipliers into verl's advantage stage, then controller updates and metrics
-    # ------------------------------------------------------------------------------------------
 
     def _compute_advantage(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
         if self.gdro is None:
@@ -264,10 +181,8 @@ class GDROTrainerMixin:
         table, row_plan = consumed.estimator_inputs(multipliers)
         needs_log_probs = bool(self.gdro.token_fields)
         if not needs_log_probs:
-            # The failure-rate update reads only acc, and the multipliers were taken above from
-            # S_{t-1}: updating now gives the same values as after verl's estimator, while the
-            # controllers' code and state are still in cache (after verl's per-row GRPO loop they
-            # are not: 0.2-0.3 ms more per step at 256 x 4, benchmarks/overhead.py).
+            # the failure-rate update reads only acc (the multipliers are taken): the same values as
+            # after verl's estimator, while the controllers are still in cache
             metrics.update(self._gdro_update(consumed, acc, {}))
         with gdro_step(table, settings=self.gdro_settings, rows=row_plan, norm_adv_by_std=self._gdro_norm_by_std):
             batch = super()._compute_advantage(batch, metrics)  # type: ignore[misc]
@@ -280,26 +195,18 @@ class GDROTrainerMixin:
             batch = self._gdro_put_update_fields(batch, consumed)
         return batch
 
-    # ------------------------------------------------------------------------------------------
-    # 4. the update-time loss signal (update_surrogate): measured in the actor's PPO update
-    # ------------------------------------------------------------------------------------------
-
     def on_init_end(self) -> None:
         super().on_init_end()  # type: ignore[misc]
         if self.gdro is None or not self.gdro.wants_update_losses:
             return
         if self.config.get("distillation") is not None and self.config.distillation.get("enable", False):
-            raise ValueError(
-                "gdro.prompt.loss_signal=update_surrogate is invalid with distillation: the actor's loss is then "
-                "verl's distillation loss, which verl-gdro does not wrap"
-            )
+            raise ValueError("gdro.prompt.loss_signal=update_surrogate is invalid with distillation: the actor's loss "
+                             "is then verl's distillation loss, which verl-gdro does not wrap")
         from functools import partial
 
         from verl.utils.config import omega_conf_to_dataclass
 
-        # verl's own actor loss (workers/utils/losses.py ppo_loss) with the per-response
-        # update-time losses added to its metrics; built like verl's trainer builds the critic's
-        # loss (trainer_base._setup: partial(value_loss, config=critic_cfg) -> set_loss_fn)
+        # verl's own actor loss with the update-time losses in its metrics, set as verl sets the critic's
         actor_cfg = omega_conf_to_dataclass(self.config.actor_rollout_ref.actor)
         self.actor_rollout_wg.set_loss_fn(partial(gdro_ppo_loss, config=actor_cfg))
         logger.info("verl-gdro: the actor's loss reports the update-time loss signal (update_surrogate)")
@@ -332,10 +239,8 @@ class GDROTrainerMixin:
         finally:
             wg.update_actor = update
         if not taken:
-            raise RuntimeError(
-                "verl-gdro: the actor reported no update-time losses (gdro.prompt.loss_signal=update_surrogate); "
-                "was its loss replaced after init?"
-            )
+            raise RuntimeError("verl-gdro: the actor reported no update-time losses "
+                               "(gdro.prompt.loss_signal=update_surrogate); was its loss replaced after init?")
         group_index, losses = first_measurements(*taken[0], self._gdro_row_positions)
         metrics.update(self.gdro.after_update(group_index, losses))
         return batch
