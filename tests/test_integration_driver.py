@@ -106,8 +106,10 @@ def test_driver_validation_refuses_bad_gdro_config_and_leaves_other_trainers_alo
         ["trainer.v1.trainer_mode=sync", *ESTIMATOR_ONLY, "algorithm.adv_estimator=grpo",
          "actor_rollout_ref.rollout.n=1"],  # not ours
         ["trainer.v1.trainer_mode=sync", "gdro.prompt.eta=0.3"],  # a gdro group nothing would read: refused
+        # algorithm.gdro under verl's own grpo estimator: nothing reads it (issue 36: accepted and ignored)
+        ["trainer.v1.trainer_mode=sync", *ESTIMATOR_ONLY, "algorithm.adv_estimator=grpo", "+algorithm.gdro.prompt.eta=0.3"],
     ]
-    bad, good, alone, alone_bad, other, unread = _driver_results(tmp_path, cases)
+    bad, good, alone, alone_bad, other, unread, ignored = _driver_results(tmp_path, cases)
     assert bad.startswith("REFUSED"), bad
     assert "actor_rollout_ref.rollout.n=4" in bad and "gdro.rollout.n_max=3" in bad, bad
     assert good == "ACCEPTED", good
@@ -116,3 +118,5 @@ def test_driver_validation_refuses_bad_gdro_config_and_leaves_other_trainers_alo
     assert other == "ACCEPTED", other
     assert unread.startswith("REFUSED: gdro is invalid with trainer.v1.trainer_mode='sync'"), unread
     assert "algorithm.gdro" in unread, unread
+    assert ignored == "REFUSED: algorithm.gdro is invalid with algorithm.adv_estimator=grpo: only the gdro_grpo " \
+        "estimator reads it, so nothing would; set algorithm.adv_estimator=gdro_grpo, or remove algorithm.gdro", ignored

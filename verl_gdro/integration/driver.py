@@ -37,11 +37,11 @@ def uses_gdro_trainer(config: Any) -> bool:
 
 def uses_gdro(config: Any) -> bool:
     """True for the GDRO trainer, the ``gdro_grpo`` estimator alone, or a config with a top-level
-    ``gdro`` group (refused outside the GDRO trainer: nothing would read it)."""
+    ``gdro`` group or an ``algorithm.gdro`` group (each refused where nothing would read it)."""
     if uses_gdro_trainer(config):
         return True
     try:
-        if config.get("gdro", None) is not None:
+        if config.get("gdro", None) is not None or config.algorithm.get("gdro", None) is not None:
             return True
     except Exception:
         pass

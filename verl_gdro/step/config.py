@@ -643,6 +643,11 @@ def _path_settings(cfg: Any, trainer_mode: Any) -> GDROSettings:
                 f"group is read only by the GDRO trainer ({'|'.join(TRAINER_MODES)}); the {ESTIMATOR_NAME} estimator "
                 "in verl's own trainer reads algorithm.gdro: set +algorithm.gdro.<key>=... on verl's ppo_trainer "
                 f"config instead, or set trainer.v1.trainer_mode={TRAINER_NAME}")
+        adv = _select(cfg, "algorithm.adv_estimator")
+        if algo_group is not None and adv != ESTIMATOR_NAME:
+            raise ValueError(f"algorithm.gdro is invalid with algorithm.adv_estimator={adv}: only the {ESTIMATOR_NAME} "
+                f"estimator reads it, so nothing would; set algorithm.adv_estimator={ESTIMATOR_NAME}, or remove "
+                "algorithm.gdro")
         return estimator_settings(_select(cfg, "algorithm"))
 
 
