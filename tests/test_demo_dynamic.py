@@ -1,0 +1,140 @@
+"""DAPO's dynamic sampling in the CPU study (verl_gdro/demo/dynamic.py, MethodRun) and the
+mini-batch order of its update (verl's actor.shuffle)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from verl_gdro.demo.config import DemoConfig, DynamicSampling, method_gdro_group, method_study_keys
+from verl_gdro.demo.dynamic import informative_groups, select_trained
+
+
+def test_filter_drops_exactly_the_all_equal_groups():
+    # groups: all correct, all wrong, mixed, a single response, mixed
+    acc = np.array([1, 1, 1, 0, 0, 0, 1, 0, 1, 1, 0, 1])
+    group = np.array([0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 4, 4])
+    assert informative_groups(acc, group, 5).tolist() == [False, False, True, True, True]
+
+
+def test_the_trained_groups_are_the_first_informative_ones():
+    inform = np.array([True, False, True, True, False, True])
+    assert select_trained(inform, 2).tolist() == [True, False, True, False, False, False]
+    assert select_trained(inform, 10).tolist() == inform.tolist()
+
+
+def test_filter_settings_from_set_and_variant_keys():
+    cfg = DemoConfig.quick(max_num_gen_batches=3)
+    ds = DynamicSampling.from_settings(cfg.to_dict(), method_study_keys("dapo=grpo:dynamic_sampling=true"))
+    assert (ds.enable, ds.max_num_gen_batches, ds.metric) == (True, 3, "acc")
+    assert ds.call_size(12) == 12
+    # the study keys do not reach the gdro group
+    assert "dynamic_sampling" not in method_gdro_group("dapo=grpo:dynamic_sampling=true")
+    with pytest.raises(ValueError, match="filter_metric"):
+        DynamicSampling.from_settings({"filter_metric": "loss"})
+    with pytest.raises(ValueError, match="max_num_gen_batches"):
+        DynamicSampling.from_settings({"max_num_gen_batches": -1})
+
+
+def _scripted(monkeypatch):
+    """A scorer by prompt: uid % 3 == 0 always right, 1 always wrong, 2 right on alternate calls
+    (so a group of n >= 2 of those is mixed); returns the informative uids' test."""
+    import itertools
+
+    import verl_gdro.demo.train as demo_train
+
+    flip = itertools.cycle([1.0, 0.0])
+
+    def score(response, problem):
+        a = {0: 1.0, 1: 0.0}.get(problem.uid % 3)
+        a = next(flip) if a is None else a
+        return 2 * a - 1, a
+
+    monkeypatch.setattr(demo_train, "_score", score)
+    return lambda uid: uid % 3 == 2
+
+
+def _run(method: str, **over):
+    from verl_gdro.demo.model import build_model
+    from verl_gdro.demo.task import make_train_set
+    from verl_gdro.demo.tokenizer import CharTokenizer
+    from verl_gdro.demo.train import MethodRun
+
+    torch.set_num_threads(1)
+    tok = CharTokenizer()
+    cfg = DemoConfig.quick(hidden=16, layers=1, batch_prompts=6, train_size=36, methods=(method,), **over)
+    cfg.validate()
+    train = make_train_set(cfg.train_size, seed=0, task=cfg.task)
+    init = build_model(tok.vocab_size, cfg.hidden, cfg.layers, seed=3).state_dict()
+    return MethodRun(method, 0, cfg, tok, train, init)
+
+
+@pytest.mark.parametrize("method", ["grpo", "joint"])
+def test_dynamic_sampling_trains_a_full_batch_of_distinct_informative_prompts(monkeypatch, method):
+    informative = _scripted(monkeypatch)
+    run = _run(method, dynamic_sampling=True)
+    seen = []
+    original = run.ctrl.after_advantage
+
+    def spy(g, acc, **kw):
+        seen.append((run.ctrl.planned_uids(g).copy(), np.asarray(acc).copy()))
+        return original(g, acc, **kw)
+
+    run.ctrl.after_advantage = spy
+    for _ in range(2):
+        before_gen, before_trained = run.rollouts, run.trained_rollouts
+        m = run.train_step()
+        uids, acc = seen[-1]
+        groups = list(dict.fromkeys(uids.tolist()))  # distinct prompts observed this step, plan order
+        assert len(groups) == len(set(groups)) == m["train/gen_calls"] * 6  # refills excluded the step's prompts
+        trained = groups[: int(m["train/trained_groups"])]
+        assert len(trained) == 6 and all(informative(u) for u in trained)
+        # every observed group the filter dropped is all-equal, every trained one is not
+        dropped = [u for u in groups[6:] if not informative(u)]
+        assert m["train/filtered_share"] == pytest.approx(len(dropped) / len(groups))
+        # every generated rollout is counted, trained or not
+        assert run.rollouts - before_gen == m["train/generated_rollouts"] == uids.size == len(groups) * 4
+        assert run.trained_rollouts - before_trained == sum(int((uids == u).sum()) for u in trained)
+        assert m["train/short_batch"] == 0.0
+
+
+def test_the_generation_calls_bound_is_honoured(monkeypatch):
+    _scripted(monkeypatch)
+    run = _run("grpo", dynamic_sampling=True, max_num_gen_batches=1)
+    m = run.train_step()
+    assert m["train/gen_calls"] == 1 and m["train/generated_rollouts"] == 6 * 4
+    assert m["train/trained_groups"] < 6 and m["train/short_batch"] == 1.0  # trains on what it kept
+
+
+def test_without_the_filter_a_step_is_one_call_of_the_batch(monkeypatch):
+    _scripted(monkeypatch)
+    run = _run("grpo")
+    m = run.train_step()
+    assert (m["train/gen_calls"], m["train/generated_rollouts"], m["train/trained_groups"]) == (1, 24, 6)
+    assert run.rollouts == run.trained_rollouts == 24
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_mini_batches_follow_the_batch_order_unless_shuffled(monkeypatch, shuffle):
+    """verl's actor.shuffle=false (its default): the mini-batches are consecutive slices of the
+    batch, so a prompt's responses share one; shuffle=true draws a permutation."""
+    import verl_gdro.demo.train as demo_train
+
+    _scripted(monkeypatch)
+    run = _run("grpo", mini_batches=2, shuffle=shuffle)
+    grad_calls, full = [], []
+    real = demo_train.response_log_probs
+
+    def spy(model, ids, mask, R):
+        if model is run.model:
+            (grad_calls if torch.is_grad_enabled() else full).append(ids.clone())
+        return real(model, ids, mask, R)
+
+    monkeypatch.setattr(demo_train, "response_log_probs", spy)
+    run.train_step()
+    assert len(grad_calls) == 2 and len(full) == 1  # the old log-probs on the whole batch, then 2 mini-batches
+    in_order = torch.equal(torch.cat(grad_calls), full[0])
+    assert in_order is not shuffle
+    if shuffle:  # the same rows, permuted
+        assert sorted(map(tuple, torch.cat(grad_calls).tolist())) == sorted(map(tuple, full[0].tolist()))
