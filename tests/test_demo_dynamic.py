@@ -138,3 +138,64 @@ def test_mini_batches_follow_the_batch_order_unless_shuffled(monkeypatch, shuffl
     assert in_order is not shuffle
     if shuffle:  # the same rows, permuted
         assert sorted(map(tuple, torch.cat(grad_calls).tolist())) == sorted(map(tuple, full[0].tolist()))
+
+
+@pytest.mark.parametrize("method", ["grpo", "joint"])
+def test_a_resumed_filter_run_makes_the_same_decisions(monkeypatch, method):
+    """The cursor into the epoch order (refills move it) and the sampler ride in the checkpoint."""
+    import copy
+
+    _scripted(monkeypatch)
+    run = _run(method, dynamic_sampling=True, gen_batch_size=4)
+    run.train_step()
+    state = copy.deepcopy(run.state_dict())
+    _scripted(monkeypatch)  # the scripted scorer's alternation starts afresh for both
+    want = run.train_step()
+    again = _run(method, dynamic_sampling=True, gen_batch_size=4)
+    again.load_state_dict(state)
+    _scripted(monkeypatch)
+    got = again.train_step()
+    assert run.cursor == again.cursor and (method == "joint" or run.cursor > 2 * 6)
+    keys = ("train/generated_rollouts", "train/gen_calls", "train/filtered_share", "actor/pg_loss")
+    assert [got[k] for k in keys] == [want[k] for k in keys]
+
+
+def test_value_at_generated_rollouts_interpolates_the_curve():
+    from verl_gdro.demo.dapo import value_at_rollouts
+
+    curve = [{"rollouts": 0, "mean@8": 0.2}, {"rollouts": 100, "mean@8": 0.4}, {"rollouts": 300, "mean@8": 0.8}]
+    assert value_at_rollouts(curve, 50) == pytest.approx(0.3)
+    assert value_at_rollouts(curve, 200) == pytest.approx(0.6)
+    assert value_at_rollouts(curve, 300) == pytest.approx(0.8)
+    assert value_at_rollouts(curve, 301) is None
+
+
+def test_the_dapo_table_reads_generated_rollouts(tmp_path):
+    """Against DAPO: an arm that reaches DAPO's final at half its generated rollouts reads 0.5."""
+    import json
+
+    from verl_gdro.demo.dapo import dapo_markdown, dapo_summary
+
+    (tmp_path / "done").mkdir()
+    (tmp_path / "metrics").mkdir()
+    lv = {"0": 0.9, "1": 0.5}
+    for seed in range(3):
+        for method, total, final, calls in (("dapo", 400, 0.6, 2.0), ("other", 200, 0.6 + 0.01 * seed, 1.0)):
+            curve = [{"rollouts": 0, "mean@8": 0.2, "level_acc": lv}, {"rollouts": total // 2, "mean@8": 0.6,
+                     "level_acc": lv}, {"rollouts": total, "mean@8": final, "level_acc": lv}]
+            rec = {"method": method, "seed": seed, "rollouts": total, "trained_rollouts": 200, "curve": curve,
+                   "dynamic_sampling": method == "dapo", "mean@8": final, "level_acc": lv}
+            (tmp_path / "done" / f"{method}_seed{seed}.json").write_text(json.dumps(rec))
+            rows = [{"train/generated_rollouts": total / 2, "train/trained_groups": 8, "train/gen_calls": calls,
+                     "train/filtered_share": 0.5 if calls > 1 else 0.2}] * 2
+            (tmp_path / "metrics" / f"{method}_seed{seed}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    s = dapo_summary(tmp_path, ["dapo", "other"], "dapo", budget=200)
+    other = s["arms"]["other"]
+    assert other["to_dapo_final"]["mean@8"]["median"] == pytest.approx(0.25)  # 100 of DAPO's 400
+    assert other["paired"]["mean@8"]["mean"] == pytest.approx(0.01)
+    assert other["paired"]["mean@8"]["ci95"][0] is not None  # 3 seeds: an interval
+    # at 200 generated rollouts DAPO is at 0.6 (its middle point), the other arm at its final
+    assert other["paired"]["mean@8_at_budget"]["mean"] == pytest.approx(0.01)
+    assert s["arms"]["dapo"]["gen_calls"] == 2.0 and s["arms"]["dapo"]["generated_per_step"] == 200
+    table = dapo_markdown(s, batch_rollouts=100)
+    assert "| dapo | on | 0.600 |" in table and "| 2.00 | 2.00 (2.00) | 0.500 |" in table

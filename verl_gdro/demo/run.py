@@ -210,12 +210,11 @@ def _truncate_metrics(path: Path, keep_below: int) -> None:
 
 def _run_one(cfg: DemoConfig, out: str, method: str, seed: int, resume: bool) -> dict:
     """Train and evaluate one method x seed into ``out``; returns its done record."""
-    import numpy as np
     import torch
 
     from .task import make_eval_set, make_train_set
     from .tokenizer import CharTokenizer
-    from .train import MethodRun, evaluate
+    from .train import MethodRun
 
     torch.set_num_threads(cfg.threads)
     root = Path(out)
@@ -235,36 +234,19 @@ def _run_one(cfg: DemoConfig, out: str, method: str, seed: int, resume: bool) ->
     init_state = torch.load(root / "warm_start.pt", map_location="cpu", weights_only=False)["state_dict"]
     run = MethodRun(method, seed, cfg, tok, train_set, init_state)
     ckpt_path = root / "ckpt" / f"{tag}.pt"
-    metrics_path = root / "metrics" / f"{tag}.jsonl"
-    wall, eval_s = 0.0, 0.0
     ws = json.loads((root / "done" / "warm_start.json").read_text())
-    curve: list[dict] = [_curve_point(0, 0, ws)]
+    progress: dict[str, Any] = {"wall_s": 0.0, "eval_s": 0.0, "curve": [_curve_point(0, 0, ws)]}
     if resume and ckpt_path.exists():
         blob = torch.load(ckpt_path, map_location="cpu", weights_only=False)
         if blob.get("spec", spec) != spec:
             raise UsageError(f"--methods {spec!r}: {ckpt_path} is a run of {blob['spec']!r}; use another label")
         run.load_state_dict(blob["run"])
-        wall, eval_s, curve = float(blob.get("wall_s", 0.0)), float(blob.get("eval_s", 0.0)), blob["curve"]
+        progress = {"wall_s": float(blob.get("wall_s", 0.0)), "eval_s": float(blob.get("eval_s", 0.0)),
+                    "curve": blob["curve"]}
+    metrics_path = root / "metrics" / f"{tag}.jsonl"
     _truncate_metrics(metrics_path, run.step)
-    t0 = time.perf_counter() - wall
-    while run.step < cfg.steps:
-        step = run.step
-        metrics = run.train_step()
-        bad = [k for k, v in metrics.items() if not np.isfinite(v)]
-        if bad:
-            raise FloatingPointError(f"{tag} step {step}: non-finite metrics {bad}")
-        with metrics_path.open("a") as fh:
-            fh.write(json.dumps({"method": method, "seed": seed, "step": step, **metrics}) + "\n")
-        if run.step % cfg.eval_every == 0 or run.step == cfg.steps:
-            te = time.perf_counter()
-            ev = evaluate(run.model, tok, eval_set, cfg, seed=seed)
-            eval_s += time.perf_counter() - te
-            curve.append(_curve_point(run.step, run.rollouts, ev))
-        wall = time.perf_counter() - t0
-        tmp = ckpt_path.with_name(ckpt_path.name + ".tmp")
-        torch.save({"run": run.state_dict(), "spec": spec, "wall_s": wall, "eval_s": eval_s, "curve": curve}, tmp)
-        os.replace(tmp, ckpt_path)
-    final = curve[-1]
+    _train_loop(run, tok, eval_set, progress, ckpt_path, metrics_path, spec)
+    final = progress["curve"][-1]
     res = {
         "method": method,
         "spec": spec,
@@ -273,14 +255,43 @@ def _run_one(cfg: DemoConfig, out: str, method: str, seed: int, resume: bool) ->
         "trained_rollouts": run.trained_rollouts,
         "dynamic_sampling": run.dynamic.enable,
         "steps": run.step,
-        "wall_s": wall,
-        "eval_s": eval_s,
-        "curve": curve,
+        **progress,
         **{k: final[k] for k in ("pass@8", "mean@8", "level_acc", "level_pass@8", "worst_level_acc", "worst_level")},
         "train_stats": _train_stats(_rows(metrics_path)),
     }
     _atomic_write(done_path, json.dumps(res))
     return res
+
+
+def _train_loop(run: Any, tok: Any, eval_set: list, progress: dict[str, Any], ckpt_path: Path, metrics_path: Path,
+                spec: str) -> None:
+    """Train ``run`` to ``cfg.steps``: a metrics row per step, an evaluation every ``eval_every``
+    steps and at the end (appended to ``progress['curve']``), a checkpoint after every step."""
+    import numpy as np
+    import torch
+
+    from .train import evaluate
+
+    cfg = run.cfg
+    tag = f"{run.method}_seed{run.seed}"
+    t0 = time.perf_counter() - progress["wall_s"]
+    while run.step < cfg.steps:
+        step = run.step
+        metrics = run.train_step()
+        bad = [k for k, v in metrics.items() if not np.isfinite(v)]
+        if bad:
+            raise FloatingPointError(f"{tag} step {step}: non-finite metrics {bad}")
+        with metrics_path.open("a") as fh:
+            fh.write(json.dumps({"method": run.method, "seed": run.seed, "step": step, **metrics}) + "\n")
+        if run.step % cfg.eval_every == 0 or run.step == cfg.steps:
+            te = time.perf_counter()
+            ev = evaluate(run.model, tok, eval_set, cfg, seed=run.seed)
+            progress["eval_s"] += time.perf_counter() - te
+            progress["curve"].append(_curve_point(run.step, run.rollouts, ev))
+        progress["wall_s"] = time.perf_counter() - t0
+        tmp = ckpt_path.with_name(ckpt_path.name + ".tmp")
+        torch.save({"run": run.state_dict(), "spec": spec, **progress}, tmp)
+        os.replace(tmp, ckpt_path)
 
 
 def _train_stats(rows: list[dict]) -> dict[str, float]:
@@ -312,13 +323,65 @@ def run_demo(cfg: DemoConfig, out: Path, resume: bool = False, plots: bool = Tru
     import torch
     from tqdm import tqdm
 
-    from .model import build_model
-    from .task import make_eval_set, make_train_set
-    from .tokenizer import CharTokenizer
-    from .train import evaluate, warm_start
-
     torch.set_num_threads(cfg.threads)
     t_start = time.perf_counter()
+    _prepare_dir(cfg, out, resume)
+
+    def log(msg: str) -> None:
+        if progress:
+            tqdm.write(msg)
+            sys.stdout.flush()
+        else:
+            print(msg, flush=True)
+
+    ws_eval = _warm_start_eval(cfg, out, log)
+    labels = [parse_method(m)[0] for m in cfg.methods]
+    from verl_gdro.step.config import resolve_gdro
+    from verl_gdro.step.controller import describe_mode
+
+    from .config import DynamicSampling, method_gdro_group, method_study_keys
+
+    for label in labels:
+        spec = cfg.method_spec(label)
+        ds = DynamicSampling.from_settings(cfg.to_dict(), method_study_keys(spec))
+        dapo = (f" | DAPO filter on ({ds.metric}, gen_batch_size {ds.call_size(cfg.batch_prompts)}, "
+                f"max_num_gen_batches {ds.max_num_gen_batches or 'unbounded'})") if ds.enable else ""
+        log(f"{label}: {describe_mode(resolve_gdro(method_gdro_group(spec, 0, cfg.gdro)), cfg.n_mean)}{dapo}")
+    # paired seeds: all methods of seed 0 first, so a partial study already has complete pairs
+    jobs = [(label, seed) for seed in range(cfg.seeds) for label in labels]
+    results = _run_jobs(cfg, out, jobs, resume, progress, log, t_start)
+
+    # without the filter every method generates (and trains on) exactly the same rollouts; under
+    # DAPO's dynamic sampling the generated rollouts are the method's cost, so they differ
+    budgets = {res["rollouts"] for res in results.values() if not res.get("dynamic_sampling", False)}
+    expected = cfg.steps * cfg.batch_prompts * cfg.n_mean
+    if budgets - {expected}:
+        raise AssertionError(f"methods consumed different rollout budgets: {sorted(budgets)} (expected {expected} each)")
+    # the merged per-step file, in (seed, method) order: what `verl-gdro plot` and users read
+    merged = [row for label, seed in jobs for row in _rows(out / "metrics" / f"{label}_seed{seed}.jsonl")]
+    _atomic_write(out / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in merged))
+
+    from .stats import markdown, summarise
+
+    summary = summarise(cfg, labels, results, ws_eval, time.perf_counter() - t_start)
+    text = markdown(summary)
+    dapo = _dapo_section(cfg, out, labels, results)
+    if dapo is not None:
+        summary["dynamic_sampling"], section = dapo
+        text += "\n" + section
+    _atomic_write(out / "results.json", json.dumps(summary, indent=1))
+    _atomic_write(out / "results.md", text)
+    if plots:
+        from verl_gdro.plots import draw_all, draw_learning_curves, series_from_rows
+
+        draw_all(series_from_rows([r for r in merged if r["seed"] == 0]), out / "plots")
+        draw_learning_curves(summary, out / "plots")
+    return summary
+
+
+def _prepare_dir(cfg: DemoConfig, out: Path, resume: bool) -> None:
+    """Create the run directory; refuse one written with another configuration (resume) or clear
+    an earlier run's files (fresh); write ``config.json``."""
     out.mkdir(parents=True, exist_ok=True)
     for sub in ("ckpt", "done", "metrics"):
         (out / sub).mkdir(exist_ok=True)
@@ -337,12 +400,13 @@ def run_demo(cfg: DemoConfig, out: Path, resume: bool = False, plots: bool = Tru
             path.unlink(missing_ok=True)
     _atomic_write(cfg_path, json.dumps(cfg.to_dict(), indent=1))
 
-    def log(msg: str) -> None:
-        if progress:
-            tqdm.write(msg)
-            sys.stdout.flush()
-        else:
-            print(msg, flush=True)
+
+def _warm_start_eval(cfg: DemoConfig, out: Path, log: Any) -> dict:
+    """The warm start (trained or cached) in ``out`` and its held-out evaluation (cached too)."""
+    from .model import build_model
+    from .task import make_eval_set, make_train_set
+    from .tokenizer import CharTokenizer
+    from .train import evaluate, warm_start
 
     tok = CharTokenizer()
     tok.save(out / "tokenizer.json")
@@ -361,17 +425,14 @@ def run_demo(cfg: DemoConfig, out: Path, resume: bool = False, plots: bool = Tru
         f"task {cfg.task}: warm start mean@8 {ws_eval['mean@8']:.3f} pass@8 {ws_eval['pass@8']:.3f} per level "
         + " ".join(f"{v:.2f}" for v in ws_eval["level_acc"].values())
     )
+    return ws_eval
 
-    labels = [parse_method(m)[0] for m in cfg.methods]
-    from verl_gdro.step.config import resolve_gdro
-    from verl_gdro.step.controller import describe_mode
 
-    from .config import method_gdro_group
+def _run_jobs(cfg: DemoConfig, out: Path, jobs: list[tuple[str, int]], resume: bool, progress: bool, log: Any,
+              t_start: float) -> dict[tuple[str, int], dict]:
+    """Every (label, seed) run, ``cfg.jobs`` processes at a time; their done records."""
+    from tqdm import tqdm
 
-    for label in labels:
-        log(f"{label}: {describe_mode(resolve_gdro(method_gdro_group(cfg.method_spec(label), 0, cfg.gdro)), cfg.n_mean)}")
-    # paired seeds: all methods of seed 0 first, so a partial study already has complete pairs
-    jobs = [(label, seed) for seed in range(cfg.seeds) for label in labels]
     results: dict[tuple[str, int], dict] = {}
     bar = tqdm(total=cfg.steps * len(jobs), disable=not progress, dynamic_ncols=True, file=sys.stderr)
 
@@ -407,28 +468,24 @@ def run_demo(cfg: DemoConfig, out: Path, resume: bool = False, plots: bool = Tru
                 bar.set_postfix_str(f"{len(results)}/{len(jobs)} runs, {time.perf_counter() - t_start:.0f}s")
                 time.sleep(0.5)
     bar.close()
+    return results
 
-    # without the filter every method generates (and trains on) exactly the same rollouts; under
-    # DAPO's dynamic sampling the generated rollouts are the method's cost, so they differ
-    budgets = {res["rollouts"] for res in results.values() if not res.get("dynamic_sampling", False)}
-    expected = cfg.steps * cfg.batch_prompts * cfg.n_mean
-    if budgets - {expected}:
-        raise AssertionError(f"methods consumed different rollout budgets: {sorted(budgets)} (expected {expected} each)")
-    # the merged per-step file, in (seed, method) order: what `verl-gdro plot` and users read
-    merged = [row for label, seed in jobs for row in _rows(out / "metrics" / f"{label}_seed{seed}.jsonl")]
-    _atomic_write(out / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in merged))
 
-    from .stats import markdown, summarise
+def _dapo_section(cfg: DemoConfig, out: Path, labels: list[str], results: dict) -> tuple[dict, str] | None:
+    """The figures against DAPO (:mod:`verl_gdro.demo.dapo`) when an arm is GRPO with the filter:
+    the first such arm is the base. None when no arm is."""
+    base = next(
+        (m for m in labels if parse_method(cfg.method_spec(m))[1] == "grpo"
+         and any(r.get("dynamic_sampling") for (lab, _), r in results.items() if lab == m)),
+        None,
+    )
+    if base is None:
+        return None
+    from .dapo import dapo_markdown, dapo_summary
 
-    summary = summarise(cfg, labels, results, ws_eval, time.perf_counter() - t_start)
-    _atomic_write(out / "results.json", json.dumps(summary, indent=1))
-    _atomic_write(out / "results.md", markdown(summary))
-    if plots:
-        from verl_gdro.plots import draw_all, draw_learning_curves, series_from_rows
-
-        draw_all(series_from_rows([r for r in merged if r["seed"] == 0]), out / "plots")
-        draw_learning_curves(summary, out / "plots")
-    return summary
+    batch = cfg.batch_prompts * cfg.n_mean
+    summary = dapo_summary(out, labels, base, cfg.steps * batch)
+    return summary, dapo_markdown(summary, batch)
 
 
 def _quiet_worker() -> None:
