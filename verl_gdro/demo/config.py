@@ -71,7 +71,7 @@ class DynamicSampling:
     enable: bool = False
     metric: str = "acc"
     max_num_gen_batches: int = 0  # 0: no limit (verl's default)
-    gen_batch_size: int = 0  # prompts per generation call; 0: the train batch size (verl's default)
+    gen_batch_size: int = 0  # prompts per generation call; 0: verl 0.9.1's V1 refills (refill_size)
 
     @classmethod
     def from_settings(cls, base: Mapping[str, Any], own: Mapping[str, Any] | None = None) -> DynamicSampling:
@@ -89,8 +89,22 @@ class DynamicSampling:
         return ds
 
     def call_size(self, train_batch: int) -> int:
-        """Prompts per generation call."""
+        """Prompts of a step's first generation call."""
         return self.gen_batch_size if self.enable and self.gen_batch_size > 0 else train_batch
+
+    def refill_size(self, train_batch: int, kept: int, filtered: int, credit: int) -> tuple[int, int]:
+        """(prompts of the next call, credit carried) after a call that dropped ``filtered`` groups.
+
+        ``gen_batch_size > 0``: the DAPO recipe's fixed calls. 0: verl 0.9.1's V1 sync replay
+        buffer (``ReplayBuffer.sample``): every dropped group earns a credit of two prompts, and a
+        call dispatches the credit up to ``train_batch`` prompts in flight
+        (``max_inflight_gen_batches=1``); the rest carries to the next call.
+        """
+        if self.gen_batch_size > 0:
+            return self.gen_batch_size, 0
+        credit += 2 * filtered
+        size = min(credit, train_batch) or train_batch - kept  # never 0 while the batch is short
+        return size, max(0, credit - size)
 
     def done(self, kept: int, calls: int, train_batch: int) -> bool:
         """Whether the step stops generating: filter off, the batch is full, or the bound is hit."""
@@ -228,7 +242,7 @@ class DemoConfig:
     dynamic_sampling: bool = False  # algorithm.filter_groups.enable
     filter_metric: str = "acc"  # algorithm.filter_groups.metric: acc or score
     max_num_gen_batches: int = 0  # algorithm.filter_groups.max_num_gen_batches: generation calls per step, 0 = no limit
-    gen_batch_size: int = 0  # data.gen_batch_size: prompts per generation call, 0 = batch_prompts
+    gen_batch_size: int = 0  # data.gen_batch_size: prompts per call (the DAPO recipe); 0 = verl 0.9.1's V1 refills
     clip_ratio_low: float = 0.2
     clip_ratio_high: float = 0.28
     kl_coef: float = 0.0  # 0 skips the reference forward (DAPO-style); the paper's 0.001 with --set kl_coef=0.001

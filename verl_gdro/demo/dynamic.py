@@ -1,18 +1,22 @@
 """DAPO's dynamic sampling in the CPU study: verl's ``algorithm.filter_groups``, one step at a time.
 
-What verl does (the DAPO recipe's loop, ``data.gen_batch_size`` and
-``algorithm.filter_groups.{enable, metric, max_num_gen_batches}``): generate a batch of prompts,
-drop every group whose filter metric is the same for all its responses (no GRPO signal), and
-generate more batches until ``train_batch_size`` groups are kept, at most ``max_num_gen_batches``
-generation calls (0: no limit); the kept groups beyond ``train_batch_size`` are discarded. Every
-generated rollout costs a rollout, trained or not, so the study counts them all.
+What verl does (``algorithm.filter_groups.{enable, metric, max_num_gen_batches}``,
+``data.gen_batch_size``): generate the step's prompts, drop every group whose filter metric is the
+same for all its responses (no GRPO signal), and generate more until ``train_batch_size`` groups
+are kept; the kept groups beyond ``train_batch_size`` are discarded. How much it refills:
 
-Where the study differs, and why: the recipe raises when the bound is reached; the study trains on
-the groups it kept (a short batch, logged as ``train/short_batch``) so a long run is not lost to
-one hard step. A step also stops when every training prompt was drawn once in it (the refills
-draw distinct prompts, so nothing is left to draw). verl 0.9.1's V1 ``ReplayBuffer`` refills
-one prompt at a time, twice the filtered count, and ignores ``max_num_gen_batches``; the study
-models the recipe's whole generation calls, which is what ``refill rounds`` counts.
+- ``gen_batch_size=0`` (the study's default): verl 0.9.1's V1 sync replay buffer, which the
+  ``gdro_*`` trainers extend: each dropped group earns a credit of two prompts, and a refill
+  dispatches the credit up to one batch in flight (``max_inflight_gen_batches=1``), the rest
+  carried (:meth:`DynamicSampling.refill_size`). verl dispatches as groups finish; the study
+  models it in rounds (one generation call each: the wall-clock cost on GPUs);
+- ``gen_batch_size>0``: the DAPO recipe, whole calls of ``gen_batch_size`` prompts.
+
+``max_num_gen_batches`` bounds the calls per step (0: no limit; verl's V1 buffer ignores it, the
+recipe raises at it). At the bound the study trains on the groups it kept (a short batch, logged as
+``train/short_batch``) so a long run is not lost to one hard step. A step also stops when every
+training prompt was drawn once in it (refills draw distinct prompts). Every generated rollout
+costs a rollout, trained or not, so the study counts them all.
 
 The refills go through the same path as the step's first batch: the prompts are drawn excluding
 the step's earlier ones (the GDRO sampler under a sampling mode, the epoch order otherwise), and

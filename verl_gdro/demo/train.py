@@ -309,17 +309,19 @@ class _StepGeneration:
         b, ds = self.cfg.batch_prompts, self.dynamic
         calls: list[GenCall] = []
         drawn: set[int] = set()
-        kept = 0
+        kept, credit, want = 0, 0, ds.call_size(b)
         while True:
-            size = min(ds.call_size(b), len(self.train_set) - len(drawn))
+            size = min(want, len(self.train_set) - len(drawn))
             if size == 0:  # every training prompt was drawn in this step: nothing left to refill with
                 break
             rows = self._draw(size, drawn)
             drawn.update(rows)
             calls.append(self._generate_call([self.train_set[i] for i in rows]))
-            kept += int(calls[-1].informative(ds.metric).sum())
+            informative = int(calls[-1].informative(ds.metric).sum())
+            kept += informative
             if ds.done(kept, len(calls), b):
                 break
+            want, credit = ds.refill_size(b, kept, size - informative, credit)
         return calls
 
     def _plan_step(self, calls: list[GenCall]) -> _StepRows:
