@@ -344,8 +344,9 @@ def run_demo(cfg: DemoConfig, out: Path, resume: bool = False, plots: bool = Tru
     for label in labels:
         spec = cfg.method_spec(label)
         ds = DynamicSampling.from_settings(cfg.to_dict(), method_study_keys(spec))
-        dapo = (f" | DAPO filter on ({ds.metric}, gen_batch_size {ds.call_size(cfg.batch_prompts)}, "
-                f"max_num_gen_batches {ds.max_num_gen_batches or 'unbounded'})") if ds.enable else ""
+        refills = f"gen_batch_size {ds.gen_batch_size}" if ds.gen_batch_size else "verl V1 refills"
+        dapo = (f" | DAPO filter on ({ds.metric}, {refills}, max_num_gen_batches "
+                f"{ds.max_num_gen_batches or 'unbounded'})") if ds.enable else ""
         log(f"{label}: {describe_mode(resolve_gdro(method_gdro_group(spec, 0, cfg.gdro)), cfg.n_mean)}{dapo}")
     # paired seeds: all methods of seed 0 first, so a partial study already has complete pairs
     jobs = [(label, seed) for seed in range(cfg.seeds) for label in labels]
