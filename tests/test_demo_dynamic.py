@@ -213,3 +213,13 @@ def test_the_dapo_table_reads_generated_rollouts(tmp_path):
     assert s["arms"]["dapo"]["gen_calls"] == 2.0 and s["arms"]["dapo"]["generated_per_step"] == 200
     table = dapo_markdown(s, batch_rollouts=100)
     assert "| dapo | on | 0.600 |" in table and "| 2.00 | 2.00 (2.00) | 0.500 |" in table
+
+
+def test_an_arm_may_run_longer_than_the_study():
+    """``joint_long=joint:steps=112``: a no-filter arm run on to a filter arm's generated rollouts."""
+    from verl_gdro.demo.config import method_steps
+
+    assert method_steps("joint_long=joint:steps=112", 80) == 112 and method_steps("joint", 80) == 80
+    assert "steps" not in method_gdro_group("joint_long=joint:steps=112")
+    with pytest.raises(ValueError, match="steps=0"):
+        DemoConfig.quick(methods=("grpo", "bad=grpo:steps=0")).validate()

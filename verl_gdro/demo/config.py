@@ -23,6 +23,7 @@ __all__ = [
     "DemoConfig",
     "gdro_override",
     "method_gdro_group",
+    "method_steps",
     "method_study_keys",
     "parse_method",
 ]
@@ -182,7 +183,7 @@ def method_gdro_group(
     (:data:`METHOD_KEYS`) are refused.
     """
     _, method, own = parse_method(method)
-    overrides = tuple(overrides) + tuple(kv for kv in own if kv[0] not in DYNAMIC_KEYS)
+    overrides = tuple(overrides) + tuple(kv for kv in own if kv[0] not in STUDY_KEYS)
     if method not in METHODS:
         raise ValueError(f"--methods: unknown method {method!r}; allowed: {sorted(METHODS)}")
     preset, prompt_on, rollout_on = METHODS[method]
@@ -208,10 +209,24 @@ def method_gdro_group(
     return group
 
 
+#: a variant's own keys that set the study's loop rather than the ``gdro`` group: the filter and
+#: the arm's run length (``joint_long=joint:steps=112``: a no-filter arm run on to the generated
+#: rollouts of a filter arm; its first steps are those of the shorter run, bit for bit)
+STUDY_KEYS = (*DYNAMIC_KEYS, "steps")
+
+
 def method_study_keys(method: str) -> dict[str, Any]:
-    """A variant's own study keys (:data:`DYNAMIC_KEYS`, e.g. ``dapo=grpo:dynamic_sampling=true``):
+    """A variant's own study keys (:data:`STUDY_KEYS`, e.g. ``dapo=grpo:dynamic_sampling=true``):
     settings of the study's loop rather than of the ``gdro`` group, for one arm."""
-    return {k: v for k, v in parse_method(method)[2] if k in DYNAMIC_KEYS}
+    return {k: v for k, v in parse_method(method)[2] if k in STUDY_KEYS}
+
+
+def method_steps(method: str, default: int) -> int:
+    """The arm's RL steps: its own ``steps`` key, else ``default`` (``DemoConfig.steps``)."""
+    steps = method_study_keys(method).get("steps", default)
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"--methods {method!r}: steps={steps!r} must be an integer >= 1")
+    return steps
 
 
 @dataclass(frozen=True)
@@ -337,6 +352,7 @@ class DemoConfig:
         for m in self.methods:
             resolve_gdro(method_gdro_group(m, overrides=self.gdro))  # names the bad gdro.* key
             DynamicSampling.from_settings(self.to_dict(), method_study_keys(m))  # names the bad filter key
+            method_steps(m, self.steps)
         labels = [parse_method(m)[0] for m in self.methods]
         if len(set(labels)) != len(labels):
             raise ValueError(f"--methods has duplicate labels: {labels}")

@@ -172,12 +172,12 @@ def dapo_markdown(summary: Mapping[str, Any], batch_rollouts: int) -> str:
         "Final: held-out mean@8 / hardest level (mean over seeds); Δ: paired difference to DAPO, mean [95 % "
         "bootstrap interval] (seeds better), per seed below "
         f"{MIN_SEEDS_FOR_INTERVALS} seeds; gen/batch: generated rollouts per trained batch of {batch_rollouts}; "
-        "rounds: generation calls per step (last quarter in brackets); filtered: share of generated groups "
-        f"dropped as all-equal; at {summary['budget']}: mean@8 at that many generated rollouts (the no-filter "
+        "rounds: generation calls per step (last quarter in brackets); all-equal: share of generated groups whose "
+        f"acc was the same for every response (dropped where the filter is on); at {summary['budget']}: mean@8 at that many generated rollouts (the no-filter "
         "budget), Δ to DAPO; to DAPO's final: generated rollouts at which the arm first reaches DAPO's final "
         "mean@8, as a share of DAPO's (interpolated in brackets; per seed when a seed never reaches it).",
         "",
-        "| arm | filter | mean@8 | hardest | Δ mean@8 | Δ hardest | gen/batch | rounds | filtered | "
+        "| arm | filter | mean@8 | hardest | Δ mean@8 | Δ hardest | gen/batch | rounds | all-equal | "
         f"Δ mean@8 at {summary['budget']} | to DAPO's final mean@8 | to DAPO's final hardest |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]

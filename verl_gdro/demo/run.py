@@ -38,7 +38,7 @@ import yaml
 
 from verl_gdro.errors import UsageError
 
-from .config import DEFAULT_METHODS, METHODS, DemoConfig, gdro_override, parse_method
+from .config import DEFAULT_METHODS, METHODS, DemoConfig, gdro_override, method_steps, parse_method
 
 __all__ = ["add_arguments", "add_study_arguments", "main", "main_study", "run_demo"]
 
@@ -265,7 +265,7 @@ def _run_one(cfg: DemoConfig, out: str, method: str, seed: int, resume: bool) ->
 
 def _train_loop(run: Any, tok: Any, eval_set: list, progress: dict[str, Any], ckpt_path: Path, metrics_path: Path,
                 spec: str) -> None:
-    """Train ``run`` to ``cfg.steps``: a metrics row per step, an evaluation every ``eval_every``
+    """Train ``run`` to its steps (``run.steps``): a metrics row per step, an evaluation every ``eval_every``
     steps and at the end (appended to ``progress['curve']``), a checkpoint after every step."""
     import numpy as np
     import torch
@@ -275,7 +275,7 @@ def _train_loop(run: Any, tok: Any, eval_set: list, progress: dict[str, Any], ck
     cfg = run.cfg
     tag = f"{run.method}_seed{run.seed}"
     t0 = time.perf_counter() - progress["wall_s"]
-    while run.step < cfg.steps:
+    while run.step < run.steps:
         step = run.step
         metrics = run.train_step()
         bad = [k for k, v in metrics.items() if not np.isfinite(v)]
@@ -283,7 +283,7 @@ def _train_loop(run: Any, tok: Any, eval_set: list, progress: dict[str, Any], ck
             raise FloatingPointError(f"{tag} step {step}: non-finite metrics {bad}")
         with metrics_path.open("a") as fh:
             fh.write(json.dumps({"method": run.method, "seed": run.seed, "step": step, **metrics}) + "\n")
-        if run.step % cfg.eval_every == 0 or run.step == cfg.steps:
+        if run.step % cfg.eval_every == 0 or run.step == run.steps:
             te = time.perf_counter()
             ev = evaluate(run.model, tok, eval_set, cfg, seed=run.seed)
             progress["eval_s"] += time.perf_counter() - te
@@ -354,10 +354,13 @@ def run_demo(cfg: DemoConfig, out: Path, resume: bool = False, plots: bool = Tru
 
     # without the filter every method generates (and trains on) exactly the same rollouts; under
     # DAPO's dynamic sampling the generated rollouts are the method's cost, so they differ
-    budgets = {res["rollouts"] for res in results.values() if not res.get("dynamic_sampling", False)}
-    expected = cfg.steps * cfg.batch_prompts * cfg.n_mean
-    if budgets - {expected}:
-        raise AssertionError(f"methods consumed different rollout budgets: {sorted(budgets)} (expected {expected} each)")
+    per_step = cfg.batch_prompts * cfg.n_mean
+    wrong = sorted(
+        (label, res["rollouts"]) for (label, _), res in results.items()
+        if not res.get("dynamic_sampling", False) and res["rollouts"] != res["steps"] * per_step
+    )
+    if wrong:
+        raise AssertionError(f"methods consumed other rollout budgets than steps x {per_step}: {wrong}")
     # the merged per-step file, in (seed, method) order: what `verl-gdro plot` and users read
     merged = [row for label, seed in jobs for row in _rows(out / "metrics" / f"{label}_seed{seed}.jsonl")]
     _atomic_write(out / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in merged))
@@ -435,7 +438,8 @@ def _run_jobs(cfg: DemoConfig, out: Path, jobs: list[tuple[str, int]], resume: b
     from tqdm import tqdm
 
     results: dict[tuple[str, int], dict] = {}
-    bar = tqdm(total=cfg.steps * len(jobs), disable=not progress, dynamic_ncols=True, file=sys.stderr)
+    steps = {label: method_steps(cfg.method_spec(label), cfg.steps) for label, _ in jobs}
+    bar = tqdm(total=sum(steps[label] for label, _ in jobs), disable=not progress, dynamic_ncols=True, file=sys.stderr)
 
     def finished(res: dict) -> None:
         if "train_stats" not in res:  # a run finished before the study recorded them: read its rows
@@ -451,7 +455,7 @@ def _run_jobs(cfg: DemoConfig, out: Path, jobs: list[tuple[str, int]], resume: b
             before = _steps_done(out, label, seed)
             bar.update(before)
             finished(_run_one(cfg, str(out), label, seed, resume))
-            bar.update(cfg.steps - before)
+            bar.update(steps[label] - before)
     else:
         import multiprocessing as mp
 

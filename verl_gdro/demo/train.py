@@ -44,7 +44,7 @@ from verl_gdro.integration.policy_loss import raw_grpo_advantages, update_surrog
 from verl_gdro.step.controller import GDROController
 from verl_gdro.step.sampler import PromptSampler
 
-from .config import DemoConfig, DynamicSampling, method_gdro_group, method_study_keys
+from .config import DemoConfig, DynamicSampling, method_gdro_group, method_steps, method_study_keys
 from .dynamic import GenCall, cat_rollouts, select_trained, take_rows
 from .model import Rollouts, build_model, encode_prompts, response_log_probs, sample
 from .task import Problem, get_task, pass_at_k, prompt_text, response_text
@@ -411,6 +411,7 @@ class MethodRun(_StepGeneration):
         self.gdro_group = method_gdro_group(cfg.method_spec(method), seed, cfg.gdro)
         # DAPO's dynamic sampling (verl's algorithm.filter_groups): the study's --set, then the arm's own keys
         self.dynamic = DynamicSampling.from_settings(cfg.to_dict(), method_study_keys(cfg.method_spec(method)))
+        self.steps = method_steps(cfg.method_spec(method), cfg.steps)  # the arm's run length
         self.ctrl = GDROController.from_config(self.gdro_group, rollout_n=cfg.n_mean)
         # a sampling mode draws the batches through the step API's sampler, as the verl trainer does
         self.sampler: PromptSampler | None = None
