@@ -223,3 +223,30 @@ def test_an_arm_may_run_longer_than_the_study():
     assert "steps" not in method_gdro_group("joint_long=joint:steps=112")
     with pytest.raises(ValueError, match="steps=0"):
         DemoConfig.quick(methods=("grpo", "bad=grpo:steps=0")).validate()
+
+
+def test_a_shorter_arm_is_read_from_a_finished_longer_one(tmp_path):
+    """``joint`` (80 steps) is the first 80 steps of ``joint_long=joint:steps=112``: its record,
+    rows and curve come from the longer run; another signature or an unfinished longer run does not."""
+    import json
+
+    from verl_gdro.demo.run import _from_longer
+
+    (tmp_path / "done").mkdir()
+    (tmp_path / "metrics").mkdir()
+    cfg = DemoConfig.quick(steps=4, eval_every=2, methods=("grpo", "jl=joint:steps=6", "joint"))
+    ev = {"pass@8": 1.0, "mean@8": 0.5, "level_acc": {"0": 0.5}, "level_pass@8": {"0": 1.0},
+          "worst_level_acc": 0.5, "worst_level": 0}
+    curve = [{"step": s, "rollouts": s * 48, **ev, "mean@8": 0.1 * s} for s in (0, 2, 4, 6)]
+    rec = {"method": "jl", "spec": "jl=joint:steps=6", "seed": 0, "steps": 6, "rollouts": 288, "curve": curve,
+           "wall_s": 60.0, "eval_s": 6.0, **ev}
+    assert _from_longer(cfg, tmp_path, "joint", 0) is None  # not finished yet
+    (tmp_path / "done" / "jl_seed0.json").write_text(json.dumps(rec))
+    rows = [{"method": "jl", "seed": 0, "step": s, "train/rollouts_total": 48.0 * (s + 1)} for s in range(6)]
+    (tmp_path / "metrics" / "jl_seed0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    got = _from_longer(cfg, tmp_path, "joint", 0)
+    assert (got["steps"], got["rollouts"], got["mean@8"], got["derived_from"]) == (4, 192, 0.4, "jl")
+    assert [p["step"] for p in got["curve"]] == [0, 2, 4] and got["wall_s"] == pytest.approx(40.0)
+    kept = [json.loads(line) for line in (tmp_path / "metrics" / "joint_seed0.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in kept] == [0, 1, 2, 3] and {r["method"] for r in kept} == {"joint"}
+    assert _from_longer(cfg, tmp_path, "grpo", 0) is None  # another method

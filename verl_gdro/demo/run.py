@@ -228,6 +228,10 @@ def _run_one(cfg: DemoConfig, out: str, method: str, seed: int, resume: bool) ->
                 f"--methods {spec!r}: {done_path} holds a run of {res['spec']!r} under the same label; use another label"
             )
         return res
+    derived = _from_longer(cfg, root, method, seed)
+    if derived is not None:
+        _atomic_write(done_path, json.dumps(derived))
+        return derived
     tok = CharTokenizer()
     train_set = make_train_set(cfg.train_size, seed=0, task=cfg.task)
     eval_set = make_eval_set(cfg.eval_per_level, seed=0, exclude=train_set, task=cfg.task)
@@ -261,6 +265,46 @@ def _run_one(cfg: DemoConfig, out: str, method: str, seed: int, resume: bool) ->
     }
     _atomic_write(done_path, json.dumps(res))
     return res
+
+
+def _signature(spec: str) -> tuple[str, tuple]:
+    """What defines an arm's run apart from its length: the method and its own keys but ``steps``."""
+    _, method, own = parse_method(spec)
+    return method, tuple(sorted((k, json.dumps(v)) for k, v in own if k != "steps"))
+
+
+def _from_longer(cfg: DemoConfig, root: Path, method: str, seed: int) -> dict | None:
+    """The done record of ``method`` read from a finished longer arm of the same signature and seed
+    (``joint`` from ``joint_long=joint:steps=112``), or None. Nothing in a run depends on its
+    length (no schedule reads the total steps), so its first S steps are the shorter run's, bit
+    for bit: the rows, the evaluations (every ``eval_every`` steps; S must be one of them) and the
+    counters. ``wall_s`` and ``eval_s`` are the longer run's, scaled by S / its steps."""
+    spec = cfg.method_spec(method)
+    steps = method_steps(spec, cfg.steps)
+    if steps % cfg.eval_every:
+        return None
+    for other in cfg.methods:
+        label = parse_method(other)[0]
+        path = root / "done" / f"{label}_seed{seed}.json"
+        if label == method or _signature(other) != _signature(spec) or not path.exists():
+            continue
+        longer = json.loads(path.read_text())
+        if longer["steps"] <= steps:
+            continue
+        rows = [r for r in _rows(root / "metrics" / f"{label}_seed{seed}.jsonl") if int(r["step"]) < steps]
+        _atomic_write(root / "metrics" / f"{method}_seed{seed}.jsonl",
+                      "".join(json.dumps({**r, "method": method}) + "\n" for r in rows))
+        curve = [p for p in longer["curve"] if p["step"] <= steps]
+        final, last, scale = curve[-1], rows[-1], steps / longer["steps"]
+        return {
+            **longer, "method": method, "spec": spec, "steps": steps, "curve": curve, "derived_from": label,
+            "rollouts": int(last["train/rollouts_total"]),
+            "trained_rollouts": int(last.get("train/trained_rollouts_total", last["train/rollouts_total"])),
+            "wall_s": longer["wall_s"] * scale, "eval_s": longer["eval_s"] * scale,
+            **{k: final[k] for k in ("pass@8", "mean@8", "level_acc", "level_pass@8", "worst_level_acc", "worst_level")},
+            "train_stats": _train_stats(rows),
+        }
+    return None
 
 
 def _train_loop(run: Any, tok: Any, eval_set: list, progress: dict[str, Any], ckpt_path: Path, metrics_path: Path,
