@@ -93,13 +93,16 @@ def _reach(base: Mapping[int, Mapping], other: Mapping[int, Mapping], key: str) 
     }
 
 
-def dapo_summary(out: Path, labels: Sequence[str], base: str, budget: int) -> dict[str, Any]:
+def dapo_summary(
+    out: Path, labels: Sequence[str], base: str, budget: int, seeds: Sequence[int] | None = None
+) -> dict[str, Any]:
     """Every arm of the run directory ``out`` against ``base`` (DAPO); ``budget`` is the no-filter
-    rollouts of a run (steps x batch x n), where the equal-rollouts figure is read."""
+    rollouts of a run (steps x batch x n), where the equal-rollouts figure is read; ``seeds``: the
+    seeds to read (default: every finished one)."""
     done: dict[str, dict[int, dict]] = {m: {} for m in labels}
     for path in sorted((out / "done").glob("*_seed*.json")):
         rec = json.loads(path.read_text())
-        if rec.get("method") in done:
+        if rec.get("method") in done and (seeds is None or int(rec["seed"]) in seeds):
             done[rec["method"]][int(rec["seed"])] = rec
     arms: dict[str, Any] = {}
     for m in labels:

@@ -533,7 +533,7 @@ def _dapo_section(cfg: DemoConfig, out: Path, labels: list[str], results: dict) 
     from .dapo import dapo_markdown, dapo_summary
 
     batch = cfg.batch_prompts * cfg.n_mean
-    summary = dapo_summary(out, labels, base, cfg.steps * batch)
+    summary = dapo_summary(out, labels, base, cfg.steps * batch, sorted({seed for _, seed in results}))
     return summary, dapo_markdown(summary, batch)
 
 
