@@ -212,7 +212,7 @@ def test_the_dapo_table_reads_generated_rollouts(tmp_path):
     assert other["paired"]["mean@8_at_budget"]["mean"] == pytest.approx(0.01)
     assert s["arms"]["dapo"]["gen_calls"] == 2.0 and s["arms"]["dapo"]["generated_per_step"] == 200
     table = dapo_markdown(s, batch_rollouts=100)
-    assert "| dapo | on | 0.600 |" in table and "| 2.00 | 2.00 (2.00) | 0.500 |" in table
+    assert "| dapo | on | 400 | 0.600 |" in table and "| 2.00 | 2.00 (2.00) | 0.500 |" in table
 
 
 def test_an_arm_may_run_longer_than_the_study():

@@ -174,21 +174,21 @@ def dapo_markdown(summary: Mapping[str, Any], batch_rollouts: int) -> str:
         "",
         "Final: held-out mean@8 / hardest level (mean over seeds); Δ: paired difference to DAPO, mean [95 % "
         "bootstrap interval] (seeds better), per seed below "
-        f"{MIN_SEEDS_FOR_INTERVALS} seeds; gen/batch: generated rollouts per trained batch of {batch_rollouts}; "
+        f"{MIN_SEEDS_FOR_INTERVALS} seeds; generated: rollouts generated over the run (mean over seeds); gen/batch: generated rollouts per trained batch of {batch_rollouts}; "
         "rounds: generation calls per step (last quarter in brackets); all-equal: share of generated groups whose "
         f"acc was the same for every response (dropped where the filter is on); at {summary['budget']}: mean@8 at that many generated rollouts (the no-filter "
         "budget), Δ to DAPO; to DAPO's final: generated rollouts at which the arm first reaches DAPO's final "
         "mean@8, as a share of DAPO's (interpolated in brackets; per seed when a seed never reaches it).",
         "",
-        "| arm | filter | mean@8 | hardest | Δ mean@8 | Δ hardest | gen/batch | rounds | all-equal | "
+        "| arm | filter | generated | mean@8 | hardest | Δ mean@8 | Δ hardest | gen/batch | rounds | all-equal | "
         f"Δ mean@8 at {summary['budget']} | to DAPO's final mean@8 | to DAPO's final hardest |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for m, e in summary["arms"].items():
         p = e.get("paired", {})
         reach = e.get("to_dapo_final", {})
         lines.append(
-            f"| {m} | {'on' if e['filter'] else 'off'} | {e['mean@8']:.3f} | {e['hardest_level_acc']:.3f} | "
+            f"| {m} | {'on' if e['filter'] else 'off'} | {e['generated']:.0f} | {e['mean@8']:.3f} | {e['hardest_level_acc']:.3f} | "
             f"{_ci(p.get('mean@8'))} | {_ci(p.get('hardest_level_acc'))} | "
             f"{e['generated_per_step'] / batch_rollouts:.2f} | {e['gen_calls']:.2f} ({e['gen_calls_last_quarter']:.2f}) | "
             f"{e['filtered_share']:.3f} | {_ci(p.get('mean@8_at_budget'))} | {_reach_cell(reach.get('mean@8'))} | "
