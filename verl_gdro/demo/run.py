@@ -396,15 +396,7 @@ def run_demo(cfg: DemoConfig, out: Path, resume: bool = False, plots: bool = Tru
     jobs = [(label, seed) for seed in range(cfg.seeds) for label in labels]
     results = _run_jobs(cfg, out, jobs, resume, progress, log, t_start)
 
-    # without the filter every method generates (and trains on) exactly the same rollouts; under
-    # DAPO's dynamic sampling the generated rollouts are the method's cost, so they differ
-    per_step = cfg.batch_prompts * cfg.n_mean
-    wrong = sorted(
-        (label, res["rollouts"]) for (label, _), res in results.items()
-        if not res.get("dynamic_sampling", False) and res["rollouts"] != res["steps"] * per_step
-    )
-    if wrong:
-        raise AssertionError(f"methods consumed other rollout budgets than steps x {per_step}: {wrong}")
+    _check_budgets(cfg, results)
     # the merged per-step file, in (seed, method) order: what `verl-gdro plot` and users read
     merged = [row for label, seed in jobs for row in _rows(out / "metrics" / f"{label}_seed{seed}.jsonl")]
     _atomic_write(out / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in merged))
@@ -425,6 +417,18 @@ def run_demo(cfg: DemoConfig, out: Path, resume: bool = False, plots: bool = Tru
         draw_all(series_from_rows([r for r in merged if r["seed"] == 0]), out / "plots")
         draw_learning_curves(summary, out / "plots")
     return summary
+
+
+def _check_budgets(cfg: DemoConfig, results: dict[tuple[str, int], dict]) -> None:
+    """Without the filter every run generates (and trains on) exactly steps x prompts x n rollouts;
+    under DAPO's dynamic sampling the generated rollouts are the method's cost, so they differ."""
+    per_step = cfg.batch_prompts * cfg.n_mean
+    wrong = sorted(
+        (label, res["rollouts"]) for (label, _), res in results.items()
+        if not res.get("dynamic_sampling", False) and res["rollouts"] != res["steps"] * per_step
+    )
+    if wrong:
+        raise AssertionError(f"methods consumed other rollout budgets than steps x {per_step}: {wrong}")
 
 
 def _prepare_dir(cfg: DemoConfig, out: Path, resume: bool) -> None:
