@@ -8,11 +8,14 @@ warm start, 8 evaluation samples per problem.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 __all__ = [
     "DEFAULT_METHODS",
+    "DYNAMIC_KEYS",
+    "DynamicSampling",
     "METHODS",
     "METHOD_KEYS",
     "UNHONOURED_KEYS",
@@ -20,6 +23,8 @@ __all__ = [
     "DemoConfig",
     "gdro_override",
     "method_gdro_group",
+    "method_steps",
+    "method_study_keys",
     "parse_method",
 ]
 
@@ -52,6 +57,80 @@ UNHONOURED_KEYS: dict[str, str] = {
     "acc_key": "the demo's reward reports correctness itself",
     "correct_threshold": "the demo's reward reports binary correctness itself",
 }
+
+#: the settings of the filter, as ``--set`` keys (all methods) or a variant's own keys (one arm)
+DYNAMIC_KEYS = ("dynamic_sampling", "filter_metric", "max_num_gen_batches", "gen_batch_size")
+#: the reward fields the filter may read (``algorithm.filter_groups.metric``): the study's scorer
+#: returns verl's math_dapo ``acc`` and its +-1 ``score``
+FILTER_METRICS = ("acc", "score")
+
+
+@dataclass(frozen=True)
+class DynamicSampling:
+    """One run's filter settings (verl's names; ``enable`` = ``algorithm.filter_groups.enable``)."""
+
+    enable: bool = False
+    metric: str = "acc"
+    max_num_gen_batches: int = 0  # 0: no limit (verl's default)
+    gen_batch_size: int = 0  # prompts per generation call; 0: verl 0.9.1's V1 refills (refill_size)
+
+    @classmethod
+    def from_settings(cls, base: Mapping[str, Any], own: Mapping[str, Any] | None = None) -> DynamicSampling:
+        """From ``DemoConfig`` fields (``base``), then a method's own keys (``own`` win)."""
+        merged = {k: base[k] for k in DYNAMIC_KEYS if k in base}
+        merged.update(own or {})
+        ds = cls(
+            enable=_flag(merged.get("dynamic_sampling", False)),
+            metric=str(merged.get("filter_metric", "acc")),
+            max_num_gen_batches=_count(merged.get("max_num_gen_batches", 0), "max_num_gen_batches"),
+            gen_batch_size=_count(merged.get("gen_batch_size", 0), "gen_batch_size"),
+        )
+        if ds.metric not in FILTER_METRICS:
+            raise ValueError(f"filter_metric={ds.metric!r}: allowed {list(FILTER_METRICS)} (the scorer's fields)")
+        return ds
+
+    def call_size(self, train_batch: int) -> int:
+        """Prompts of a step's first generation call."""
+        return self.gen_batch_size if self.enable and self.gen_batch_size > 0 else train_batch
+
+    def refill_size(self, train_batch: int, kept: int, filtered: int, credit: int) -> tuple[int, int]:
+        """(prompts of the next call, credit carried) after a call that dropped ``filtered`` groups.
+
+        ``gen_batch_size > 0``: the DAPO recipe's fixed calls. 0: verl 0.9.1's V1 sync replay
+        buffer (``ReplayBuffer.sample``): every dropped group earns a credit of two prompts, and a
+        call dispatches the credit up to ``train_batch`` prompts in flight
+        (``max_inflight_gen_batches=1``); the rest carries to the next call.
+        """
+        if self.gen_batch_size > 0:
+            return self.gen_batch_size, 0
+        credit += 2 * filtered
+        size = min(credit, train_batch) or train_batch - kept  # never 0 while the batch is short
+        return size, max(0, credit - size)
+
+    def done(self, kept: int, calls: int, train_batch: int) -> bool:
+        """Whether the step stops generating: filter off, the batch is full, or the bound is hit."""
+        if not self.enable or kept >= train_batch:
+            return True
+        return self.max_num_gen_batches > 0 and calls >= self.max_num_gen_batches
+
+
+def _flag(value: Any) -> bool:
+    if isinstance(value, str):
+        low = value.strip().lower()
+        if low not in ("true", "false", "1", "0"):
+            raise ValueError(f"dynamic_sampling={value!r}: expected true or false")
+        return low in ("true", "1")
+    return bool(value)
+
+
+def _count(value: Any, name: str) -> int:
+    try:
+        ok = not isinstance(value, bool) and int(value) == float(value) and int(value) >= 0
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise ValueError(f"{name}={value!r}: expected an integer >= 0")
+    return int(value)
 
 
 def gdro_override(item: str) -> tuple[str, Any] | None:
@@ -104,7 +183,7 @@ def method_gdro_group(
     (:data:`METHOD_KEYS`) are refused.
     """
     _, method, own = parse_method(method)
-    overrides = tuple(overrides) + own
+    overrides = tuple(overrides) + tuple(kv for kv in own if kv[0] not in STUDY_KEYS)
     if method not in METHODS:
         raise ValueError(f"--methods: unknown method {method!r}; allowed: {sorted(METHODS)}")
     preset, prompt_on, rollout_on = METHODS[method]
@@ -130,6 +209,26 @@ def method_gdro_group(
     return group
 
 
+#: a variant's own keys that set the study's loop rather than the ``gdro`` group: the filter and
+#: the arm's run length (``joint_long=joint:steps=112``: a no-filter arm run on to the generated
+#: rollouts of a filter arm; its first steps are those of the shorter run, bit for bit)
+STUDY_KEYS = (*DYNAMIC_KEYS, "steps")
+
+
+def method_study_keys(method: str) -> dict[str, Any]:
+    """A variant's own study keys (:data:`STUDY_KEYS`, e.g. ``dapo=grpo:dynamic_sampling=true``):
+    settings of the study's loop rather than of the ``gdro`` group, for one arm."""
+    return {k: v for k, v in parse_method(method)[2] if k in STUDY_KEYS}
+
+
+def method_steps(method: str, default: int) -> int:
+    """The arm's RL steps: its own ``steps`` key, else ``default`` (``DemoConfig.steps``)."""
+    steps = method_study_keys(method).get("steps", default)
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"--methods {method!r}: steps={steps!r} must be an integer >= 1")
+    return steps
+
+
 @dataclass(frozen=True)
 class DemoConfig:
     # task
@@ -152,6 +251,13 @@ class DemoConfig:
     temperature: float = 1.0
     lr: float = 3e-4  # measured on GRPO alone (docs/benchmarks.md, testbed): 1e-4 learns slower, 1e-3 is noisier
     mini_batches: int = 1  # PPO mini-batches per step: 1 = on-policy (one forward serves old and new log-probs)
+    shuffle: bool = False  # verl's actor.shuffle: false splits the mini-batches in batch order (verl's default)
+    # DAPO's dynamic sampling (verl's algorithm.filter_groups; verl_gdro/demo/dynamic.py): drop groups
+    # whose filter_metric is all-equal, refill until batch_prompts groups are kept
+    dynamic_sampling: bool = False  # algorithm.filter_groups.enable
+    filter_metric: str = "acc"  # algorithm.filter_groups.metric: acc or score
+    max_num_gen_batches: int = 0  # algorithm.filter_groups.max_num_gen_batches: generation calls per step, 0 = no limit
+    gen_batch_size: int = 0  # data.gen_batch_size: prompts per call (the DAPO recipe); 0 = verl 0.9.1's V1 refills
     clip_ratio_low: float = 0.2
     clip_ratio_high: float = 0.28
     kl_coef: float = 0.0  # 0 skips the reference forward (DAPO-style); the paper's 0.001 with --set kl_coef=0.001
@@ -245,6 +351,8 @@ class DemoConfig:
 
         for m in self.methods:
             resolve_gdro(method_gdro_group(m, overrides=self.gdro))  # names the bad gdro.* key
+            DynamicSampling.from_settings(self.to_dict(), method_study_keys(m))  # names the bad filter key
+            method_steps(m, self.steps)
         labels = [parse_method(m)[0] for m in self.methods]
         if len(set(labels)) != len(labels):
             raise ValueError(f"--methods has duplicate labels: {labels}")

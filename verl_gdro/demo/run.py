@@ -38,7 +38,7 @@ import yaml
 
 from verl_gdro.errors import UsageError
 
-from .config import DEFAULT_METHODS, METHODS, DemoConfig, gdro_override, parse_method
+from .config import DEFAULT_METHODS, METHODS, DemoConfig, gdro_override, method_steps, parse_method
 
 __all__ = ["add_arguments", "add_study_arguments", "main", "main_study", "run_demo"]
 
@@ -125,7 +125,7 @@ def _config_from_args(args: argparse.Namespace, study: bool = False) -> DemoConf
             raise ValueError(f"--set {item!r}: expected KEY=VALUE with KEY one of {settable}")
         kind = type(getattr(cfg, key))
         try:
-            over[key] = kind(float(value)) if kind is int else kind(value)
+            over[key] = _set_value(kind, value)
         except ValueError:
             raise ValueError(f"--set {key}={value!r}: expected a {kind.__name__}") from None
     gdro: list[tuple[str, Any]] = []
@@ -139,6 +139,16 @@ def _config_from_args(args: argparse.Namespace, study: bool = False) -> DemoConf
     cfg = replace(cfg, **over)
     cfg.validate()
     return cfg
+
+
+def _set_value(kind: type, value: str) -> Any:
+    """``--set``'s VALUE as the field's type: ints accept ``1e3``, booleans true/false (or 1/0)."""
+    if kind is bool:
+        low = value.strip().lower()
+        if low not in ("true", "false", "1", "0"):
+            raise ValueError(value)
+        return low in ("true", "1")
+    return kind(float(value)) if kind is int else kind(value)
 
 
 def _split_methods(arg: str) -> list[str]:
@@ -200,12 +210,11 @@ def _truncate_metrics(path: Path, keep_below: int) -> None:
 
 def _run_one(cfg: DemoConfig, out: str, method: str, seed: int, resume: bool) -> dict:
     """Train and evaluate one method x seed into ``out``; returns its done record."""
-    import numpy as np
     import torch
 
     from .task import make_eval_set, make_train_set
     from .tokenizer import CharTokenizer
-    from .train import MethodRun, evaluate
+    from .train import MethodRun
 
     torch.set_num_threads(cfg.threads)
     root = Path(out)
@@ -219,56 +228,114 @@ def _run_one(cfg: DemoConfig, out: str, method: str, seed: int, resume: bool) ->
                 f"--methods {spec!r}: {done_path} holds a run of {res['spec']!r} under the same label; use another label"
             )
         return res
+    derived = _from_longer(cfg, root, method, seed)
+    if derived is not None:
+        _atomic_write(done_path, json.dumps(derived))
+        return derived
     tok = CharTokenizer()
     train_set = make_train_set(cfg.train_size, seed=0, task=cfg.task)
     eval_set = make_eval_set(cfg.eval_per_level, seed=0, exclude=train_set, task=cfg.task)
     init_state = torch.load(root / "warm_start.pt", map_location="cpu", weights_only=False)["state_dict"]
     run = MethodRun(method, seed, cfg, tok, train_set, init_state)
     ckpt_path = root / "ckpt" / f"{tag}.pt"
-    metrics_path = root / "metrics" / f"{tag}.jsonl"
-    wall, eval_s = 0.0, 0.0
     ws = json.loads((root / "done" / "warm_start.json").read_text())
-    curve: list[dict] = [_curve_point(0, 0, ws)]
+    progress: dict[str, Any] = {"wall_s": 0.0, "eval_s": 0.0, "curve": [_curve_point(0, 0, ws)]}
     if resume and ckpt_path.exists():
         blob = torch.load(ckpt_path, map_location="cpu", weights_only=False)
         if blob.get("spec", spec) != spec:
             raise UsageError(f"--methods {spec!r}: {ckpt_path} is a run of {blob['spec']!r}; use another label")
         run.load_state_dict(blob["run"])
-        wall, eval_s, curve = float(blob.get("wall_s", 0.0)), float(blob.get("eval_s", 0.0)), blob["curve"]
+        progress = {"wall_s": float(blob.get("wall_s", 0.0)), "eval_s": float(blob.get("eval_s", 0.0)),
+                    "curve": blob["curve"]}
+    metrics_path = root / "metrics" / f"{tag}.jsonl"
     _truncate_metrics(metrics_path, run.step)
-    t0 = time.perf_counter() - wall
-    while run.step < cfg.steps:
+    _train_loop(run, tok, eval_set, progress, ckpt_path, metrics_path, spec)
+    final = progress["curve"][-1]
+    res = {
+        "method": method,
+        "spec": spec,
+        "seed": seed,
+        "rollouts": run.rollouts,
+        "trained_rollouts": run.trained_rollouts,
+        "dynamic_sampling": run.dynamic.enable,
+        "steps": run.step,
+        **progress,
+        **{k: final[k] for k in ("pass@8", "mean@8", "level_acc", "level_pass@8", "worst_level_acc", "worst_level")},
+        "train_stats": _train_stats(_rows(metrics_path)),
+    }
+    _atomic_write(done_path, json.dumps(res))
+    return res
+
+
+def _signature(spec: str) -> tuple[str, tuple]:
+    """What defines an arm's run apart from its length: the method and its own keys but ``steps``."""
+    _, method, own = parse_method(spec)
+    return method, tuple(sorted((k, json.dumps(v)) for k, v in own if k != "steps"))
+
+
+def _from_longer(cfg: DemoConfig, root: Path, method: str, seed: int) -> dict | None:
+    """The done record of ``method`` read from a finished longer arm of the same signature and seed
+    (``joint`` from ``joint_long=joint:steps=112``), or None. Nothing in a run depends on its
+    length (no schedule reads the total steps), so its first S steps are the shorter run's, bit
+    for bit: the rows, the evaluations (every ``eval_every`` steps; S must be one of them) and the
+    counters. ``wall_s`` and ``eval_s`` are the longer run's, scaled by S / its steps."""
+    spec = cfg.method_spec(method)
+    steps = method_steps(spec, cfg.steps)
+    if steps % cfg.eval_every:
+        return None
+    for other in cfg.methods:
+        label = parse_method(other)[0]
+        path = root / "done" / f"{label}_seed{seed}.json"
+        if label == method or _signature(other) != _signature(spec) or not path.exists():
+            continue
+        longer = json.loads(path.read_text())
+        if longer["steps"] <= steps:
+            continue
+        rows = [r for r in _rows(root / "metrics" / f"{label}_seed{seed}.jsonl") if int(r["step"]) < steps]
+        _atomic_write(root / "metrics" / f"{method}_seed{seed}.jsonl",
+                      "".join(json.dumps({**r, "method": method}) + "\n" for r in rows))
+        curve = [p for p in longer["curve"] if p["step"] <= steps]
+        final, last, scale = curve[-1], rows[-1], steps / longer["steps"]
+        return {
+            **longer, "method": method, "spec": spec, "steps": steps, "curve": curve, "derived_from": label,
+            "rollouts": int(last["train/rollouts_total"]),
+            "trained_rollouts": int(last.get("train/trained_rollouts_total", last["train/rollouts_total"])),
+            "wall_s": longer["wall_s"] * scale, "eval_s": longer["eval_s"] * scale,
+            **{k: final[k] for k in ("pass@8", "mean@8", "level_acc", "level_pass@8", "worst_level_acc", "worst_level")},
+            "train_stats": _train_stats(rows),
+        }
+    return None
+
+
+def _train_loop(run: Any, tok: Any, eval_set: list, progress: dict[str, Any], ckpt_path: Path, metrics_path: Path,
+                spec: str) -> None:
+    """Train ``run`` to its steps (``run.steps``): a metrics row per step, an evaluation every ``eval_every``
+    steps and at the end (appended to ``progress['curve']``), a checkpoint after every step."""
+    import numpy as np
+    import torch
+
+    from .train import evaluate
+
+    cfg = run.cfg
+    tag = f"{run.method}_seed{run.seed}"
+    t0 = time.perf_counter() - progress["wall_s"]
+    while run.step < run.steps:
         step = run.step
         metrics = run.train_step()
         bad = [k for k, v in metrics.items() if not np.isfinite(v)]
         if bad:
             raise FloatingPointError(f"{tag} step {step}: non-finite metrics {bad}")
         with metrics_path.open("a") as fh:
-            fh.write(json.dumps({"method": method, "seed": seed, "step": step, **metrics}) + "\n")
-        if run.step % cfg.eval_every == 0 or run.step == cfg.steps:
+            fh.write(json.dumps({"method": run.method, "seed": run.seed, "step": step, **metrics}) + "\n")
+        if run.step % cfg.eval_every == 0 or run.step == run.steps:
             te = time.perf_counter()
-            ev = evaluate(run.model, tok, eval_set, cfg, seed=seed)
-            eval_s += time.perf_counter() - te
-            curve.append(_curve_point(run.step, run.rollouts, ev))
-        wall = time.perf_counter() - t0
+            ev = evaluate(run.model, tok, eval_set, cfg, seed=run.seed)
+            progress["eval_s"] += time.perf_counter() - te
+            progress["curve"].append(_curve_point(run.step, run.rollouts, ev))
+        progress["wall_s"] = time.perf_counter() - t0
         tmp = ckpt_path.with_name(ckpt_path.name + ".tmp")
-        torch.save({"run": run.state_dict(), "spec": spec, "wall_s": wall, "eval_s": eval_s, "curve": curve}, tmp)
+        torch.save({"run": run.state_dict(), "spec": spec, **progress}, tmp)
         os.replace(tmp, ckpt_path)
-    final = curve[-1]
-    res = {
-        "method": method,
-        "spec": spec,
-        "seed": seed,
-        "rollouts": run.rollouts,
-        "steps": run.step,
-        "wall_s": wall,
-        "eval_s": eval_s,
-        "curve": curve,
-        **{k: final[k] for k in ("pass@8", "mean@8", "level_acc", "level_pass@8", "worst_level_acc", "worst_level")},
-        "train_stats": _train_stats(_rows(metrics_path)),
-    }
-    _atomic_write(done_path, json.dumps(res))
-    return res
 
 
 def _train_stats(rows: list[dict]) -> dict[str, float]:
@@ -300,13 +367,73 @@ def run_demo(cfg: DemoConfig, out: Path, resume: bool = False, plots: bool = Tru
     import torch
     from tqdm import tqdm
 
-    from .model import build_model
-    from .task import make_eval_set, make_train_set
-    from .tokenizer import CharTokenizer
-    from .train import evaluate, warm_start
-
     torch.set_num_threads(cfg.threads)
     t_start = time.perf_counter()
+    _prepare_dir(cfg, out, resume)
+
+    def log(msg: str) -> None:
+        if progress:
+            tqdm.write(msg)
+            sys.stdout.flush()
+        else:
+            print(msg, flush=True)
+
+    ws_eval = _warm_start_eval(cfg, out, log)
+    labels = [parse_method(m)[0] for m in cfg.methods]
+    from verl_gdro.step.config import resolve_gdro
+    from verl_gdro.step.controller import describe_mode
+
+    from .config import DynamicSampling, method_gdro_group, method_study_keys
+
+    for label in labels:
+        spec = cfg.method_spec(label)
+        ds = DynamicSampling.from_settings(cfg.to_dict(), method_study_keys(spec))
+        refills = f"gen_batch_size {ds.gen_batch_size}" if ds.gen_batch_size else "verl V1 refills"
+        dapo = (f" | DAPO filter on ({ds.metric}, {refills}, max_num_gen_batches "
+                f"{ds.max_num_gen_batches or 'unbounded'})") if ds.enable else ""
+        log(f"{label}: {describe_mode(resolve_gdro(method_gdro_group(spec, 0, cfg.gdro)), cfg.n_mean)}{dapo}")
+    # paired seeds: all methods of seed 0 first, so a partial study already has complete pairs
+    jobs = [(label, seed) for seed in range(cfg.seeds) for label in labels]
+    results = _run_jobs(cfg, out, jobs, resume, progress, log, t_start)
+
+    _check_budgets(cfg, results)
+    # the merged per-step file, in (seed, method) order: what `verl-gdro plot` and users read
+    merged = [row for label, seed in jobs for row in _rows(out / "metrics" / f"{label}_seed{seed}.jsonl")]
+    _atomic_write(out / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in merged))
+
+    from .stats import markdown, summarise
+
+    summary = summarise(cfg, labels, results, ws_eval, time.perf_counter() - t_start)
+    text = markdown(summary)
+    dapo = _dapo_section(cfg, out, labels, results)
+    if dapo is not None:
+        summary["dynamic_sampling"], section = dapo
+        text += "\n" + section
+    _atomic_write(out / "results.json", json.dumps(summary, indent=1))
+    _atomic_write(out / "results.md", text)
+    if plots:
+        from verl_gdro.plots import draw_all, draw_learning_curves, series_from_rows
+
+        draw_all(series_from_rows([r for r in merged if r["seed"] == 0]), out / "plots")
+        draw_learning_curves(summary, out / "plots")
+    return summary
+
+
+def _check_budgets(cfg: DemoConfig, results: dict[tuple[str, int], dict]) -> None:
+    """Without the filter every run generates (and trains on) exactly steps x prompts x n rollouts;
+    under DAPO's dynamic sampling the generated rollouts are the method's cost, so they differ."""
+    per_step = cfg.batch_prompts * cfg.n_mean
+    wrong = sorted(
+        (label, res["rollouts"]) for (label, _), res in results.items()
+        if not res.get("dynamic_sampling", False) and res["rollouts"] != res["steps"] * per_step
+    )
+    if wrong:
+        raise AssertionError(f"methods consumed other rollout budgets than steps x {per_step}: {wrong}")
+
+
+def _prepare_dir(cfg: DemoConfig, out: Path, resume: bool) -> None:
+    """Create the run directory; refuse one written with another configuration (resume) or clear
+    an earlier run's files (fresh); write ``config.json``."""
     out.mkdir(parents=True, exist_ok=True)
     for sub in ("ckpt", "done", "metrics"):
         (out / sub).mkdir(exist_ok=True)
@@ -325,12 +452,13 @@ def run_demo(cfg: DemoConfig, out: Path, resume: bool = False, plots: bool = Tru
             path.unlink(missing_ok=True)
     _atomic_write(cfg_path, json.dumps(cfg.to_dict(), indent=1))
 
-    def log(msg: str) -> None:
-        if progress:
-            tqdm.write(msg)
-            sys.stdout.flush()
-        else:
-            print(msg, flush=True)
+
+def _warm_start_eval(cfg: DemoConfig, out: Path, log: Any) -> dict:
+    """The warm start (trained or cached) in ``out`` and its held-out evaluation (cached too)."""
+    from .model import build_model
+    from .task import make_eval_set, make_train_set
+    from .tokenizer import CharTokenizer
+    from .train import evaluate, warm_start
 
     tok = CharTokenizer()
     tok.save(out / "tokenizer.json")
@@ -349,19 +477,17 @@ def run_demo(cfg: DemoConfig, out: Path, resume: bool = False, plots: bool = Tru
         f"task {cfg.task}: warm start mean@8 {ws_eval['mean@8']:.3f} pass@8 {ws_eval['pass@8']:.3f} per level "
         + " ".join(f"{v:.2f}" for v in ws_eval["level_acc"].values())
     )
+    return ws_eval
 
-    labels = [parse_method(m)[0] for m in cfg.methods]
-    from verl_gdro.step.config import resolve_gdro
-    from verl_gdro.step.controller import describe_mode
 
-    from .config import method_gdro_group
+def _run_jobs(cfg: DemoConfig, out: Path, jobs: list[tuple[str, int]], resume: bool, progress: bool, log: Any,
+              t_start: float) -> dict[tuple[str, int], dict]:
+    """Every (label, seed) run, ``cfg.jobs`` processes at a time; their done records."""
+    from tqdm import tqdm
 
-    for label in labels:
-        log(f"{label}: {describe_mode(resolve_gdro(method_gdro_group(cfg.method_spec(label), 0, cfg.gdro)), cfg.n_mean)}")
-    # paired seeds: all methods of seed 0 first, so a partial study already has complete pairs
-    jobs = [(label, seed) for seed in range(cfg.seeds) for label in labels]
     results: dict[tuple[str, int], dict] = {}
-    bar = tqdm(total=cfg.steps * len(jobs), disable=not progress, dynamic_ncols=True, file=sys.stderr)
+    steps = {label: method_steps(cfg.method_spec(label), cfg.steps) for label, _ in jobs}
+    bar = tqdm(total=sum(steps[label] for label, _ in jobs), disable=not progress, dynamic_ncols=True, file=sys.stderr)
 
     def finished(res: dict) -> None:
         if "train_stats" not in res:  # a run finished before the study recorded them: read its rows
@@ -377,7 +503,7 @@ def run_demo(cfg: DemoConfig, out: Path, resume: bool = False, plots: bool = Tru
             before = _steps_done(out, label, seed)
             bar.update(before)
             finished(_run_one(cfg, str(out), label, seed, resume))
-            bar.update(cfg.steps - before)
+            bar.update(steps[label] - before)
     else:
         import multiprocessing as mp
 
@@ -395,26 +521,24 @@ def run_demo(cfg: DemoConfig, out: Path, resume: bool = False, plots: bool = Tru
                 bar.set_postfix_str(f"{len(results)}/{len(jobs)} runs, {time.perf_counter() - t_start:.0f}s")
                 time.sleep(0.5)
     bar.close()
+    return results
 
-    budgets = {res["rollouts"] for res in results.values()}
-    expected = cfg.steps * cfg.batch_prompts * cfg.n_mean
-    if budgets != {expected}:
-        raise AssertionError(f"methods consumed different rollout budgets: {sorted(budgets)} (expected {expected} each)")
-    # the merged per-step file, in (seed, method) order: what `verl-gdro plot` and users read
-    merged = [row for label, seed in jobs for row in _rows(out / "metrics" / f"{label}_seed{seed}.jsonl")]
-    _atomic_write(out / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in merged))
 
-    from .stats import markdown, summarise
+def _dapo_section(cfg: DemoConfig, out: Path, labels: list[str], results: dict) -> tuple[dict, str] | None:
+    """The figures against DAPO (:mod:`verl_gdro.demo.dapo`) when an arm is GRPO with the filter:
+    the first such arm is the base. None when no arm is."""
+    base = next(
+        (m for m in labels if parse_method(cfg.method_spec(m))[1] == "grpo"
+         and any(r.get("dynamic_sampling") for (lab, _), r in results.items() if lab == m)),
+        None,
+    )
+    if base is None:
+        return None
+    from .dapo import dapo_markdown, dapo_summary
 
-    summary = summarise(cfg, labels, results, ws_eval, time.perf_counter() - t_start)
-    _atomic_write(out / "results.json", json.dumps(summary, indent=1))
-    _atomic_write(out / "results.md", markdown(summary))
-    if plots:
-        from verl_gdro.plots import draw_all, draw_learning_curves, series_from_rows
-
-        draw_all(series_from_rows([r for r in merged if r["seed"] == 0]), out / "plots")
-        draw_learning_curves(summary, out / "plots")
-    return summary
+    batch = cfg.batch_prompts * cfg.n_mean
+    summary = dapo_summary(out, labels, base, cfg.steps * batch, sorted({seed for _, seed in results}))
+    return summary, dapo_markdown(summary, batch)
 
 
 def _quiet_worker() -> None:

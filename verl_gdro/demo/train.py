@@ -3,15 +3,24 @@
 The RL step is a miniature of verl's pipeline, in one process, reusing verl wherever it runs on
 CPU and the *same* GDRO code path as the ``gdro_sync`` trainer:
 
-1. classify the step's prompts and allocate rollouts: ``GDROController.before_generation``;
-2. sample ``n_i`` responses per prompt at temperature 1.0 (the exact budget is asserted);
-3. score with verl's ``math_dapo`` (reward = its +-1 score, correctness = its ``acc``);
-4. old / reference log-probs; a verl ``DataProto``; advantages from verl's own
+1. draw the step's prompts (the epoch order, or the GDRO sampler under a sampling mode); for each
+   generation call classify them and allocate their rollouts at the controller state of that
+   moment (``GDROController.decide``, the exact budget asserted);
+2. sample ``n_i`` responses per prompt at temperature 1.0;
+3. score with verl's ``math_dapo`` (reward = its +-1 score, correctness = its ``acc``); under
+   DAPO's dynamic sampling (``dynamic_sampling=true``, verl_gdro/demo/dynamic.py) drop the groups
+   whose metric is all-equal and generate more calls, excluding the step's prompts, until the
+   batch is full; every generated rollout is counted;
+4. adopt the trained groups, then the dropped ones, into one plan (``GDROController.adopt``);
+   old / reference log-probs; a verl ``DataProto``; advantages from verl's own
    ``compute_advantage`` with ``adv_estimator="gdro_grpo"`` and the Prompt-GDRO multipliers handed
    over through ``gdro_step`` (GRPO = the same estimator with multipliers 1);
-5. ``GDROController.after_advantage``: classifier visit, controller updates, ``gdro/`` metrics;
+5. ``GDROController.after_advantage`` with every generated group: classifier visit, controller
+   updates, ``gdro/`` metrics;
 6. policy update: verl's registered ``vanilla`` policy loss (clip 0.2 / 0.28), ``agg_loss``, and
-   the ``low_var_kl`` penalty (``kl_penalty``) against the frozen warm start.
+   the ``low_var_kl`` penalty (``kl_penalty``) against the frozen warm start, over ``mini_batches``
+   mini-batches split in batch order (verl's default ``actor.shuffle=false``; ``shuffle=true``
+   permutes them).
 
 torch and verl are imported here, not in the CLI module, so ``verl-gdro --help`` stays fast.
 """
@@ -24,6 +33,7 @@ import json
 import os
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,10 +41,12 @@ import numpy as np
 import torch
 
 from verl_gdro.integration.policy_loss import raw_grpo_advantages, update_surrogate_per_response
+from verl_gdro.step.controller import GDROController
 from verl_gdro.step.sampler import PromptSampler
 
-from .config import DemoConfig, method_gdro_group
-from .model import build_model, encode_prompts, response_log_probs, sample
+from .config import DemoConfig, DynamicSampling, method_gdro_group, method_steps, method_study_keys
+from .dynamic import GenCall, cat_rollouts, select_trained, take_rows
+from .model import Rollouts, build_model, encode_prompts, response_log_probs, sample
 from .task import Problem, get_task, pass_at_k, prompt_text, response_text
 from .tokenizer import CharTokenizer
 
@@ -212,7 +224,163 @@ def evaluate(
 # ------------------------------------------------------------------------------------------------
 
 
-class MethodRun:
+@dataclass
+class _StepRows:
+    """A step's generated groups, in plan order (trained groups first), and their rows in that order."""
+
+    problems: list[Problem]  # per group, in generation order
+    n: np.ndarray  # [G] responses per group
+    trained: np.ndarray  # [G] trained (kept and within the batch)
+    informative: np.ndarray  # [G] not all-equal on the filter metric (all True without the filter)
+    rollouts: Rollouts  # [rows] trained rows first
+    acc: np.ndarray  # [rows]
+    reward: np.ndarray  # [rows]
+    group_index: np.ndarray  # [rows] plan positions
+    num_trained_rows: int
+    uids: np.ndarray  # [rows] stable prompt ids
+
+
+class _StepGeneration:
+    """The generation half of a step (prompts, generation calls, the step's plan), apart from the
+    update half in :class:`MethodRun`. Attributes come from :class:`MethodRun`."""
+
+    cfg: DemoConfig
+    tok: CharTokenizer
+    train_set: list[Problem]
+    seed: int
+    method: str
+    step: int
+    cursor: int
+    _order: tuple[int, np.ndarray] | None
+    sampler: PromptSampler | None
+    dynamic: DynamicSampling
+    model: torch.nn.Module
+    gen: torch.Generator
+    ctrl: GDROController
+    rollouts: int
+    trained_rollouts: int
+    trained_uids: set[int]
+    response_tokens: int
+
+    # -- prompts: an epoch order reshuffled from (seed, epoch) and read at a cursor (the step's
+    # batch and any refills), so resuming needs only the cursor; a sampling mode draws from the
+    # controller's evidence instead (its generator is checkpointed) --
+    def _epoch_order(self, epoch: int) -> np.ndarray:
+        if self._order is None or self._order[0] != epoch:
+            self._order = (epoch, np.random.default_rng([self.seed, epoch, 7]).permutation(len(self.train_set)))
+        return self._order[1]
+
+    def _draw(self, size: int, drawn: set[int]) -> list[int]:
+        """``size`` rows of the training set not in ``drawn`` (the step's earlier prompts)."""
+        if self.sampler is not None:
+            exclude = np.fromiter(drawn, dtype=np.int64, count=len(drawn)) if drawn else None
+            return [int(i) for i in self.sampler.draw(size, exclude=exclude)]
+        b = self.cfg.batch_prompts
+        per_epoch = (len(self.train_set) // b) * b
+        rows: list[int] = []
+        while len(rows) < size:
+            epoch, pos = divmod(self.cursor, per_epoch)
+            row = int(self._epoch_order(epoch)[pos])
+            self.cursor += 1
+            if row not in drawn and row not in rows:
+                rows.append(row)
+        return rows
+
+    def _generate_call(self, problems: list[Problem]) -> GenCall:
+        """One generation call: decide (classify, allocate the call's exact budget), sample, score."""
+        cfg, tok = self.cfg, self.tok
+        plan = self.ctrl.decide(np.array([p.uid for p in problems], dtype=np.int64))
+        n = plan.rollout_n.astype(int)
+        budget = cfg.n_mean * len(problems)
+        if int(n.sum()) != budget:
+            raise AssertionError(f"{self.method}: step {self.step} used {int(n.sum())} rollouts, budget is {budget}")
+        rows = [problems[i] for i in np.repeat(np.arange(len(problems)), n)]
+        ids, mask = encode_prompts(tok, [prompt_text(p) for p in rows])
+        ro = sample(self.model, ids, mask, cfg.response_tokens, tok.eos_token_id, tok.pad_token_id, self.gen, cfg.temperature)
+        scores = [_score(tok.decode(ro.responses[i]), p) for i, p in enumerate(rows)]
+        return GenCall(
+            problems=problems, bins=plan.bins, rollout_n=n, rollouts=ro,
+            acc=np.array([s[1] for s in scores], dtype=np.float64),
+            reward=np.array([s[0] for s in scores], dtype=np.float64),
+        )
+
+    def _generate(self) -> list[GenCall]:
+        """The step's generation calls: one, or under dynamic sampling as many as fill the batch."""
+        b, ds = self.cfg.batch_prompts, self.dynamic
+        calls: list[GenCall] = []
+        drawn: set[int] = set()
+        kept, credit, want = 0, 0, ds.call_size(b)
+        while True:
+            size = min(want, len(self.train_set) - len(drawn))
+            if size == 0:  # every training prompt was drawn in this step: nothing left to refill with
+                break
+            rows = self._draw(size, drawn)
+            drawn.update(rows)
+            calls.append(self._generate_call([self.train_set[i] for i in rows]))
+            informative = int(calls[-1].informative(ds.metric).sum())
+            kept += informative
+            if ds.done(kept, len(calls), b):
+                break
+            want, credit = ds.refill_size(b, kept, size - informative, credit)
+        return calls
+
+    def _plan_step(self, calls: list[GenCall]) -> _StepRows:
+        """Adopt the trained groups, then the filtered and surplus ones, into one controller plan
+        (dispatch-time decisions), as the trainer's consume does; the rows in that order."""
+        ds = self.dynamic
+        inform = np.concatenate([c.informative(ds.metric) for c in calls])
+        trained = select_trained(inform, self.cfg.batch_prompts) if ds.enable else np.ones(inform.size, bool)
+        problems = [p for c in calls for p in c.problems]
+        n = np.concatenate([c.rollout_n for c in calls])
+        bins = np.concatenate([c.bins for c in calls])
+        order = np.concatenate([np.flatnonzero(trained), np.flatnonzero(~trained)])
+        positions = np.empty(order.size, dtype=np.int64)
+        positions[order] = self.ctrl.adopt(
+            np.array([problems[g].uid for g in order], dtype=np.int64), bins[order], n[order]
+        )
+        group_of_row = np.repeat(np.arange(len(problems)), n)
+        row_trained = trained[group_of_row]
+        rows = np.concatenate([np.flatnonzero(row_trained), np.flatnonzero(~row_trained)])
+        return _StepRows(
+            problems=problems, n=n, trained=trained, informative=inform,
+            rollouts=take_rows(cat_rollouts([c.rollouts for c in calls], self.tok.pad_token_id), rows),
+            acc=np.concatenate([c.acc for c in calls])[rows],
+            reward=np.concatenate([c.reward for c in calls])[rows],
+            group_index=positions[group_of_row[rows]],
+            num_trained_rows=int(row_trained.sum()),
+            uids=np.array([problems[g].uid for g in group_of_row[rows]], dtype=np.int64),
+        )
+
+
+    def _count_step(self, calls: list[GenCall], sr: _StepRows, ro: Rollouts) -> dict[str, float]:
+        """Advance the counters; the ``train/`` metrics, generated rollouts (the compute axis)
+        beside the trained ones."""
+        generated = int(sr.n.sum())
+        trained = sr.num_trained_rows
+        self.rollouts += generated
+        self.trained_rollouts += trained
+        self.step += 1
+        self.trained_uids.update(int(sr.problems[g].uid) for g in np.flatnonzero(sr.trained))
+        self.response_tokens += int(sum(int(c.rollouts.response_mask.sum()) for c in calls))
+        k = sr.num_trained_rows
+        return {
+            "train/reward": float(sr.reward[:k].mean()) if k else 0.0,
+            "train/acc": float(sr.acc[:k].mean()) if k else 0.0,
+            "train/generated_acc": float(sr.acc.mean()),
+            "train/rollouts_total": float(self.rollouts),
+            "train/trained_rollouts_total": float(self.trained_rollouts),
+            "train/generated_rollouts": float(generated),
+            "train/gen_calls": float(len(calls)),
+            "train/filtered_share": float(1.0 - sr.informative.mean()),
+            "train/surplus_groups": float(int(sr.informative.sum()) - int(sr.trained.sum())),
+            "train/trained_groups": float(sr.trained.sum()),
+            "train/short_batch": float(int(sr.trained.sum()) < self.cfg.batch_prompts),
+            "train/distinct_prompts": float(len(self.trained_uids)),
+            "train/response_tokens_total": float(self.response_tokens),
+        }
+
+
+class MethodRun(_StepGeneration):
     """One method x seed: policy, frozen reference, optimizer, GDRO controller and RNG streams.
 
     Everything that decides the run's future lives in :meth:`state_dict` (model, optimizer,
@@ -231,8 +399,6 @@ class MethodRun:
     ) -> None:
         from omegaconf import OmegaConf
 
-        from verl_gdro.step.controller import GDROController
-
         self.method, self.seed, self.cfg, self.tok = method, seed, cfg, tok
         self.train_set = list(train_set)
         _set_rng(seed)
@@ -243,6 +409,9 @@ class MethodRun:
             p.requires_grad_(False)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=0.0)
         self.gdro_group = method_gdro_group(cfg.method_spec(method), seed, cfg.gdro)
+        # DAPO's dynamic sampling (verl's algorithm.filter_groups): the study's --set, then the arm's own keys
+        self.dynamic = DynamicSampling.from_settings(cfg.to_dict(), method_study_keys(cfg.method_spec(method)))
+        self.steps = method_steps(cfg.method_spec(method), cfg.steps)  # the arm's run length
         self.ctrl = GDROController.from_config(self.gdro_group, rollout_n=cfg.n_mean)
         # a sampling mode draws the batches through the step API's sampler, as the verl trainer does
         self.sampler: PromptSampler | None = None
@@ -266,124 +435,128 @@ class MethodRun:
         settings = self.ctrl.settings
         self._needs_ref = cfg.kl_coef > 0 or (settings.prompt.enable and settings.prompt.loss_signal == "surrogate_kl")
         self.step = 0
+        #: generated rollouts (trained, filtered and surplus alike): the study's compute axis
         self.rollouts = 0
+        self.trained_rollouts = 0
+        #: position in the stream of epoch orders (the step's batch, then its refills)
+        self.cursor = 0
+        self._order: tuple[int, np.ndarray] | None = None
         # what the study reports beside accuracy: distinct prompts trained on, generated tokens
         self.trained_uids: set[int] = set()
         self.response_tokens = 0
 
-    # -- batches: reshuffled every epoch from (seed, epoch), so resuming needs only the step; a
-    # sampling mode draws from the controller's evidence instead (its generator is checkpointed) --
-    def prompt_batch(self, step: int) -> list[Problem]:
-        b = self.cfg.batch_prompts
-        if self.sampler is not None:
-            return [self.train_set[i] for i in self.sampler.draw(b)]
-        per_epoch = len(self.train_set) // b
-        epoch, pos = divmod(step, per_epoch)
-        order = np.random.default_rng([self.seed, epoch, 7]).permutation(len(self.train_set))
-        return [self.train_set[i] for i in order[pos * b : (pos + 1) * b]]
-
     def train_step(self) -> dict[str, float]:
         """One RL step; returns the step's metrics (``gdro/`` plus ``train/`` and ``actor/``)."""
+        t0 = time.perf_counter()
+        calls = self._generate()
+        sr = self._plan_step(calls)
+        t_gen = time.perf_counter() - t0
+        k = sr.num_trained_rows
+        ro = take_rows(sr.rollouts, np.arange(k))
+        resp_mask = ro.response_mask.float()
+        last = (ro.response_mask.sum(1) - 1).clamp(min=0)
+        token_rewards = torch.zeros_like(resp_mask)
+        token_rewards[torch.arange(k), last] = torch.tensor(sr.reward[:k], dtype=torch.float32)
+        self.model.train()
+        # One mini-batch = verl with ppo_mini_batch_size = train_batch_size: the update is on-policy,
+        # so the old log-probs ARE the first forward's (dropout is 0), and one forward serves both.
+        lp_first, old_lp, ref_lp = self._log_probs(ro)
+        uid_str = np.array([f"{self.step}-{g}" for g in sr.group_index[:k]], dtype=object)
+        adv = self._advantages(ro, resp_mask, token_rewards, old_lp, ref_lp, uid_str, sr)
+        metrics = self._observe(sr, resp_mask, old_lp, ref_lp, adv)
+        if self.sampler is not None:  # the draw itself (gdro/draw/*), as the verl trainer logs it
+            metrics.update(self.sampler.draw_metrics())
+        actor, update_losses = self._update(ro, resp_mask, token_rewards, lp_first, old_lp, ref_lp, adv, uid_str, sr)
+        if update_losses is not None:
+            metrics.update(self.ctrl.after_update(sr.group_index[:k], update_losses))
+        metrics.update(actor)
+        metrics.update(self._count_step(calls, sr, ro))
+        metrics.update({"timing/gen_s": t_gen, "timing/step_s": time.perf_counter() - t0})
+        return metrics
+
+    def _log_probs(self, ro: Rollouts) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
+        """(the on-policy forward with its graph or None, old log-probs, reference log-probs)."""
+        R = ro.responses.shape[1]
+        input_ids, attn = ro.input_ids, ro.attention_mask
+        on_policy = self.cfg.mini_batches == 1
+        lp_first = response_log_probs(self.model, input_ids, attn, R) if on_policy else None
+        with torch.no_grad():
+            old_lp = lp_first.detach() if lp_first is not None else response_log_probs(self.model, input_ids, attn, R)
+            # the reference forward only when something reads it (the KL penalty or Eq. 6's KL)
+            ref_lp = response_log_probs(self.ref, input_ids, attn, R) if self._needs_ref else old_lp
+        return lp_first, old_lp, ref_lp
+
+    def _advantages(self, ro: Rollouts, resp_mask: torch.Tensor, token_rewards: torch.Tensor, old_lp: torch.Tensor,
+                    ref_lp: torch.Tensor, uid_str: np.ndarray, sr: _StepRows) -> torch.Tensor:
+        """verl's ``compute_advantage`` (``gdro_grpo``) on the trained rows, with the multipliers."""
         from verl import DataProto
-        from verl.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn, kl_penalty
         from verl.trainer.ppo.ray_trainer import compute_advantage
 
         from verl_gdro.step.context import gdro_step
 
-        cfg, tok = self.cfg, self.tok
-        t0 = time.perf_counter()
-        problems = self.prompt_batch(self.step)
-        plan = self.ctrl.before_generation(np.array([p.uid for p in problems], dtype=np.int64))
-        n = plan.rollout_n.astype(int)
-        budget = cfg.n_mean * len(problems)
-        if int(n.sum()) != budget:
-            raise AssertionError(f"{self.method}: step {self.step} used {int(n.sum())} rollouts, budget is {budget}")
-        group_index = np.repeat(plan.positions, n)
-        rows = [problems[i] for i in np.repeat(np.arange(len(problems)), n)]
-        ids, mask = encode_prompts(tok, [prompt_text(p) for p in rows])
-        ro = sample(self.model, ids, mask, cfg.response_tokens, tok.eos_token_id, tok.pad_token_id, self.gen, cfg.temperature)
-        t_gen = time.perf_counter() - t0
-
-        scores = [_score(tok.decode(ro.responses[i]), p) for i, p in enumerate(rows)]
-        acc = np.array([s[1] for s in scores], dtype=np.float64)
-        reward = torch.tensor([s[0] for s in scores], dtype=torch.float32)
-        resp_mask = ro.response_mask.float()
-        last = (ro.response_mask.sum(1) - 1).clamp(min=0)
-        token_rewards = torch.zeros_like(resp_mask)
-        token_rewards[torch.arange(len(rows)), last] = reward
-
-        input_ids, attn = ro.input_ids, ro.attention_mask
-        R = ro.responses.shape[1]
-        self.model.train()
-        # One mini-batch = verl with ppo_mini_batch_size = train_batch_size: the update is on-policy,
-        # so the old log-probs ARE the first forward's (dropout is 0), and one forward serves both.
-        on_policy = cfg.mini_batches == 1
-        lp_first = response_log_probs(self.model, input_ids, attn, R) if on_policy else None
-        with torch.no_grad():
-            if on_policy:
-                old_lp = lp_first.detach()
-            else:
-                old_lp = response_log_probs(self.model, input_ids, attn, R)
-            # the reference forward only when something reads it (the KL penalty or Eq. 6's KL)
-            ref_lp = response_log_probs(self.ref, input_ids, attn, R) if self._needs_ref else old_lp
-        uid_str = np.array([f"{self.step}-{g}" for g in group_index], dtype=object)
+        k = sr.num_trained_rows
         data = DataProto.from_dict(
             tensors={
-                "responses": ro.responses,
-                "input_ids": input_ids,
-                "attention_mask": attn,
-                "response_mask": resp_mask,
-                "token_level_scores": token_rewards,
-                "token_level_rewards": token_rewards,
-                "old_log_probs": old_lp,
-                "ref_log_prob": ref_lp,
+                "responses": ro.responses, "input_ids": ro.input_ids, "attention_mask": ro.attention_mask,
+                "response_mask": resp_mask, "token_level_scores": token_rewards, "token_level_rewards": token_rewards,
+                "old_log_probs": old_lp, "ref_log_prob": ref_lp,
             },
-            non_tensors={"uid": uid_str, "index": np.array([p.uid for p in rows], dtype=np.int64)},
+            non_tensors={"uid": uid_str, "index": sr.uids[:k]},
         )
-        mult = self.ctrl.advantage_multipliers(group_index)
+        mult = self.ctrl.advantage_multipliers(sr.group_index[:k])
         with gdro_step(uids=uid_str, values=mult):
             data = compute_advantage(data, adv_estimator="gdro_grpo", config=self.algo_cfg)
-        adv = data.batch["advantages"]
-        metrics = self.ctrl.after_advantage(
-            group_index,
-            acc,
-            response_mask=resp_mask.numpy(),
-            old_log_probs=old_lp.numpy(),
-            ref_log_probs=ref_lp.numpy(),
-            advantages=adv.numpy(),
-        )
-        if self.sampler is not None:  # the draw itself (gdro/draw/*), as the verl trainer logs it
-            metrics.update(self.sampler.draw_metrics())
+        return data.batch["advantages"]
 
-        # policy update: one epoch over `mini_batches` shuffled mini-batches (verl's actor loop)
+    def _observe(self, sr: _StepRows, resp_mask: torch.Tensor, old_lp: torch.Tensor, ref_lp: torch.Tensor,
+                 adv: torch.Tensor) -> dict[str, float]:
+        """The controllers' update with every generated group: the trained rows, then the filtered
+        and surplus ones with their correctness (their token fields zero-masked), as the trainer's
+        ``observe_update`` does."""
+        extra = sr.acc.size - sr.num_trained_rows
+
+        def padded(t: torch.Tensor) -> np.ndarray:
+            arr = t.detach().numpy()
+            return np.concatenate([arr, np.zeros((extra, arr.shape[1]), arr.dtype)]) if extra else arr
+
+        return self.ctrl.after_advantage(
+            sr.group_index, sr.acc, response_mask=padded(resp_mask), old_log_probs=padded(old_lp),
+            ref_log_probs=padded(ref_lp), advantages=padded(adv),
+        )
+
+    def _update(self, ro: Rollouts, resp_mask: torch.Tensor, token_rewards: torch.Tensor, lp_first: torch.Tensor | None,
+                old_lp: torch.Tensor, ref_lp: torch.Tensor, adv: torch.Tensor, uid_str: np.ndarray,
+                sr: _StepRows) -> tuple[dict[str, float], np.ndarray | None]:
+        """The policy update: one epoch over ``mini_batches`` mini-batches, split in batch order as
+        verl's actor does by default (``actor.shuffle=false``), or shuffled (``shuffle=true``)."""
+        from verl.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn, kl_penalty
+
+        cfg = self.cfg
+        size = sr.num_trained_rows
+        if size == 0:  # a short step whose every group was filtered: nothing to train on
+            return {"actor/pg_loss": 0.0, "actor/kl_loss": 0.0, "actor/pg_clipfrac": 0.0}, None
+        order = torch.randperm(size, generator=self.gen) if cfg.shuffle else torch.arange(size)
         policy_loss_fn = get_policy_loss_fn("vanilla")
-        perm = torch.randperm(len(rows), generator=self.gen)
         pg_losses, kls, clipfracs = [], [], []
         # update_surrogate: each response's clipped surrogate on the raw advantages, measured on its
         # mini-batch before that mini-batch's optimizer step (what the verl actor's loss measures)
-        update_losses = np.full(len(rows), np.nan) if self.ctrl.wants_update_losses else None
-        raw_adv = None
-        if update_losses is not None:
-            raw_adv = raw_grpo_advantages(token_rewards, uid_str)
-        for chunk in torch.chunk(perm, cfg.mini_batches):
-            if on_policy:
-                chunk = slice(None)  # the whole batch, in the order lp_first was computed
-                lp = lp_first
+        update_losses = np.full(size, np.nan) if self.ctrl.wants_update_losses else None
+        raw_adv = raw_grpo_advantages(token_rewards, uid_str) if update_losses is not None else None
+        R = ro.responses.shape[1]
+        for chunk in torch.chunk(order, cfg.mini_batches):
+            if lp_first is not None:
+                chunk, lp = slice(None), lp_first  # the whole batch, in the order lp_first was computed
             else:
-                lp = response_log_probs(self.model, input_ids[chunk], attn[chunk], R)
+                lp = response_log_probs(self.model, ro.input_ids[chunk], ro.attention_mask[chunk], R)
             m = resp_mask[chunk]
             if update_losses is not None:
-                idx = np.arange(len(rows))[chunk] if isinstance(chunk, slice) else chunk.numpy()
+                idx = np.arange(size)[chunk] if isinstance(chunk, slice) else chunk.numpy()
                 update_losses[idx] = update_surrogate_per_response(
                     lp.detach(), old_lp[chunk], raw_adv[chunk], m, cfg.clip_ratio_low, cfg.clip_ratio_high
                 )
             pg_loss, pg_metrics = policy_loss_fn(
-                old_log_prob=old_lp[chunk],
-                log_prob=lp,
-                advantages=adv[chunk],
-                response_mask=m,
-                loss_agg_mode=cfg.loss_agg_mode,
-                config=self.actor_cfg,
+                old_log_prob=old_lp[chunk], log_prob=lp, advantages=adv[chunk], response_mask=m,
+                loss_agg_mode=cfg.loss_agg_mode, config=self.actor_cfg,
             )
             loss = pg_loss
             if cfg.kl_coef > 0:
@@ -396,28 +569,11 @@ class MethodRun:
             self.opt.step()
             pg_losses.append(float(pg_loss.detach()))
             clipfracs.append(float(pg_metrics["actor/pg_clipfrac"]))
-
-        if update_losses is not None:
-            metrics.update(self.ctrl.after_update(group_index, update_losses))
-        self.rollouts += int(n.sum())
-        self.step += 1
-        self.trained_uids.update(int(p.uid) for p in problems)
-        self.response_tokens += int(ro.response_mask.sum())
-        metrics.update(
-            {
-                "train/reward": float(reward.mean()),
-                "train/acc": float(acc.mean()),
-                "train/rollouts_total": float(self.rollouts),
-                "train/distinct_prompts": float(len(self.trained_uids)),
-                "train/response_tokens_total": float(self.response_tokens),
-                "actor/pg_loss": float(np.mean(pg_losses)),
-                "actor/kl_loss": float(np.mean(kls)) if kls else 0.0,
-                "actor/pg_clipfrac": float(np.mean(clipfracs)),
-                "timing/gen_s": t_gen,
-                "timing/step_s": time.perf_counter() - t0,
-            }
-        )
-        return metrics
+        return {
+            "actor/pg_loss": float(np.mean(pg_losses)),
+            "actor/kl_loss": float(np.mean(kls)) if kls else 0.0,
+            "actor/pg_clipfrac": float(np.mean(clipfracs)),
+        }, update_losses
 
     # -- checkpoint --
     def state_dict(self) -> dict[str, Any]:
@@ -426,6 +582,8 @@ class MethodRun:
             "seed": self.seed,
             "step": self.step,
             "rollouts": self.rollouts,
+            "trained_rollouts": self.trained_rollouts,
+            "cursor": self.cursor,
             "model": self.model.state_dict(),
             "optimizer": self.opt.state_dict(),
             "controller": self.ctrl.state_dict(),
@@ -448,6 +606,8 @@ class MethodRun:
         torch.set_rng_state(state["torch_rng"])
         self.step = int(state["step"])
         self.rollouts = int(state["rollouts"])
+        self.trained_rollouts = int(state.get("trained_rollouts", self.rollouts))
+        self.cursor = int(state.get("cursor", self.step * self.cfg.batch_prompts))
         self.trained_uids = set(state.get("trained_uids", ()))
         self.response_tokens = int(state.get("response_tokens", 0))
 
