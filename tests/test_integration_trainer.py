@@ -303,6 +303,23 @@ def test_trainer_prints_its_mode_once_at_start(tmp_path, capsys) -> None:
     assert lines[0].startswith("verl-gdro mode: joint") and "preset robust" in lines[0] and "mean n 4" in lines[0]
 
 
+def test_the_mode_line_names_dapos_filter(tmp_path, capsys) -> None:
+    """issue 38: under algorithm.filter_groups the mode line names the regime (the filter, its
+    metric and its bound on generation calls) and where the with-or-without measurement is."""
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "dapo").mkdir()
+    plain = make_trainer(tmp_path / "plain", "gdro.rollout.enable=true")
+    assert "DAPO" not in plain.gdro_mode_line
+    trainer = make_trainer(tmp_path / "dapo", "gdro.rollout.enable=true", "algorithm.filter_groups.enable=true",
+                           "algorithm.filter_groups.metric=acc", "algorithm.filter_groups.max_num_gen_batches=3")
+    assert trainer.gdro_mode_line.startswith(plain.gdro_mode_line)
+    assert trainer.gdro_mode_line.endswith(
+        " | DAPO filter on (acc, at most 3 generation calls per step): every generated rollout counts; with or "
+        "without the filter: docs/benchmarks.md, 'GDRO with DAPO's dynamic sampling'")
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("verl-gdro mode:")]
+    assert lines[-1] == trainer.gdro_mode_line
+
+
 @pytest.mark.parametrize(
     "values",
     [[3, 1, 2], ["12", " 7 ", "0"], [1.5, 2.0], [True, 2], [np.int64(3), 4], ["x"], [None], [2**70], ["1.5"], []],

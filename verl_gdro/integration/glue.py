@@ -252,3 +252,17 @@ def _flow_keys(num_bins: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """The per-reason and per-bin flow metric names, built once per B instead of every step."""
     return (tuple(PREFIX + f"flow/dropped_groups/{reason}" for reason in DROP_REASONS),
             tuple(PREFIX + f"flow/filtered_share/bin_{b}" for b in range(num_bins)))
+
+
+def filter_note(config: Any) -> str:
+    """The mode line's part for DAPO's dynamic sampling (``algorithm.filter_groups``), empty when it
+    is off: the regime changes what a rollout costs, and whether to keep the filter with GDRO is a
+    measured question (docs/benchmarks.md, "GDRO with DAPO's dynamic sampling")."""
+    fg = config.algorithm.get("filter_groups", None)
+    if fg is None or not fg.get("enable", False):
+        return ""
+    cap = fg.get("max_num_gen_batches", 0)
+    calls = f"at most {cap} generation calls per step" if cap and cap > 0 else "generation calls unbounded"
+    return (f" | DAPO filter on ({fg.get('metric', 'acc')}, {calls}): every generated rollout counts; with or without "
+            "the filter: docs/benchmarks.md, 'GDRO with DAPO's dynamic sampling'")
+

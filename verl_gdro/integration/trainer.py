@@ -31,6 +31,7 @@ from verl_gdro.integration.dataset import stable_prompt_uids, uid_field
 from verl_gdro.integration.glue import (
     ConsumedBatch,
     consume,
+    filter_note,
     first_measurements,
     flow_metrics,
     observe_update,
@@ -85,7 +86,7 @@ class GDROTrainerMixin:
         with open_dict(config):  # verl has read its mode: the config it logs names the GDRO mode
             config.trainer.v1.trainer_mode = self.GDRO_MODE
         # one line at start naming the adversaries (both are on by default)
-        self.gdro_mode_line = describe_mode(settings, int(config.actor_rollout_ref.rollout.n))
+        self.gdro_mode_line = describe_mode(settings, int(config.actor_rollout_ref.rollout.n)) + filter_note(config)
         print(self.gdro_mode_line, flush=True)
         self.gdro: GDROController | None = None
         if settings.enable:
