@@ -15,6 +15,7 @@ from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 
+from verl_gdro.allocators.registry import lookup, registrar
 from verl_gdro.evidence import sampling_priority
 
 __all__ = ["PROMPT_MODE_REGISTRY", "PromptMode", "get_prompt_mode", "register_prompt_mode", "sampling_modes"]
@@ -33,21 +34,12 @@ _DRAW_KEYS = ("prompt.explore", "prompt.rate_decay")
 
 def register_prompt_mode(name: str) -> Callable[[T], T]:
     """Class decorator: register a prompt mode under ``name``."""
-
-    def decorate(cls: T) -> T:
-        cls.name = name  # type: ignore[attr-defined]
-        PROMPT_MODE_REGISTRY[name] = cls  # type: ignore[assignment]
-        return cls
-
-    return decorate
+    return registrar(PROMPT_MODE_REGISTRY, name)
 
 
 def get_prompt_mode(name: str) -> type[PromptMode]:
     """The prompt mode registered under ``name``."""
-    cls = PROMPT_MODE_REGISTRY.get(name)
-    if cls is None:
-        raise ValueError(f"gdro.prompt.mode={name!r} is invalid: allowed values are {list(PROMPT_MODE_REGISTRY)}")
-    return cls
+    return lookup(PROMPT_MODE_REGISTRY, "prompt.mode", name)
 
 
 def sampling_modes() -> tuple[str, ...]:

@@ -15,6 +15,7 @@ from typing import Any, ClassVar, TypeVar
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from verl_gdro.allocators.registry import lookup, registrar
 from verl_gdro.prompt_gdro import failure_rate_loss, group_mean_from_sums, surrogate_kl_loss, surrogate_loss
 
 __all__ = ["LOSS_SIGNAL_REGISTRY", "LossSignal", "get_loss_signal", "register_loss_signal", "update_time_signals"]
@@ -29,21 +30,12 @@ _CLIP_KEYS = ("prompt.clip_ratio_low", "prompt.clip_ratio_high", "prompt.clip_ra
 
 def register_loss_signal(name: str) -> Callable[[T], T]:
     """Class decorator: register a loss signal under ``name``."""
-
-    def decorate(cls: T) -> T:
-        cls.name = name  # type: ignore[attr-defined]
-        LOSS_SIGNAL_REGISTRY[name] = cls  # type: ignore[assignment]
-        return cls
-
-    return decorate
+    return registrar(LOSS_SIGNAL_REGISTRY, name)
 
 
 def get_loss_signal(name: str) -> type[LossSignal]:
     """The loss signal registered under ``name``."""
-    cls = LOSS_SIGNAL_REGISTRY.get(name)
-    if cls is None:
-        raise ValueError(f"gdro.prompt.loss_signal={name!r} is invalid: allowed values are {list(LOSS_SIGNAL_REGISTRY)}")
-    return cls
+    return lookup(LOSS_SIGNAL_REGISTRY, "prompt.loss_signal", name)
 
 
 def update_time_signals() -> tuple[str, ...]:

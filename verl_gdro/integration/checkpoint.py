@@ -19,6 +19,7 @@ from typing import Any
 from verl.trainer.ppo.checkpoint_callback import CheckpointCallback
 
 from verl_gdro.integration import estimator
+from verl_gdro.integration.resume_check import resume_folder
 
 __all__ = ["CALLBACK_CLASS", "STATE_FILE", "StandaloneEstimatorCheckpoint", "install_metrics_logging", "resume_folder"]
 
@@ -27,25 +28,6 @@ logger = logging.getLogger(__name__)
 STATE_FILE = "gdro_estimator.json"
 CALLBACK_CLASS = "verl_gdro.integration.checkpoint.StandaloneEstimatorCheckpoint"
 _MARK = "_verl_gdro_standalone_metrics"
-
-
-def resume_folder(config: Any) -> str | None:
-    """The ``global_step_N`` folder verl's V1 trainer resumes from (``_load_checkpoint``'s rules), or None."""
-    from verl.utils.checkpoint.checkpoint_manager import find_latest_ckpt_path
-
-    trainer = config.trainer
-    mode = trainer.get("resume_mode", "auto")
-    if mode == "auto":
-        folder = trainer.default_local_dir
-        if not os.path.isabs(folder):
-            folder = os.path.join(os.getcwd(), folder)
-        return find_latest_ckpt_path(folder)
-    if mode == "resume_path":
-        path = trainer.get("resume_from_path", None)
-        if not isinstance(path, str) or "global_step_" not in path:
-            return None  # verl asserts on this itself
-        return path if os.path.isabs(path) else os.path.join(os.getcwd(), path)
-    return None
 
 
 def install_metrics_logging() -> bool:

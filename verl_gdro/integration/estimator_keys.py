@@ -23,6 +23,7 @@ from verl_gdro.step.config import (
     GDROSettings,
     default_gdro_group,
     estimator_settings,
+    read_key,
     to_plain,
 )
 
@@ -79,16 +80,6 @@ def check_estimator_keys(group: Any, prefix: str = "algorithm.gdro") -> None:
             f"classifier, actor-side loss signal, sampler or Rollout-GDRO); the GDRO trainer does: remove it, or "
             f"set trainer.v1.trainer_mode={TRAINER_NAME} and gdro.{key} on the package config"
         )
-
-
-def read_key(config: Any, key: str, default: Any = None) -> Any:
-    """``config.get(key, default)`` of a mapping, DictConfig or verl's config dataclass (an attribute)."""
-    if config is None:
-        return default
-    try:
-        return config.get(key, default)
-    except (AttributeError, TypeError):
-        return getattr(config, key, default)
 
 
 def read_path(config: Any, path: str) -> Any:

@@ -19,7 +19,8 @@ _CONTROLLER_KEYS = {"version", "settings", "rollout_n", "controller_version"}
 
 
 def resume_folder(config: Any) -> str | None:
-    """The ``global_step_N`` folder verl would resume from (its own rules), or None."""
+    """The ``global_step_N`` folder verl's V1 trainer resumes from (``_load_checkpoint``'s rules), or None
+    (a fresh run, without verl's print that the tracker file is missing)."""
     trainer = config.trainer
     mode = trainer.get("resume_mode", "auto")
     if mode == "auto":
@@ -27,10 +28,11 @@ def resume_folder(config: Any) -> str | None:
 
         folder = trainer.get("default_local_dir", None)
         if not folder or not os.path.isfile(os.path.join(str(folder), "latest_checkpointed_iteration.txt")):
-            return None  # a fresh run (verl's own lookup would print that the tracker is missing)
+            return None
         return find_latest_ckpt_path(os.path.abspath(str(folder)))
-    if mode == "resume_path" and isinstance(trainer.get("resume_from_path", None), str):
-        return os.path.abspath(trainer.resume_from_path)
+    path = trainer.get("resume_from_path", None)
+    if mode == "resume_path" and isinstance(path, str) and "global_step_" in path:  # verl asserts on the rest
+        return os.path.abspath(path)
     return None
 
 

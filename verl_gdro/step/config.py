@@ -32,7 +32,7 @@ __all__ = [
     "ALLOCATORS", "ARM_UTILITIES", "ESTIMATOR_NAME", "PASSK_ESTIMATORS", "PROMPT_MODES", "SAMPLING_MODES",
     "ROW_INDEX_FIELD", "SELECTIONS", "TRAINER_MODES", "TRAINER_NAME", "UID_KEYS", "WEIGHT_NORMALIZATIONS",
     "ClassifierSettings", "GDROSettings", "PromptSettings", "RolloutSettings", "default_gdro_group",
-    "estimator_settings", "keys_read", "resolve_gdro", "to_plain", "validate_gdro_config",
+    "estimator_settings", "keys_read", "read_key", "resolve_gdro", "to_plain", "validate_gdro_config",
 ]
 
 ESTIMATOR_NAME = "gdro_grpo"
@@ -568,14 +568,14 @@ def _refuse_unread(given: Any, settings: GDROSettings, standalone: bool) -> None
         raise ValueError(_unread_message(key, value, settings))
 
 
-def _group_of(parent: Any) -> Any:
-    """The ``gdro`` entry of ``parent`` (a mapping, DictConfig or verl's config dataclass), or None."""
-    if parent is None:
-        return None
+def read_key(config: Any, key: str, default: Any = None) -> Any:
+    """``config.get(key, default)`` of a mapping, DictConfig or verl's config dataclass (an attribute)."""
+    if config is None:
+        return default
     try:
-        return parent.get("gdro", None)
+        return config.get(key, default)
     except (AttributeError, TypeError):
-        return getattr(parent, "gdro", None)
+        return getattr(config, key, default)
 
 
 _GDRO_KEY = re.compile(r"(?<![\w.])gdro(?=[.= ])")
@@ -586,7 +586,7 @@ def estimator_settings(algorithm: Any) -> GDROSettings:
     estimator) resolved with the standalone defaults; errors name ``algorithm.gdro.<key>``. The estimator
     and :func:`validate_gdro_config` both call it, so both resolve every key alike."""
     try:
-        return resolve_gdro(_group_of(algorithm), standalone=True)
+        return resolve_gdro(read_key(algorithm, "gdro"), standalone=True)
     except ValueError as e:
         raise ValueError(_GDRO_KEY.sub("algorithm.gdro", str(e))) from None
 
