@@ -29,20 +29,11 @@ import numpy as np
 import pytest
 import torch
 from integration_harness import FakeAgentLoop, FakeTQ, make_trainer, stub_gpu_calls, verl_step
-from test_integration_draws import FailingAgentLoop
+from test_integration_draws import COLOCATE, DAPO, SEPARATE, FailingAgentLoop
 
 from verl_gdro.integration.ledger import DispatchLedger, ResumedLedger
 
 N = 4
-DAPO = ("algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=acc")
-COLOCATE = ("trainer.v1.trainer_mode=gdro_colocate_async",)
-SEPARATE = (
-    "trainer.v1.trainer_mode=gdro_separate_async",
-    "trainer.v1.separate_async.parameter_sync_step=1",
-    "actor_rollout_ref.rollout.nnodes=1",
-    "actor_rollout_ref.rollout.n_gpus_per_node=1",
-    "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl",
-)
 #: mode -> (overrides, share of groups whose every rollout fails)
 MODES: dict[str, tuple[tuple[str, ...], float]] = {
     "sync": ((), 0.0),
