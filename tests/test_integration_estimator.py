@@ -147,6 +147,34 @@ def test_v1_multi_trajectory_path_matches_grpo(grpo_batch) -> None:
     assert torch.allclose(got.batch["advantages"], ref.batch["advantages"], atol=1e-6)
 
 
+def test_multi_output_sessions_are_where_gdro_grpo_and_verls_grpo_part(grpo_batch) -> None:
+    """issue 36 item 15: verl 0.9.1's V1 path gives only the grpo enum its multi-trajectory
+    statistics (each session's final output, broadcast); gdro_grpo, like any other estimator, gets
+    every row. Two outputs per session carrying the session's reward: the group's std differs, so
+    "verl's grpo bit for bit" holds for one output per session only (docs/integration.md)."""
+    data = grpo_batch([4, 4, 4], seed=3)
+    rewards = data.batch["token_level_rewards"]
+    scores = torch.tensor([1.0, 1.0, 0.0, 0.0] * 3)  # rows 2k, 2k+1: one session, one reward
+    scores[4:6] = 1.0  # a group with spread in every uid
+    scores[10:12] = 1.0
+    rewards.zero_()
+    rewards[:, 0] = scores
+    data.batch["response_mask"][:, 0] = 1
+    keys = [f"{u}_{(i % 4) // 2}_{i % 2}" for i, u in enumerate(data.non_tensor_batch["uid"].tolist())]
+    ref = compute_advantage_for_multi_trajectories(copy.deepcopy(data), keys, "grpo", config=algo_cfg("grpo"))
+    got = compute_advantage_for_multi_trajectories(
+        copy.deepcopy(data), keys, "gdro_grpo", config=algo_cfg("gdro_grpo", prompt={"enable": False})
+    )
+    assert not torch.allclose(got.batch["advantages"], ref.batch["advantages"], atol=1e-4)
+    # the same rows as single-output sessions (every key its own session): the two agree
+    single = [f"{u}_{i}_0" for i, u in enumerate(data.non_tensor_batch["uid"].tolist())]
+    ref1 = compute_advantage_for_multi_trajectories(copy.deepcopy(data), single, "grpo", config=algo_cfg("grpo"))
+    got1 = compute_advantage_for_multi_trajectories(
+        copy.deepcopy(data), single, "gdro_grpo", config=algo_cfg("gdro_grpo", prompt={"enable": False})
+    )
+    assert torch.allclose(got1.batch["advantages"], ref1.batch["advantages"], atol=1e-6)
+
+
 def test_standalone_reweights_like_prompt_gdro_over_steps(grpo_batch, caplog) -> None:
     """Standalone: bins from each group's own correctness, Prompt-GDRO state kept across steps."""
     edges = np.arange(1, 10) / 10
