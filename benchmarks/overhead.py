@@ -465,13 +465,18 @@ class Profiler:
                     finally:
                         self.seconds[_label] = self.seconds.get(_label, 0.0) + time.perf_counter() - t
 
-                self._saved.append((owner, name, fn))
+                # an inherited method (GDROController.decide is StepPlanner's) is removed again on
+                # exit, not set on the subclass: what the class holds afterwards is what it held
+                self._saved.append((owner, name, fn if name in vars(owner) else None))
                 setattr(owner, name, functools.wraps(fn)(timed))
         return self
 
     def __exit__(self, *exc: Any) -> None:
         for owner, name, fn in reversed(self._saved):
-            setattr(owner, name, fn)
+            if fn is None:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, fn)
         self._saved.clear()
 
 

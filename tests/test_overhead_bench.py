@@ -74,6 +74,9 @@ def test_overhead_benchmark_profile_times_the_trainers_functions_and_restores_th
     summary = overhead.main(["--quick", "--profile", "--presets", "robust", "--shapes", "32x4", "--reps", "2",
                              "--default-malloc"])  # in-process: leave the test process's allocator alone
     assert glue.consume is original
+    from verl_gdro.step.controller import GDROController
+
+    assert "decide" not in vars(GDROController)  # an inherited method is not left on the subclass
     assert gc.isenabled()  # paused only while each step was timed
     assert summary["steady_allocator"] is False
     for row in summary["rows"]:
