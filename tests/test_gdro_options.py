@@ -368,6 +368,11 @@ def test_summary_pairs_each_seed_with_grpos_same_seed():
     # the per-level table carries intervals: level 1 gains +0.1 on every seed
     per_level = md.split("### Per level")[1]
     assert "+0.100 [+0.100, +0.100]* (3/3)" in per_level
+    assert "every method consumed the same rollouts" in md
+    # an arm that generated more (a filter arm, a longer run) must not be called "the same rollouts"
+    results[("x", 0)] = {**results[("x", 0)], "rollouts": 130}
+    md_unequal = markdown(summarise(cfg, ["grpo", "x"], results, ws, 1.0))
+    assert "same rollouts" not in md_unequal and "methods generated different rollouts" in md_unequal
 
     # two seeds: per-seed differences only, no interval, no star, no median, and a line that says so
     two = {k: v for k, v in results.items() if k[1] < 2}

@@ -235,6 +235,13 @@ def _fmt_compute(c: Mapping[str, Any]) -> str:
     return " / ".join(cells) + f" ({c['reached']}/{c['counted']} counted reached)"
 
 
+def _rollouts_sentence(methods: Mapping[str, Mapping[str, Any]]) -> str:
+    """Say "the same rollouts" only when it is true (filter arms and longer arms generate more)."""
+    if len({e["rollouts"] for e in methods.values()}) <= 1:
+        return "every method consumed the same rollouts."
+    return "methods generated different rollouts (last column: every generated rollout, filtered ones included)."
+
+
 def markdown(summary: Mapping[str, Any]) -> str:
     """``results.md``: the finals, the paired table and the compute figure."""
     ms = summary["methods"]
@@ -250,7 +257,7 @@ def markdown(summary: Mapping[str, Any]) -> str:
         f"# GRPO vs GDRO on the `{summary['task']}` task",
         "",
         f"{seeds} paired seed(s){' (mean ± sample std)' if seeds > 1 else ''}; held-out set, 8 samples per "
-        f"problem; every method consumed the same rollouts. Wall time {summary['wall_s']:.0f} s.",
+        f"problem; {_rollouts_sentence(ms)} Wall time {summary['wall_s']:.0f} s.",
         "",
         "| method | mean@8 | pass@8 | worst level acc | " + " | ".join(f"L{lv}" for lv in levels) + " | rollouts |",
         "|---|---|---|---|" + "---|" * len(levels) + "---|",
