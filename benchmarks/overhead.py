@@ -223,6 +223,19 @@ def shallow_copy(data: Any) -> Any:
 # ----------------------------------------------------------------------------------------------
 
 
+@dataclass
+class StepBatch:
+    """One step's generated batch: a copy per stage (each writes its advantages into its own), what
+    TransferQueue hands the GDRO stage besides the tensors, and the V1 agent loop's keys."""
+
+    grpo: Any
+    gdro: Any
+    v1: Any
+    fetched: dict[str, np.ndarray]
+    tags: list[dict[str, Any]]
+    v1_keys: list[str]
+
+
 class Bench:
     """Holds the controller of one (adversary, preset) and runs timed steps on synthetic batches."""
 
@@ -287,24 +300,36 @@ class Bench:
         """One training step's advantage stage, GRPO and GDRO on the same batch.
 
         Returns (grpo seconds, gdro seconds, verl V1 grpo-path seconds, gdro parts).
+        GRPO and GDRO alternate which goes first; verl's V1 path (context only) always goes last.
+        It copies the whole batch and frees the copies, so whichever stage follows it pays for
+        mapping fresh memory: before issue 13's third pass it preceded GDRO in every other
+        repetition and GRPO never, which charged GDRO's estimator column 2-5 ms that verl's own
+        grpo, called the same way, did not pay.
         """
-        from verl.trainer.ppo.core_algos import AdvantageEstimator
-        from verl.trainer.ppo.ray_trainer import compute_advantage
-        from verl.trainer.ppo.v1.utils import compute_advantage_for_multi_trajectories
+        plan, prompt_batch, verl_uids, t_plan = self._decide(shape)
+        b = self._batch(shape, tokens, plan, prompt_batch, verl_uids)
+        parts: dict[str, float] = {"plan": t_plan}
+        if grpo_first:
+            grpo_s = self._run_grpo(b)
+            gdro_s = self._run_gdro(b, parts)
+        else:
+            gdro_s = self._run_gdro(b, parts)
+            grpo_s = self._run_grpo(b)
+        v1_s = self._run_v1_grpo(b)
+        self.global_steps += 1
+        return grpo_s, t_plan + gdro_s, v1_s, parts
 
-        from verl_gdro.integration.glue import acc_from_extra_fields, consume, correctness, observe_update
+    def _decide(self, shape: Shape) -> tuple[Any, dict[str, np.ndarray], list[str], float]:
+        """``GDROTrainerMixin._next_train_batch``: read the ids, decide, check the budget, record."""
         from verl_gdro.integration.reads import as_list as _as_list
         from verl_gdro.integration.reads import int_column as _int_column
-        from verl_gdro.integration.reads import padded_numpy as read_tokens
-        from verl_gdro.step.context import gdro_step, uid_keys
+        from verl_gdro.step.context import uid_keys
 
         ctrl, ledger = self.ctrl, self.ledger
         prompt_uids = self.rng.choice(DATASET_PROMPTS, size=shape.prompts, replace=False).astype(np.int64)
         # the prompt batch as verl's _next_train_batch hands it over: stable ids, a uid per group
         prompt_batch = {"uid": np.array([str(uuid.uuid4()) for _ in range(shape.prompts)], dtype=object),
                         "stable": prompt_uids.astype(object)}
-
-        # GDROTrainerMixin._next_train_batch: read the ids, decide, check the budget, record
         t0 = time.perf_counter()
         stable = _int_column(prompt_batch["stable"])
         verl_uids = uid_keys(_as_list(prompt_batch["uid"]))
@@ -315,8 +340,12 @@ class Bench:
         ledger.dispatch(verl_uids, plan.uids, plan.bins, n, step=self.global_steps)
         if ctrl.rollout is not None:
             n.tolist()  # the __rollout_n__ column the trainer hands verl's agent loop
-        t_plan = time.perf_counter() - t0
+        return plan, prompt_batch, verl_uids, time.perf_counter() - t0
 
+    def _batch(
+        self, shape: Shape, tokens: TokenArrays, plan: Any, prompt_batch: dict[str, np.ndarray], verl_uids: list[str]
+    ) -> StepBatch:
+        """The generated batch: group sizes, outcomes, and what TransferQueue would hand back."""
         if self.adversary == "rollout":
             sizes = plan.rollout_n
         elif shape.n is None:
@@ -325,9 +354,9 @@ class Bench:
             sizes = np.full(shape.prompts, shape.n, dtype=np.int64)
         assert int(sizes.sum()) == tokens.response_mask.shape[0]
         prompt_of_row = np.repeat(np.arange(sizes.size), sizes)
+        prompt_uids = prompt_batch["stable"].astype(np.int64)
         acc = (self.rng.random(prompt_of_row.size) < self.true_p[prompt_uids][prompt_of_row]).astype(np.float64)
         data = make_batch(tokens, np.array(verl_uids, dtype=object), sizes, acc)
-        grpo_data, gdro_data, v1_data = shallow_copy(data), shallow_copy(data), shallow_copy(data)
         # what the trainer's tq.kv_batch_get returns besides the tensors: per-row verl uid, stable
         # id, the streaming reward's extra fields; and the KVBatchMeta tags (one dict per row)
         fetched = {
@@ -336,87 +365,88 @@ class Bench:
             "extra_fields": np.array([{"reward_extra_info": {"acc": a, "score": 2 * a - 1}} for a in acc.tolist()],
                                      dtype=object),
         }
-        tags = [{} for _ in range(acc.size)]
         # TransferQueue keys of the V1 agent loop: {uid}_{session_id}_{output index}
         v1_keys = [f"{u}_{j}_0" for u, k in zip(verl_uids, sizes.tolist()) for j in range(k)]
+        return StepBatch(shallow_copy(data), shallow_copy(data), shallow_copy(data), fetched,
+                         [{} for _ in range(acc.size)], v1_keys)
 
-        def run_grpo() -> float:
-            t = time.perf_counter()
-            compute_advantage(grpo_data, AdvantageEstimator.GRPO, norm_adv_by_std_in_grpo=True, config=self.grpo_cfg)
-            return time.perf_counter() - t
+    def _run_grpo(self, b: StepBatch) -> float:
+        from verl.trainer.ppo.core_algos import AdvantageEstimator
+        from verl.trainer.ppo.ray_trainer import compute_advantage
 
-        def run_v1_grpo() -> float:
-            # what verl's V1 trainer runs for grpo (select_idxs copy, grpo, scatter); for any other
-            # estimator, gdro_grpo included, it calls compute_advantage directly
-            t = time.perf_counter()
-            compute_advantage_for_multi_trajectories(
-                v1_data, batch_keys=v1_keys, adv_estimator=AdvantageEstimator.GRPO, num_repeat=N_MEAN,
-                norm_adv_by_std_in_grpo=True, config=self.grpo_cfg,
-            )
-            return time.perf_counter() - t
+        t = time.perf_counter()
+        compute_advantage(b.grpo, AdvantageEstimator.GRPO, norm_adv_by_std_in_grpo=True, config=self.grpo_cfg)
+        return time.perf_counter() - t
 
-        parts: dict[str, float] = {"plan": t_plan}
+    def _run_v1_grpo(self, b: StepBatch) -> float:
+        """What verl's V1 trainer runs for grpo (select_idxs copy, grpo, scatter); for any other
+        estimator, gdro_grpo included, it calls compute_advantage directly."""
+        from verl.trainer.ppo.core_algos import AdvantageEstimator
+        from verl.trainer.ppo.v1.utils import compute_advantage_for_multi_trajectories
 
-        def run_gdro() -> float:
-            # GDROTrainerMixin._compute_advantage line by line, through the same glue functions
-            # (verl_gdro.integration.glue), minus TransferQueue's reads: real rows, the ledger
-            # update adopted into the controller's plan, the stable-id check, acc, the multipliers
-            # into verl's stage (gdro_grpo) per prompt group, the controller updates, the ledger
-            # and flow metrics (observe_update: before verl's estimator for the failure-rate signal,
-            # after it, with the token arrays, for the surrogate signals of preset paper)
-            t = time.perf_counter()
-            uids = uid_keys(_as_list(fetched["uid"]))
-            consumed = consume(ledger, ctrl, uids, tags)
-            rows = consumed.rows
-            stable_rows = _int_column(fetched["stable"])[rows]
-            if not np.array_equal(stable_rows, ctrl.planned_uids(consumed.group_index)):
-                raise AssertionError("stable ids")
-            values, _ = acc_from_extra_fields(_as_list(fetched["extra_fields"]), rows, "acc")
-            assert values is not None
-            acc_rows = correctness(values, 0.0, "gdro.acc_key='acc'")  # the trainer's threshold
-            t_glue = time.perf_counter()
-            mult = ctrl.advantage_multipliers(consumed.group_index)
-            table, row_plan = consumed.estimator_inputs(mult)
-            t_mult = time.perf_counter()
+        t = time.perf_counter()
+        compute_advantage_for_multi_trajectories(
+            b.v1, batch_keys=b.v1_keys, adv_estimator=AdvantageEstimator.GRPO, num_repeat=N_MEAN,
+            norm_adv_by_std_in_grpo=True, config=self.grpo_cfg,
+        )
+        return time.perf_counter() - t
 
-            if not self.needs_log_probs:
-                observe_update(ledger, ctrl, consumed, acc_rows, self.global_steps)
-            t_update = time.perf_counter()
-            with gdro_step(table, settings=ctrl.settings, rows=row_plan, norm_adv_by_std=True):
-                t1 = time.perf_counter()
-                compute_advantage(gdro_data, "gdro_grpo", norm_adv_by_std_in_grpo=True, config=self.algo_cfg)
-                t2 = time.perf_counter()
-            extra: dict[str, np.ndarray] = {}
-            if self.needs_log_probs:
-                # verl_gdro.integration.reads.token_fields: the removed groups' rows (none here) are
-                # appended zero-masked; the fields come from verl's stage output
-                dropped_rows = consumed.dropped()[0].size
-                assert dropped_rows == 0
-                batch = gdro_data.batch
-                for key in self.token_fields:
-                    extra["ref_log_probs" if key == "ref_log_prob" else key] = read_tokens(batch[key], rows)
-            t3 = time.perf_counter()
-            if self.needs_log_probs:
-                observe_update(ledger, ctrl, consumed, acc_rows, self.global_steps, **extra)
-            t4 = time.perf_counter()
-            parts.update(glue=t_glue - t, multipliers=(t_mult - t_glue) + (t1 - t_update), estimator=t2 - t1,
-                         read_tokens=t3 - t2, update_metrics=(t_update - t_mult) + (t4 - t3))
-            return t4 - t
+    def _run_gdro(self, b: StepBatch, parts: dict[str, float]) -> float:
+        """``GDROTrainerMixin._compute_advantage`` line by line, through the same glue functions
+        (verl_gdro.integration.glue), minus TransferQueue's reads: real rows, the ledger update
+        adopted into the controller's plan, the stable-id check, acc, the multipliers into verl's
+        stage (gdro_grpo) per prompt group, the controller updates, the ledger and flow metrics
+        (observe_update: before verl's estimator for the failure-rate signal, after it, with the
+        token arrays, for the surrogate signals of preset paper)."""
+        from verl.trainer.ppo.ray_trainer import compute_advantage
 
-        # GRPO and GDRO alternate which goes first; verl's V1 path (context only) always goes last.
-        # It copies the whole batch and frees the copies, so whichever stage follows it pays for
-        # mapping fresh memory: before issue 13's third pass it preceded GDRO in every other
-        # repetition and GRPO never, which charged GDRO's estimator column 2-5 ms that verl's own
-        # grpo, called the same way, did not pay.
-        if grpo_first:
-            grpo_s = run_grpo()
-            gdro_s = run_gdro()
-        else:
-            gdro_s = run_gdro()
-            grpo_s = run_grpo()
-        v1_s = run_v1_grpo()
-        self.global_steps += 1
-        return grpo_s, t_plan + gdro_s, v1_s, parts
+        from verl_gdro.integration.glue import acc_from_extra_fields, consume, correctness, observe_update
+        from verl_gdro.integration.reads import as_list as _as_list
+        from verl_gdro.integration.reads import int_column as _int_column
+        from verl_gdro.step.context import gdro_step, uid_keys
+
+        ctrl, ledger = self.ctrl, self.ledger
+        t = time.perf_counter()
+        uids = uid_keys(_as_list(b.fetched["uid"]))
+        consumed = consume(ledger, ctrl, uids, b.tags)
+        rows = consumed.rows
+        stable_rows = _int_column(b.fetched["stable"])[rows]
+        if not np.array_equal(stable_rows, ctrl.planned_uids(consumed.group_index)):
+            raise AssertionError("stable ids")
+        values, _ = acc_from_extra_fields(_as_list(b.fetched["extra_fields"]), rows, "acc")
+        assert values is not None
+        acc_rows = correctness(values, 0.0, "gdro.acc_key='acc'")  # the trainer's threshold
+        t_glue = time.perf_counter()
+        mult = ctrl.advantage_multipliers(consumed.group_index)
+        table, row_plan = consumed.estimator_inputs(mult)
+        t_mult = time.perf_counter()
+        if not self.needs_log_probs:
+            observe_update(ledger, ctrl, consumed, acc_rows, self.global_steps)
+        t_update = time.perf_counter()
+        with gdro_step(table, settings=ctrl.settings, rows=row_plan, norm_adv_by_std=True):
+            t1 = time.perf_counter()
+            compute_advantage(b.gdro, "gdro_grpo", norm_adv_by_std_in_grpo=True, config=self.algo_cfg)
+            t2 = time.perf_counter()
+        extra = self._token_fields(b, consumed, rows)
+        t3 = time.perf_counter()
+        if self.needs_log_probs:
+            observe_update(ledger, ctrl, consumed, acc_rows, self.global_steps, **extra)
+        t4 = time.perf_counter()
+        parts.update(glue=t_glue - t, multipliers=(t_mult - t_glue) + (t1 - t_update), estimator=t2 - t1,
+                     read_tokens=t3 - t2, update_metrics=(t_update - t_mult) + (t4 - t3))
+        return t4 - t
+
+    def _token_fields(self, b: StepBatch, consumed: Any, rows: np.ndarray) -> dict[str, np.ndarray]:
+        """verl_gdro.integration.reads.token_fields: the removed groups' rows (none here) are
+        appended zero-masked; the fields come from verl's stage output (surrogate signals only)."""
+        from verl_gdro.integration.reads import padded_numpy as read_tokens
+
+        extra: dict[str, np.ndarray] = {}
+        if self.needs_log_probs:
+            assert consumed.dropped()[0].size == 0
+            for key in self.token_fields:
+                extra["ref_log_probs" if key == "ref_log_prob" else key] = read_tokens(b.gdro.batch[key], rows)
+        return extra
 
 
 #: What ``--profile`` times inside the GDRO step: (module, class or None, function names).
@@ -595,39 +625,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    args = parse_args(argv)
-    # importing the estimator registers gdro_grpo with verl (the plugin entry point does the same)
-    import torch
-
-    import verl_gdro.integration.estimator  # noqa: F401
-
-    torch.set_num_threads(args.threads)
-    steady = False if args.default_malloc else steady_allocator()
-    quick = args.quick
-    width = args.tokens or (256 if quick else 4096)
-    reps = args.reps or (3 if quick else 11)
-    warmup = args.warmup if args.warmup is not None else (1 if quick else 3)
-    history = 3 if quick else 100
+def bench_shapes(args: argparse.Namespace) -> list[Shape]:
+    """The batch shapes of the run (``--quick``: small ones; ``--shapes``: a subset by name)."""
     shapes = (
         [Shape("32x4", 32, N_MEAN), Shape("32xvar", 32, None)]
-        if quick
+        if args.quick
         else [Shape("256x4", 256, N_MEAN), Shape("512x4", 512, N_MEAN), Shape("512xvar", 512, None)]
     )
     if args.shapes:
         wanted = {x.strip() for x in args.shapes.split(",")}
         shapes = [s for s in shapes if s.name in wanted]
-    presets = [p.strip() for p in args.presets.split(",") if p.strip()]
+    return shapes
 
-    print(
-        f"verl-gdro overhead benchmark: {platform.processor() or platform.machine()}, "
-        f"{os.cpu_count()} CPUs, torch {torch.__version__} ({torch.get_num_threads()} threads), "
-        f"responses of {width} tokens, {reps} reps after {warmup} warm-up, median seconds, "
-        f"garbage collector {'on' if args.with_gc else 'paused while timing'}, "
-        f"allocator {'steady (heap only, no trimming)' if steady else 'glibc defaults'}"
-    )
+
+def measure_all(args: argparse.Namespace, presets: list[str], width: int) -> list[Row]:
+    """Every (shape, adversary, preset, variant) row, printed as it is measured."""
+    reps = args.reps or (3 if args.quick else 11)
+    warmup = args.warmup if args.warmup is not None else (1 if args.quick else 3)
+    history = 3 if args.quick else 100
     rows: list[Row] = []
-    for si, shape in enumerate(shapes):
+    for si, shape in enumerate(bench_shapes(args)):
         for adversary in ("prompt", "rollout"):
             if adversary == "rollout" and shape.n is None:
                 continue  # Rollout-GDRO's batches are variable-n by construction (its allocation)
@@ -648,29 +665,53 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 if row.profile_s:
                     print("      profile (ms/step, nested calls count in their callers too): " + "  ".join(
                         f"{k}={v * 1e3:.3f}" for k, v in row.profile_s.items()), flush=True)
+    return rows
+
+
+def summarise(rows: list[Row], presets: list[str], variants: list[str]) -> dict[str, Any]:
+    """The worst ratio per adversary and preset (the targets' figure), and the paper's."""
 
     def worst(adversary: str, preset: str, variant: str = "") -> float:
         vals = [r.ratio for r in rows if r.adversary == adversary and r.preset == preset and r.variant == variant]
         return max(vals) if vals else math.nan
 
     headline = "robust" if "robust" in presets else presets[0]
-    summary = {
+    return {
         "prompt_gdro_ratio": worst("prompt", headline),
         "rollout_gdro_ratio": worst("rollout", headline),
         "preset": headline,
         "ratios_by_preset": {p: {"prompt": worst("prompt", p), "rollout": worst("rollout", p)} for p in presets},
-        "rollout_variants": {v: {p: worst("rollout", p, v) for p in presets} for v in args.rollout_variant},
+        "rollout_variants": {v: {p: worst("rollout", p, v) for p in presets} for v in variants},
         "targets": TARGETS,
         "paper_seconds": PAPER_SECONDS,
         "paper_ratios": {"prompt": PAPER_SECONDS["prompt"] / PAPER_SECONDS["grpo"],
                          "rollout": PAPER_SECONDS["rollout"] / PAPER_SECONDS["grpo"]},
-        "tokens": width,
-        "gc_paused": not args.with_gc,
-        "steady_allocator": steady,
-        "torch_threads": torch.get_num_threads(),
-        "quick": quick,
-        "rows": [r.as_dict() for r in rows],
     }
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    # importing the estimator registers gdro_grpo with verl (the plugin entry point does the same)
+    import torch
+
+    import verl_gdro.integration.estimator  # noqa: F401
+
+    torch.set_num_threads(args.threads)
+    steady = False if args.default_malloc else steady_allocator()
+    width = args.tokens or (256 if args.quick else 4096)
+    presets = [p.strip() for p in args.presets.split(",") if p.strip()]
+    print(
+        f"verl-gdro overhead benchmark: {platform.processor() or platform.machine()}, "
+        f"{os.cpu_count()} CPUs, torch {torch.__version__} ({torch.get_num_threads()} threads), "
+        f"responses of {width} tokens, {args.reps or (3 if args.quick else 11)} reps after "
+        f"{args.warmup if args.warmup is not None else (1 if args.quick else 3)} warm-up, median seconds, "
+        f"garbage collector {'on' if args.with_gc else 'paused while timing'}, "
+        f"allocator {'steady (heap only, no trimming)' if steady else 'glibc defaults'}"
+    )
+    rows = measure_all(args, presets, width)
+    summary = summarise(rows, presets, args.rollout_variant)
+    summary.update(tokens=width, gc_paused=not args.with_gc, steady_allocator=steady,
+                   torch_threads=torch.get_num_threads(), quick=args.quick, rows=[r.as_dict() for r in rows])
     for p in presets:
         r = summary["ratios_by_preset"][p]
         print(
