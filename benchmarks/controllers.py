@@ -244,7 +244,24 @@ def scale_row(
     first_step_ms = float(times[0])
     step_ms, step_max_ms = float(np.median(times[3:])), float(times[3:].max())
 
-    path = workdir / f"clf_{num_prompts}_{visits}.npz"
+    ckpt = checkpoint_times(clf, batches[0], workdir / f"clf_{num_prompts}_{visits}.npz")
+    return {
+        "seen_prompts": clf.num_seen,
+        "visits_per_prompt": visits,
+        "fill_s": fill_s,
+        "step_prompts": step_prompts,
+        "first_step_ms": first_step_ms,
+        "step_ms": step_ms,
+        "step_max_ms": step_max_ms,
+        "memory_bytes_per_prompt": clf.memory_bytes() / clf.num_seen,
+        "state_bytes_per_prompt": ckpt.pop("state_bytes") / clf.num_seen,
+        **ckpt,
+    }
+
+
+def checkpoint_times(clf: OnlineDifficultyClassifier, probe: np.ndarray, path: Path) -> dict[str, float]:
+    """Save and load the classifier's state as verl's checkpoint does (``np.savez``) and by pickle;
+    the restored classifier must give the same estimates and bins."""
     t0 = time.perf_counter()
     state = clf.state_dict()
     t1 = time.perf_counter()
@@ -258,14 +275,13 @@ def scale_row(
     restored = OnlineDifficultyClassifier()
     restored.load_state_dict(loaded)
     t4 = time.perf_counter()
-    probe = batches[0]
     assert np.array_equal(restored.pass_at_k(probe), clf.pass_at_k(probe), equal_nan=True)
     assert np.array_equal(restored.bins(probe), clf.bins(probe))
     ckpt_bytes = path.stat().st_size
     path.unlink()
     del loaded, restored
 
-    pkl = workdir / "clf.pkl"
+    pkl = path.with_name("clf.pkl")
     t5 = time.perf_counter()
     with open(pkl, "wb") as f:
         pickle.dump(clf.state_dict(), f, protocol=pickle.HIGHEST_PROTOCOL)
@@ -273,25 +289,9 @@ def scale_row(
         OnlineDifficultyClassifier().load_state_dict(pickle.load(f))
     t7 = time.perf_counter()
     pkl.unlink()
-
-    return {
-        "seen_prompts": clf.num_seen,
-        "visits_per_prompt": visits,
-        "fill_s": fill_s,
-        "step_prompts": step_prompts,
-        "first_step_ms": first_step_ms,
-        "step_ms": step_ms,
-        "step_max_ms": step_max_ms,
-        "memory_bytes_per_prompt": clf.memory_bytes() / clf.num_seen,
-        "state_bytes_per_prompt": state_bytes / clf.num_seen,
-        "checkpoint_mb": ckpt_bytes / 2**20,
-        "state_dict_s": t1 - t0,
-        "savez_s": t2 - t1,
-        "npload_s": t3 - t2,
-        "load_state_dict_s": t4 - t3,
-        "save_load_s": t4 - t0,
-        "pickle_save_load_s": t7 - t5,
-    }
+    return {"state_bytes": state_bytes, "checkpoint_mb": ckpt_bytes / 2**20, "state_dict_s": t1 - t0,
+            "savez_s": t2 - t1, "npload_s": t3 - t2, "load_state_dict_s": t4 - t3, "save_load_s": t4 - t0,
+            "pickle_save_load_s": t7 - t5}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -307,7 +307,39 @@ def print_table(title: str, rows: list[dict[str, Any]], columns: list[tuple[str,
         print(f"| {' | '.join(cells)} |")
 
 
-def main(argv: list[str] | None = None) -> int:
+STEP_COLUMNS = [
+    ("prompts", "prompts", ""),
+    ("n", "n", ""),
+    ("n_range", "n seen", ""),
+    ("responses", "responses", ""),
+    ("classifier_ms", "classifier bins+observe", ".3f"),
+    ("prompt_gdro_ms", "PromptGDRO multipliers+update", ".3f"),
+    ("rollout_bandit_map_ms", "RolloutGDRO bandit/map", ".3f"),
+    ("rollout_bandit_sample_ms", "RolloutGDRO bandit/sample", ".3f"),
+    ("rollout_neyman_ms", "RolloutGDRO neyman", ".3f"),
+    ("stack_ms", "all three (classifier + PromptGDRO + bandit/map)", ".3f"),
+]
+SCALE_COLUMNS = [
+    ("seen_prompts", "seen prompts", ","),
+    ("visits_per_prompt", "visits each", ""),
+    ("fill_s", "fill s", ".2f"),
+    ("first_step_ms", "first step ms", ".1f"),
+    ("step_ms", "median step ms", ".3f"),
+    ("step_max_ms", "max later step ms", ".1f"),
+    ("step_vs_first", "median step vs first row", ".2f"),
+    ("memory_bytes_per_prompt", "RAM B/prompt", ".1f"),
+    ("state_bytes_per_prompt", "state B/prompt", ".1f"),
+    ("checkpoint_mb", "npz MiB", ".1f"),
+    ("state_dict_s", "state_dict", ".3f"),
+    ("savez_s", "savez", ".3f"),
+    ("npload_s", "np.load", ".3f"),
+    ("load_state_dict_s", "load_state_dict", ".3f"),
+    ("save_load_s", "save+load", ".3f"),
+    ("pickle_save_load_s", "pickle save+load", ".3f"),
+]
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sizes and few repeats (CI)")
     parser.add_argument("--visits", type=int, default=2, help="visits per prompt in the scale runs")
@@ -321,9 +353,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--full-window-prompts", type=int, default=None, help="prompts for the full-ring case"
     )
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
 
-    repeats = 10 if args.quick else 50
+
+def scale_rows(args: argparse.Namespace, repeats: int) -> list[dict[str, Any]]:
+    """The classifier at each seen-prompt count (2 visits each), then one full-ring case."""
     scale = (
         args.scale
         if args.scale is not None
@@ -334,71 +368,41 @@ def main(argv: list[str] | None = None) -> int:
         if args.full_window_prompts is not None
         else (50_000 if args.quick else 1_000_000)
     )
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="gdro-bench-") as tmp:
+        for num in scale:
+            rows.append(scale_row(num, args.visits, 512, repeats, Path(tmp)))
+        if full_window:
+            rows.append(scale_row(full_window, 100, 512, repeats, Path(tmp)))
+    base = rows[0]["step_ms"]
+    for row in rows:
+        row["step_vs_first"] = row["step_ms"] / base
+    return rows
 
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    repeats = 10 if args.quick else 50
     print(
         f"verl-gdro controllers benchmark  python {platform.python_version()}  numpy {np.__version__}  "
         f"cpus {os.cpu_count()}  load average {os.getloadavg()[0]:.1f}  {'--quick' if args.quick else 'full'}"
     )
-
     results: dict[str, Any] = {"quick": args.quick, "load_average_start": os.getloadavg()[0]}
-    rows = step_shapes(repeats)
-    results["step"] = rows
+    results["step"] = rows = step_shapes(repeats)
     print_table(
         "Per-step time (ms, median) at realistic step shapes; classifier over a 14,116-prompt dataset",
-        rows,
-        [
-            ("prompts", "prompts", ""),
-            ("n", "n", ""),
-            ("n_range", "n seen", ""),
-            ("responses", "responses", ""),
-            ("classifier_ms", "classifier bins+observe", ".3f"),
-            ("prompt_gdro_ms", "PromptGDRO multipliers+update", ".3f"),
-            ("rollout_bandit_map_ms", "RolloutGDRO bandit/map", ".3f"),
-            ("rollout_bandit_sample_ms", "RolloutGDRO bandit/sample", ".3f"),
-            ("rollout_neyman_ms", "RolloutGDRO neyman", ".3f"),
-            ("stack_ms", "all three (classifier + PromptGDRO + bandit/map)", ".3f"),
-        ],
+        rows, STEP_COLUMNS,
     )
-
-    dp = dp_benchmark(repeats * 2)
-    results["solve_exact_budget"] = dp
+    results["solve_exact_budget"] = dp = dp_benchmark(repeats * 2)
     verdict = "OK" if dp["ms"] < DP_TARGET_MS else "OVER TARGET"
     print(
         f"\nsolve_exact_budget: {dp['bins']} bins x {dp['arms']} arms x budget {dp['budget']}: "
         f"{dp['ms']:.3f} ms median, {dp['min_ms']:.3f} ms min (target < {DP_TARGET_MS} ms for the median: {verdict})"
     )
-
-    scale_rows = []
-    with tempfile.TemporaryDirectory(prefix="gdro-bench-") as tmp:
-        for num in scale:
-            scale_rows.append(scale_row(num, args.visits, 512, repeats, Path(tmp)))
-        if full_window:
-            scale_rows.append(scale_row(full_window, 100, 512, repeats, Path(tmp)))
-    base = scale_rows[0]["step_ms"]
-    for row in scale_rows:
-        row["step_vs_first"] = row["step_ms"] / base
-    results["scale"] = scale_rows
+    results["scale"] = scaled = scale_rows(args, repeats)
     print_table(
         "Classifier at scale (window 100; step = bins + observe of 512 prompts; times in s unless ms)",
-        scale_rows,
-        [
-            ("seen_prompts", "seen prompts", ","),
-            ("visits_per_prompt", "visits each", ""),
-            ("fill_s", "fill s", ".2f"),
-            ("first_step_ms", "first step ms", ".1f"),
-            ("step_ms", "median step ms", ".3f"),
-            ("step_max_ms", "max later step ms", ".1f"),
-            ("step_vs_first", "median step vs first row", ".2f"),
-            ("memory_bytes_per_prompt", "RAM B/prompt", ".1f"),
-            ("state_bytes_per_prompt", "state B/prompt", ".1f"),
-            ("checkpoint_mb", "npz MiB", ".1f"),
-            ("state_dict_s", "state_dict", ".3f"),
-            ("savez_s", "savez", ".3f"),
-            ("npload_s", "np.load", ".3f"),
-            ("load_state_dict_s", "load_state_dict", ".3f"),
-            ("save_load_s", "save+load", ".3f"),
-            ("pickle_save_load_s", "pickle save+load", ".3f"),
-        ],
+        scaled, SCALE_COLUMNS,
     )
     results["load_average_end"] = os.getloadavg()[0]
     print(f"\nload average at the end: {results['load_average_end']:.1f}")
