@@ -48,19 +48,10 @@ def digest(preset: str, adversary: str, prompts: int, steps: int = 60, width: in
     """sha256 of every value of ``steps`` synthetic trainer steps of one configuration."""
     import torch
     from omegaconf import OmegaConf
-    from verl.trainer.ppo.ray_trainer import compute_advantage
 
     import verl_gdro.integration.estimator  # noqa: F401  (registers gdro_grpo)
-    from verl_gdro.integration.glue import acc_from_extra_fields, consume, observe_update
     from verl_gdro.integration.ledger import DispatchLedger
-    from verl_gdro.integration.reads import padded_numpy as _padded_numpy
-    from verl_gdro.step.context import gdro_step, uid_keys
     from verl_gdro.step.controller import GDROController
-
-    here = str(Path(__file__).resolve().parent)
-    if here not in sys.path:
-        sys.path.insert(0, here)
-    from overhead import TokenArrays, make_batch
 
     torch.set_num_threads(1)
     rng = np.random.default_rng(prompts + len(adversary))
@@ -72,49 +63,77 @@ def digest(preset: str, adversary: str, prompts: int, steps: int = 60, width: in
     true_p = rng.beta(0.35, 0.5, size=2000)
     record: list[Any] = []
     for step in range(1, steps + 1):
-        stable = rng.choice(2000, size=prompts, replace=False).astype(np.int64)
-        verl_uids = [str(uuid.UUID(int=int(rng.integers(2**63)))) for _ in range(prompts)]
-        plan = ctrl.decide(stable)
-        n = plan.rollout_n
-        ledger.dispatch(verl_uids, plan.uids, plan.bins, n, step=step)
-        acc = (rng.random(int(n.sum())) < np.repeat(true_p[stable], n)).astype(np.float64)
-        keep = np.ones(prompts, dtype=bool)
-        if step % 3 == 0:  # the replay buffer filters two groups before the advantage stage
-            starts = np.concatenate([[0], np.cumsum(n)[:-1]])
-            for j in (1, 5):
-                ledger.drop(verl_uids[j], acc[starts[j]:starts[j] + n[j]].tolist(), "filtered")
-                keep[j] = False
-        rows_kept = np.repeat(keep, n)
-        acc_kept = acc[rows_kept]
-        tokens = TokenArrays(int(rows_kept.sum()), width, rng)
-        data = make_batch(tokens, np.array(verl_uids, dtype=object)[keep], n[keep], acc_kept)
-        uids = uid_keys(np.repeat(np.array(verl_uids, dtype=object), n)[rows_kept].tolist())
-        consumed = consume(ledger, ctrl, uids, [{} for _ in uids])
-        values, _ = acc_from_extra_fields([{"reward_extra_info": {"acc": a}} for a in acc_kept.tolist()],
-                                          consumed.rows, "acc")
-        assert values is not None
-        mult = ctrl.advantage_multipliers(consumed.group_index)
-        table, row_plan = consumed.estimator_inputs(mult)
-        dropped_index, dropped_acc = consumed.dropped()
-        surrogate = ctrl.settings.prompt.loss_signal != "failure_rate"
-
-        if not surrogate:  # the trainer's order: before verl's estimator for the failure rate
-            metrics = observe_update(ledger, ctrl, consumed, values, step)
-        with gdro_step(table, settings=ctrl.settings, rows=row_plan, norm_adv_by_std=True):
-            compute_advantage(data, "gdro_grpo", norm_adv_by_std_in_grpo=True, config=algo)
-        if surrogate:
-            extra: dict[str, np.ndarray] = {}
-            for name, key in (("response_mask", "response_mask"), ("old_log_probs", "old_log_probs"),
-                              ("advantages", "advantages"), ("ref_log_probs", "ref_log_prob")):
-                arr = _padded_numpy(data.batch[key], consumed.rows)
-                if dropped_index.size:  # as the trainer pads the removed groups' token rows
-                    arr = np.concatenate([arr, np.zeros((dropped_index.size, arr.shape[1]), dtype=arr.dtype)])
-                extra[name] = arr
-            metrics = observe_update(ledger, ctrl, consumed, values, step, **extra)  # after: reads the advantages
+        plan, data, uids, acc_kept = generate(ctrl, ledger, rng, true_p, prompts, step, width)
+        mult, metrics = advantage_stage(ctrl, ledger, algo, data, uids, acc_kept, step)
         metrics.pop("gdro/controller_time_s")
-        record.append([plan.bins, n, mult, data.batch["advantages"].numpy(), metrics])
+        record.append([plan.bins, plan.rollout_n, mult, data.batch["advantages"].numpy(), metrics])
     record.append(ctrl.state_dict())
     return hashlib.sha256(repr(canonical(record)).encode()).hexdigest()
+
+
+def generate(ctrl: Any, ledger: Any, rng: np.random.Generator, true_p: np.ndarray, prompts: int, step: int,
+             width: int) -> tuple[Any, Any, list[str], np.ndarray]:
+    """Decide and dispatch a step, draw its outcomes, filter two groups every third step (the
+    replay buffer's DAPO filter, before the advantage stage) and build the kept rows' batch."""
+    from verl_gdro.step.context import uid_keys
+
+    here = str(Path(__file__).resolve().parent)
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    from overhead import TokenArrays, make_batch
+
+    stable = rng.choice(2000, size=prompts, replace=False).astype(np.int64)
+    verl_uids = [str(uuid.UUID(int=int(rng.integers(2**63)))) for _ in range(prompts)]
+    plan = ctrl.decide(stable)
+    n = plan.rollout_n
+    ledger.dispatch(verl_uids, plan.uids, plan.bins, n, step=step)
+    acc = (rng.random(int(n.sum())) < np.repeat(true_p[stable], n)).astype(np.float64)
+    keep = np.ones(prompts, dtype=bool)
+    if step % 3 == 0:
+        starts = np.concatenate([[0], np.cumsum(n)[:-1]])
+        for j in (1, 5):
+            ledger.drop(verl_uids[j], acc[starts[j]:starts[j] + n[j]].tolist(), "filtered")
+            keep[j] = False
+    rows_kept = np.repeat(keep, n)
+    acc_kept = acc[rows_kept]
+    tokens = TokenArrays(int(rows_kept.sum()), width, rng)
+    data = make_batch(tokens, np.array(verl_uids, dtype=object)[keep], n[keep], acc_kept)
+    uids = uid_keys(np.repeat(np.array(verl_uids, dtype=object), n)[rows_kept].tolist())
+    return plan, data, uids, acc_kept
+
+
+def advantage_stage(ctrl: Any, ledger: Any, algo: Any, data: Any, uids: list[str], acc_kept: np.ndarray,
+                    step: int) -> tuple[np.ndarray, dict[str, Any]]:
+    """The trainer's ``_compute_advantage``: consume, multipliers, verl's stage with ``gdro_grpo``,
+    the controller's update (before the estimator for the failure rate, after it with the token
+    arrays for the surrogate signals)."""
+    from verl.trainer.ppo.ray_trainer import compute_advantage
+
+    from verl_gdro.integration.glue import acc_from_extra_fields, consume, observe_update
+    from verl_gdro.integration.reads import padded_numpy as _padded_numpy
+    from verl_gdro.step.context import gdro_step
+
+    consumed = consume(ledger, ctrl, uids, [{} for _ in uids])
+    values, _ = acc_from_extra_fields([{"reward_extra_info": {"acc": a}} for a in acc_kept.tolist()],
+                                      consumed.rows, "acc")
+    assert values is not None
+    mult = ctrl.advantage_multipliers(consumed.group_index)
+    table, row_plan = consumed.estimator_inputs(mult)
+    dropped_index, _ = consumed.dropped()
+    if ctrl.settings.prompt.loss_signal == "failure_rate":
+        metrics = observe_update(ledger, ctrl, consumed, values, step)
+    with gdro_step(table, settings=ctrl.settings, rows=row_plan, norm_adv_by_std=True):
+        compute_advantage(data, "gdro_grpo", norm_adv_by_std_in_grpo=True, config=algo)
+    if ctrl.settings.prompt.loss_signal != "failure_rate":
+        extra: dict[str, np.ndarray] = {}
+        for name, key in (("response_mask", "response_mask"), ("old_log_probs", "old_log_probs"),
+                          ("advantages", "advantages"), ("ref_log_probs", "ref_log_prob")):
+            arr = _padded_numpy(data.batch[key], consumed.rows)
+            if dropped_index.size:  # as the trainer pads the removed groups' token rows
+                arr = np.concatenate([arr, np.zeros((dropped_index.size, arr.shape[1]), dtype=arr.dtype)])
+            extra[name] = arr
+        metrics = observe_update(ledger, ctrl, consumed, values, step, **extra)  # after: reads the advantages
+    return mult, metrics
 
 
 def main(argv: list[str] | None = None) -> int:
