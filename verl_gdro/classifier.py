@@ -15,6 +15,7 @@ import numbers
 from collections.abc import Iterator, Mapping, Sequence
 from functools import lru_cache
 from itertools import repeat
+from operator import attrgetter
 from typing import Any
 
 import numpy as np
@@ -347,39 +348,15 @@ def _has_duplicates(values: np.ndarray) -> bool:
 _CHUNK_ROWS = 1 << 16
 
 
-def _row_blocks(lengths: np.ndarray, width: int) -> Iterator[tuple[slice, np.ndarray | None, int]]:
-    """Cache-sized blocks of ring rows: (rows, the mask of each row's first ``lengths[i]`` cells or
-    None when all are full, the cell count)."""
+def _ring_blocks(lengths: np.ndarray, width: int) -> Iterator[tuple[slice, np.ndarray | None, slice]]:
+    """Cache-sized blocks of ring rows for packing row i's first ``lengths[i]`` cells into one flat
+    array: (rows, the mask of those cells or None when all are full, their place in the flat array)."""
     cols = np.arange(width)
+    pos = 0
     for start in range(0, lengths.size, _CHUNK_ROWS):
         m = lengths[start : start + _CHUNK_ROWS]
-        yield slice(start, start + m.size), None if m.min() == width else cols[None, :] < m[:, None], int(m.sum())
-
-
-def _pack_rows(succ: np.ndarray, trials: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Concatenate the first ``lengths[i]`` cells of row i of both ring buffers."""
-    total = int(lengths.sum())
-    out = np.empty(total, dtype=np.uint8), np.empty(total, dtype=np.uint8)
-    pos = 0
-    for rows, mask, count in _row_blocks(lengths, succ.shape[1]):
-        for flat, ring in zip(out, (succ, trials)):
-            flat[pos : pos + count] = ring[rows].ravel() if mask is None else ring[rows][mask]
-        pos += count
-    return out
-
-
-def _unpack_rows(
-    flat_s: np.ndarray, flat_t: np.ndarray, lengths: np.ndarray, succ: np.ndarray, trials: np.ndarray
-) -> None:
-    """Inverse of :func:`_pack_rows`, writing into zero-filled ring buffers."""
-    pos = 0
-    for rows, mask, count in _row_blocks(lengths, succ.shape[1]):
-        for flat, ring in ((flat_s, succ), (flat_t, trials)):
-            block = ring[rows]
-            if mask is None:
-                block[...] = flat[pos : pos + count].reshape(block.shape)
-            else:
-                block[mask] = flat[pos : pos + count]
+        count = int(m.sum())
+        yield slice(start, start + m.size), None if m.min() == width else cols[None, :] < m[:, None], slice(pos, pos + count)
         pos += count
 
 
@@ -448,6 +425,11 @@ def _checked_visits(uids: Any, successes: Any, trials: Any) -> tuple[np.ndarray,
     return u, s, t
 
 
+#: the per-prompt arrays of :class:`_VisitHistory` beside the rings: (dtype, the value of an unused slot)
+_COLUMNS = {"uids": (np.int64, 0), "visits": (np.int64, 0), "succ_sum": (np.int64, 0), "trials_sum": (np.int64, 0),
+            "bin": (np.int8, _NO_BIN)}
+
+
 class _VisitHistory:
     """Every seen prompt's last ``window`` visits by slot: uint8 rings ``[slots, width]`` (width and
     rows grow by doubling; unvisited cells are 0) with their window sums kept in step, the visit
@@ -455,15 +437,11 @@ class _VisitHistory:
     while every uid is in [0, :data:`_DENSE_UIDS`), and a cache of recent lookups."""
 
     def __init__(self, window: int, capacity: int = 0, width: int = 1, index: _UidIndex | None = None) -> None:
-        self.window = window
-        self.n, self.cap, self.width = 0, capacity, width
-        self.uids = np.zeros(capacity, dtype=np.int64)
-        self.succ = np.zeros((capacity, width), dtype=np.uint8)
-        self.trials = np.zeros((capacity, width), dtype=np.uint8)
-        self.succ_sum = np.zeros(capacity, dtype=np.int64)
-        self.trials_sum = np.zeros(capacity, dtype=np.int64)
-        self.visits = np.zeros(capacity, dtype=np.int64)
-        self.bin = np.full(capacity, _NO_BIN, dtype=np.int8)
+        self.window, self.n, self.cap, self.width = window, 0, 0, width
+        self.succ = self.trials = np.zeros((0, width), dtype=np.uint8)
+        for name, (dtype, _) in _COLUMNS.items():
+            setattr(self, name, np.zeros(0, dtype=dtype))
+        self.resize(capacity, width)
         self.index = _UidIndex(2 * capacity) if index is None else index
         self.slot_cache: dict[int, int] = {}
         self.dense: np.ndarray | None = np.zeros(0, dtype=np.int32)  # slot + 1 by uid; None: a uid outside
@@ -488,11 +466,8 @@ class _VisitHistory:
         self.succ = moved(self.succ, 0, (capacity, width))
         self.trials = moved(self.trials, 0, (capacity, width))
         if capacity != self.cap:
-            self.uids = moved(self.uids, 0, (capacity,))
-            self.visits = moved(self.visits, 0, (capacity,))
-            self.succ_sum = moved(self.succ_sum, 0, (capacity,))
-            self.trials_sum = moved(self.trials_sum, 0, (capacity,))
-            self.bin = moved(self.bin, _NO_BIN, (capacity,))
+            for name, (_, fill) in _COLUMNS.items():
+                setattr(self, name, moved(getattr(self, name), fill, (capacity,)))
         self.cap, self.width = capacity, width
 
     def reserve(self, rows: int, width: int) -> None:
@@ -507,8 +482,7 @@ class _VisitHistory:
         self.index.reserve(rows, self.uids)
 
     def memory_bytes(self) -> int:
-        arrays = [self.uids, self.succ, self.trials, self.visits, self.bin, self.succ_sum, self.trials_sum,
-                  self.index.table]
+        arrays = [self.succ, self.trials, self.index.table, *(getattr(self, name) for name in _COLUMNS)]
         return int(sum(a.nbytes for a in arrays)) + (0 if self.dense is None else self.dense.nbytes)
 
     def index_dense(self, uids: np.ndarray, slots: np.ndarray) -> None:
@@ -588,7 +562,11 @@ class _VisitHistory:
     def arrays(self) -> dict[str, np.ndarray]:
         """The per-prompt part of the classifier's state (copies; the rings packed, see ``state_dict``)."""
         n = self.n
-        succ, trials = _pack_rows(self.succ, self.trials, np.minimum(self.visits[:n], self.window))
+        lengths = np.minimum(self.visits[:n], self.window)
+        succ, trials = np.empty(int(lengths.sum()), dtype=np.uint8), np.empty(int(lengths.sum()), dtype=np.uint8)
+        for rows, mask, cells in _ring_blocks(lengths, self.width):
+            for flat, ring in ((succ, self.succ), (trials, self.trials)):
+                flat[cells] = ring[rows].ravel() if mask is None else ring[rows][mask]
         return {"uids": self.uids[:n].copy(), "visits": self.visits[:n].copy(), "committed_bin": self.bin[:n].copy(),
                 "successes": succ, "trials": trials}
 
@@ -597,18 +575,21 @@ class _VisitHistory:
         cls, window: int, uids: np.ndarray, visits: np.ndarray, committed: np.ndarray, succ: np.ndarray,
         trials: np.ndarray, index: _UidIndex,
     ) -> _VisitHistory:
-        """A history holding checked checkpoint arrays (the inverse of :meth:`packed`)."""
+        """A history holding checked checkpoint arrays (the inverse of :meth:`arrays`)."""
         n = uids.shape[0]
         recorded = np.minimum(visits, window)
         h = cls(window, n, max(1, int(recorded.max())) if n else 1, index)
         h.n = n
         h.uids[:], h.visits[:], h.bin[:] = uids, visits, committed
         h.index_dense(h.uids[:n], np.arange(n, dtype=np.int64))
-        _unpack_rows(succ, trials, recorded, h.succ, h.trials)
-        for ring, sums in ((h.succ, h.succ_sum), (h.trials, h.trials_sum)):
-            for start in range(0, n, _CHUNK_ROWS):  # chunks keep the int64 temporaries small
-                stop = min(n, start + _CHUNK_ROWS)
-                sums[start:stop] = ring[start:stop].sum(axis=1, dtype=np.int64)
+        for rows, mask, cells in _ring_blocks(recorded, h.width):  # blocks keep the int64 temporaries small
+            for flat, ring, sums in ((succ, h.succ, h.succ_sum), (trials, h.trials, h.trials_sum)):
+                block = ring[rows]
+                if mask is None:
+                    block[...] = flat[cells].reshape(block.shape)
+                else:
+                    block[mask] = flat[cells]
+                sums[rows] = block.sum(axis=1, dtype=np.int64)
         return h
 
 
@@ -711,40 +692,19 @@ class OnlineDifficultyClassifier:
 
     # -- configuration ---------------------------------------------------------------------
 
-    @property
-    def num_bins(self) -> int:
-        """B, the number of bins."""
-        return self._num_bins
+    # read-only views of the settings (and the count of prompts seen)
+    num_bins = property(attrgetter("_num_bins"), doc="B, the number of bins.")
+    window = property(attrgetter("_window"), doc="H, the visits kept per prompt.")
+    k = property(attrgetter("_k"), doc="k of pass@k.")
+    hysteresis = property(attrgetter("_hysteresis"), doc="delta, the hysteresis margin.")
+    estimator = property(attrgetter("_estimator"), doc="One of :data:`ESTIMATORS`.")
+    unseen_bin = property(attrgetter("_unseen_bin"), doc="The bin reported for a prompt never observed.")
+    num_seen = property(attrgetter("_history.n"), doc="Number of distinct prompts observed at least once.")
 
     @property
     def bin_edges(self) -> np.ndarray:
         """The B-1 inner edges (a copy)."""
         return self._edges.copy()
-
-    @property
-    def window(self) -> int:
-        return self._window
-
-    @property
-    def k(self) -> int:
-        return self._k
-
-    @property
-    def hysteresis(self) -> float:
-        return self._hysteresis
-
-    @property
-    def estimator(self) -> str:
-        return self._estimator
-
-    @property
-    def unseen_bin(self) -> int:
-        return self._unseen_bin
-
-    @property
-    def num_seen(self) -> int:
-        """Number of distinct prompts observed at least once."""
-        return self._history.n
 
     def _config(self) -> dict[str, Any]:
         return {"bin_edges": self._edges, "window": self._window, "hysteresis": self._hysteresis, "k": self._k,
