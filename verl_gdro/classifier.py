@@ -12,7 +12,7 @@ dict of numpy arrays and the hash table is rebuilt on load.
 from __future__ import annotations
 
 import numbers
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from functools import lru_cache
 from itertools import repeat
 from operator import attrgetter
@@ -174,10 +174,7 @@ class _UidIndex:
     array of ``slot + 1`` (0 = empty), vectorised over the batch per probe round; no deletions."""
 
     def __init__(self, capacity: int = 1024) -> None:
-        cap = 1024
-        while cap < capacity:
-            cap *= 2
-        self.table = np.zeros(cap, dtype=np.int32)
+        self.table = np.zeros(max(1024, 1 << (int(capacity) - 1).bit_length()), dtype=np.int32)  # a power of 2
         self.size = 0
 
     def _start(self, keys: np.ndarray) -> np.ndarray:
@@ -291,13 +288,9 @@ class _UidIndex:
         """Make room for ``n`` stored keys (load <= 1/2), rehashing ``slot_uids[:size]`` if needed."""
         if n > MAX_PROMPTS:
             raise ValueError(f"the classifier holds at most {MAX_PROMPTS} prompts, asked for {n}")
-        if 2 * n <= self.table.size:
-            return
-        cap = self.table.size
-        while 2 * n > cap:
-            cap *= 2
-        rebuilt = _UidIndex.build(slot_uids[: self.size], cap)
-        self.table, self.size = rebuilt.table, rebuilt.size
+        if 2 * n > self.table.size:  # the next power of 2 >= 2n, larger than the table
+            rebuilt = _UidIndex.build(slot_uids[: self.size], 2 * n)
+            self.table, self.size = rebuilt.table, rebuilt.size
 
 
 # ---------------------------------------------------------------------------------------------
@@ -360,11 +353,6 @@ def _ring_blocks(lengths: np.ndarray, width: int) -> Iterator[tuple[slice, np.nd
         pos += count
 
 
-def _any_greater(a: np.ndarray, b: np.ndarray, chunk: int = 1 << 22) -> bool:
-    """``np.any(a > b)`` without a full-size boolean temporary."""
-    return any(bool(np.any(a[i : i + chunk] > b[i : i + chunk])) for i in range(0, a.size, chunk))
-
-
 def _validate_edges(bin_edges: Any, num_bins: Any) -> np.ndarray:
     """The inner edges, checked; ``num_bins`` must agree with them or stay at its default 10."""
     num_bins = _check_int("num_bins", num_bins, 1, MAX_NUM_BINS)
@@ -391,38 +379,6 @@ def _validate_edges(bin_edges: Any, num_bins: Any) -> np.ndarray:
             f"{implied} bins (pass num_bins={implied} or leave it at its default)"
         )
     return edges
-
-
-def _check_hysteresis(hysteresis: Any, full_edges: np.ndarray) -> float:
-    narrowest = float(np.diff(full_edges).min())
-    if (
-        isinstance(hysteresis, bool)
-        or not isinstance(hysteresis, numbers.Real)
-        or not np.isfinite(hysteresis)
-        or not 0.0 <= float(hysteresis) < narrowest
-    ):
-        raise ValueError(
-            f"hysteresis must be in [0, {narrowest:g}) (smaller than the narrowest bin), got {hysteresis!r}"
-        )
-    return float(hysteresis)
-
-
-def _checked_visits(uids: Any, successes: Any, trials: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The arguments of :meth:`OnlineDifficultyClassifier.observe` as int64 arrays, checked."""
-    u = int_array("uids", uids)
-    s = int_array("successes", successes)
-    t = int_array("trials", trials)
-    if not (u.size == s.size == t.size):
-        raise ValueError(f"uids, successes and trials must have equal lengths, got {u.size}, {s.size}, {t.size}")
-    if u.size == 0:
-        return u, s, t
-    if _has_duplicates(u):
-        raise ValueError("uids must be distinct within one observe() call (one visit per prompt per step)")
-    if t.min() < 1 or t.max() > MAX_TRIALS_PER_VISIT:
-        raise ValueError(f"trials must be in [1, {MAX_TRIALS_PER_VISIT}] per visit, got range [{t.min()}, {t.max()}]")
-    if s.min() < 0 or np.any(s > t):
-        raise ValueError("successes must be in [0, trials] for every prompt")
-    return u, s, t
 
 
 #: the per-prompt arrays of :class:`_VisitHistory` beside the rings: (dtype, the value of an unused slot)
@@ -599,26 +555,22 @@ _CONFIG = {"bin_edges": (np.asarray, np.float64), "window": (int, np.int64), "hy
 _STATE_KEYS = ("version", *_CONFIG, "uids", "visits", "committed_bin", "successes", "trials")
 
 
-def _saved_config(state: Mapping[str, Any]) -> dict[str, Any]:
-    """The settings a classifier state was saved under, after its keys and version are checked."""
+def _config_differences(state: Mapping[str, Any], mine: Mapping[str, Any]) -> list[str]:
+    """One line per setting a state was saved under that differs from ``mine``, after the state's
+    keys and version are checked."""
     missing = [key for key in _STATE_KEYS if key not in state]
     if missing:
         raise ValueError(f"classifier state is missing keys {missing}")
     version = int(np.asarray(state["version"]))
     if version != _STATE_VERSION:
         raise ValueError(f"classifier state has version {version}; this code reads version {_STATE_VERSION}")
-    return {key: read(np.asarray(state[key], dtype=np.float64) if key == "bin_edges" else np.asarray(state[key]))
-            for key, (read, _) in _CONFIG.items()}
-
-
-def _config_differences(saved: Mapping[str, Any], mine: Mapping[str, Any]) -> list[str]:
-    """One line per setting a state was saved under that differs from this classifier's."""
+    saved = {key: read(np.asarray(state[key], dtype=np.float64) if key == "bin_edges" else np.asarray(state[key]))
+             for key, (read, _) in _CONFIG.items()}
     differ = []
     for key, value in saved.items():
         ours = mine[key]
         if not (np.array_equal(value, ours) if key == "bin_edges" else value == ours):
-            shown = value.tolist() if isinstance(value, np.ndarray) else value
-            ours_shown = ours.tolist() if isinstance(ours, np.ndarray) else ours
+            shown, ours_shown = (v.tolist() if isinstance(v, np.ndarray) else v for v in (value, ours))
             differ.append(f"{key}: saved {shown!r}, configured {ours_shown!r}")
     return differ
 
@@ -649,7 +601,8 @@ def _checked_arrays(state: Mapping[str, Any], window: int, num_bins: int) -> tup
             raise ValueError(f"classifier state 'committed_bin' must be in [-1, {num_bins - 1}]")
         if trials.min() < 1:
             raise ValueError("classifier state 'trials' must be >= 1 for every recorded visit")
-        if _any_greater(succ, trials):
+        chunk = 1 << 22  # np.any(succ > trials) without a full-size boolean temporary
+        if any(np.any(succ[i : i + chunk] > trials[i : i + chunk]) for i in range(0, succ.size, chunk)):
             raise ValueError("classifier state 'successes' exceeds 'trials'")
     if n > MAX_PROMPTS:
         raise ValueError(f"classifier state holds {n} prompts; at most {MAX_PROMPTS} allowed")
@@ -684,7 +637,13 @@ class OnlineDifficultyClassifier:
         if estimator not in ESTIMATORS:
             raise ValueError(f"estimator must be one of {list(ESTIMATORS)}, got {estimator!r}")
         self._estimator = str(estimator)
-        self._hysteresis = _check_hysteresis(hysteresis, self._full_edges)
+        narrowest = float(np.diff(self._full_edges).min())
+        if (isinstance(hysteresis, bool) or not isinstance(hysteresis, numbers.Real) or not np.isfinite(hysteresis)
+                or not 0.0 <= float(hysteresis) < narrowest):
+            raise ValueError(
+                f"hysteresis must be in [0, {narrowest:g}) (smaller than the narrowest bin), got {hysteresis!r}"
+            )
+        self._hysteresis = float(hysteresis)
         self._thresholds = hysteresis_thresholds(self._full_edges, self._hysteresis)
         self._snapped_edges = snap(edges)  # raw_bin's edges on the snap grid, fixed like the thresholds
         self._unseen_bin = _check_int("unseen_bin", unseen_bin, 0, self._num_bins - 1)
@@ -719,20 +678,36 @@ class OnlineDifficultyClassifier:
     def observe(self, uids: Any, successes: Any, trials: Any) -> None:
         """Push one visit per distinct prompt (``successes`` of ``trials`` <= 255 rollouts); all is
         checked before anything is written, so a rejected call changes nothing."""
-        u, s, t = _checked_visits(uids, successes, trials)
-        if u.size:
-            self.observe_prepared(u, s, t)
+        u, s, t = (int_array(name, v) for name, v in (("uids", uids), ("successes", successes), ("trials", trials)))
+        if not (u.size == s.size == t.size):
+            raise ValueError(f"uids, successes and trials must have equal lengths, got {u.size}, {s.size}, {t.size}")
+        if u.size == 0:
+            return
+        if _has_duplicates(u):
+            raise ValueError("uids must be distinct within one observe() call (one visit per prompt per step)")
+        if t.min() < 1 or t.max() > MAX_TRIALS_PER_VISIT:
+            raise ValueError(f"trials must be in [1, {MAX_TRIALS_PER_VISIT}] per visit, got range [{t.min()}, {t.max()}]")
+        if s.min() < 0 or np.any(s > t):
+            raise ValueError("successes must be in [0, trials] for every prompt")
+        self.observe_prepared(u, s, t)
 
     def observe_prepared(self, uids: np.ndarray, successes: np.ndarray, trials: np.ndarray) -> None:
         """:meth:`observe` without its checks, for inputs the controller builds valid every step:
         int64 1-D arrays of one length >= 1, distinct ``uids``, 1 <= trials <= 255, 0 <= s <= t."""
         self._history.push(uids, successes, trials)
 
-    def _seen(self, uids: Any) -> tuple[np.ndarray, np.ndarray]:
-        """(the slots of the uids observed before, which uids those are)."""
+    def _per_uid(
+        self, uids: Any, fill: float, dtype: type, read: Callable[[np.ndarray], Sequence[np.ndarray]], count: int = 1
+    ) -> tuple[np.ndarray, ...]:
+        """``count`` arrays of ``dtype`` per uid: ``read(slots)`` of the uids observed before, ``fill``
+        for the others."""
         slots = self._history.slots(int_array("uids", uids))
         seen = slots >= 0
-        return slots[seen], seen
+        outs = tuple(np.full(seen.size, fill, dtype=dtype) for _ in range(count))
+        if seen.any():
+            for out, values in zip(outs, read(slots[seen])):
+                out[seen] = values
+        return outs
 
     def _estimate_slots(self, slots: np.ndarray) -> np.ndarray:
         """Estimate for existing slots (all with >= 1 visit), on the :func:`snap` grid."""
@@ -744,34 +719,20 @@ class OnlineDifficultyClassifier:
     def pass_at_k(self, uids: Any) -> np.ndarray:
         """The section-1 estimate per uid on the :func:`snap` grid (the values the bins come from); NaN
         for a uid never observed."""
-        sl, seen = self._seen(uids)
-        out = np.full(seen.size, np.nan, dtype=np.float64)
-        if sl.size:
-            out[seen] = self._estimate_slots(sl)
-        return out
+        return self._per_uid(uids, np.nan, np.float64, lambda sl: (self._estimate_slots(sl),))[0]
 
-    def window_counts(self, uids: Any) -> tuple[np.ndarray, np.ndarray]:
+    def window_counts(self, uids: Any) -> tuple[np.ndarray, ...]:
         """(successes, trials) per uid pooled over its window, (0, 0) if never observed: what a
         per-prompt allocator reads (:func:`verl_gdro.rollout_gdro.smoothed_rate`)."""
-        sl, seen = self._seen(uids)
-        s_out = np.zeros(seen.size, dtype=np.int64)
-        t_out = np.zeros(seen.size, dtype=np.int64)
-        if sl.size:
-            s_out[seen] = self._history.succ_sum[sl]
-            t_out[seen] = self._history.trials_sum[sl]
-        return s_out, t_out
+        h = self._history
+        return self._per_uid(uids, 0, np.int64, lambda sl: (h.succ_sum[sl], h.trials_sum[sl]), 2)
 
-    def decayed_counts(self, uids: Any, decay: float) -> tuple[np.ndarray, np.ndarray]:
+    def decayed_counts(self, uids: Any, decay: float) -> tuple[np.ndarray, ...]:
         """:meth:`window_counts` with the visit of age a weighted by ``decay ** a``, to follow a
         policy that has just learned a prompt; read from the rings, so it adds no state."""
         if not (isinstance(decay, (int, float, np.floating)) and 0.0 < float(decay) <= 1.0):
             raise ValueError(f"decay must be in (0, 1], got {decay!r}")
-        sl, seen = self._seen(uids)
-        s_out = np.zeros(seen.size, dtype=np.float64)
-        t_out = np.zeros(seen.size, dtype=np.float64)
-        if sl.size:
-            s_out[seen], t_out[seen] = self._history.decayed(sl, float(decay))
-        return s_out, t_out
+        return self._per_uid(uids, 0.0, np.float64, lambda sl: self._history.decayed(sl, float(decay)), 2)
 
     def raw_bins(self, p: Any) -> np.ndarray:
         """Raw bin of each estimate in ``p`` (no hysteresis): the number of inner edges <= p."""
@@ -806,10 +767,7 @@ class OnlineDifficultyClassifier:
 
     def committed_bins(self, uids: Any) -> np.ndarray:
         """The last committed bin per uid without classifying (-1 = none yet / never seen)."""
-        sl, seen = self._seen(uids)
-        out = np.full(seen.size, _NO_BIN, dtype=np.int64)
-        out[seen] = self._history.bin[sl]
-        return out
+        return self._per_uid(uids, _NO_BIN, np.int64, lambda sl: (self._history.bin[sl],))[0]
 
     # -- checkpointing -----------------------------------------------------------------------
 
@@ -826,7 +784,7 @@ class OnlineDifficultyClassifier:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore a :meth:`state_dict` (also via ``np.load``), all or nothing; a state saved under
         other settings (named) or with malformed arrays is refused."""
-        differ = _config_differences(_saved_config(state), self._config())
+        differ = _config_differences(state, self._config())
         if differ:
             raise ValueError("classifier state comes from a differently configured classifier: " + "; ".join(differ))
         uids, visits, cbin, succ, trials = _checked_arrays(state, self._window, self._num_bins)
