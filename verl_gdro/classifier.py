@@ -207,39 +207,29 @@ class _UidIndex:
                 p = (p + 1) & mask
         return out
 
-    def insert(self, keys: np.ndarray, slots: np.ndarray, slot_uids: np.ndarray | None = None) -> None:
-        """Insert absent keys with their slots; with ``slot_uids``, a duplicate met raises ValueError."""
+    def insert(self, keys: np.ndarray, slots: np.ndarray) -> None:
+        """Insert absent, distinct keys with their slots."""
         if 2 * (self.size + keys.size) > self.table.size:
             raise AssertionError("_UidIndex.insert needs reserve() first")
+        mask, table = self.table.size - 1, self.table
         for start in range(0, keys.size, _INSERT_CHUNK):
-            self._insert_chunk(keys[start : start + _INSERT_CHUNK], slots[start : start + _INSERT_CHUNK], slot_uids)
+            pos = self._start(keys[start : start + _INSERT_CHUNK])
+            value = slots[start : start + _INSERT_CHUNK].astype(np.int32) + 1
+            for _ in range(_VECTOR_ROUNDS):
+                if pos.size == 0:
+                    break
+                free = table[pos] == 0
+                # Keys racing for one free cell: write all, read back who won; a loser re-reads the
+                # cell next round, one that met an occupied cell moves on.
+                table[pos[free]] = value[free]
+                lost = table[pos] != value
+                step = np.where(free[lost], 0, 1)
+                pos, value = (pos[lost] + step) & mask, value[lost]
+            for p, v in zip(pos.tolist(), value.tolist()):
+                while int(table[p]) != 0:
+                    p = (p + 1) & mask
+                table[p] = v
         self.size += keys.size
-
-    def _insert_chunk(self, keys: np.ndarray, slots: np.ndarray, slot_uids: np.ndarray | None) -> None:
-        mask = self.table.size - 1
-        pos = self._start(keys)
-        value = slots.astype(np.int32) + 1
-        todo = np.arange(keys.size)
-        for _ in range(_VECTOR_ROUNDS):
-            if todo.size == 0:
-                return
-            cur = self.table[pos]
-            free = cur == 0
-            if slot_uids is not None and np.any(~free & (slot_uids[np.maximum(cur, 1) - 1] == keys[todo])):
-                raise ValueError("classifier state 'uids' holds duplicates")
-            # Keys racing for one free cell: write all, read back who won; a loser re-reads the
-            # cell next round (the winner may be its duplicate), one that met an occupied cell moves on.
-            self.table[pos[free]] = value[free]
-            lost = self.table[pos] != value
-            step = np.where(free[lost], 0, 1)
-            todo, pos, value = todo[lost], (pos[lost] + step) & mask, value[lost]
-        table = self.table
-        for i, p, v in zip(todo.tolist(), pos.tolist(), value.tolist()):
-            while (cur := int(table[p])) != 0:
-                if slot_uids is not None and int(slot_uids[cur - 1]) == int(keys[i]):
-                    raise ValueError("classifier state 'uids' holds duplicates")
-                p = (p + 1) & mask
-            table[p] = v
 
     @classmethod
     def build(cls, keys: np.ndarray, capacity: int, check_duplicates: bool = False) -> _UidIndex:
@@ -281,7 +271,7 @@ class _UidIndex:
         index.size = n - sum(o.size for o in overflow)
         if overflow:
             rest = np.concatenate(overflow)
-            index.insert(keys[rest], rest, slot_uids=keys if check_duplicates else None)
+            index.insert(keys[rest], rest)
         return index
 
     def reserve(self, n: int, slot_uids: np.ndarray) -> None:
@@ -428,11 +418,8 @@ class _VisitHistory:
 
     def reserve(self, rows: int, width: int) -> None:
         """Make room for ``rows`` prompts and ``width`` ring columns (width <= window)."""
-        cap, w = self.cap, self.width
-        if rows > cap:
-            cap = max(rows, 2 * cap, 64)
-        if width > w:
-            w = min(self.window, max(width, 2 * w))
+        cap = max(rows, 2 * self.cap, 64) if rows > self.cap else self.cap
+        w = min(self.window, max(width, 2 * self.width)) if width > self.width else self.width
         if (cap, w) != (self.cap, self.width):
             self.resize(cap, w)
         self.index.reserve(rows, self.uids)
@@ -463,8 +450,6 @@ class _VisitHistory:
         if dense is not None:
             if uids.size and uids.min() >= 0 and uids.max() < dense.size:  # two reductions, no mask
                 return np.subtract(dense[uids], 1, dtype=np.int64)
-            if uids.size == 0:
-                return np.zeros(0, dtype=np.int64)
             inside = (uids >= 0) & (uids < dense.size)
             slots = np.full(uids.size, -1, dtype=np.int64)
             slots[inside] = dense[uids[inside]].astype(np.int64) - 1
