@@ -238,12 +238,8 @@ class _UidIndex:
         pos_i = max(home_i, pos_{i-1} + 1); keys past the table's end take the probing insert."""
         index = cls(capacity)
         n = keys.size
-        if n == 0:
-            return index
         if check_duplicates and _has_duplicates(keys):
             raise ValueError("classifier state 'uids' holds duplicates")
-        if 2 * n > index.table.size:
-            raise AssertionError("_UidIndex.build: capacity too small")
         mask = index.table.size - 1
         packed = np.empty(n, dtype=np.uint64)
         for start in range(0, n, _INSERT_CHUNK):
@@ -320,9 +316,7 @@ def int_array(name: str, values: Any, integral_floats: bool = False, num_bins: i
 
 def _has_duplicates(values: np.ndarray) -> bool:
     """Sort-based duplicate check (np.unique hashes int64 and is ~50x slower at 1e6 entries)."""
-    if values.size < 2:
-        return False
-    if bool((values[1:] > values[:-1]).all()):  # strictly increasing (a sorted step): no sort needed
+    if bool((values[1:] > values[:-1]).all()):  # strictly increasing (a sorted step, or < 2 values): no sort needed
         return False
     ordered = np.sort(values)
     return bool(np.any(ordered[1:] == ordered[:-1]))
@@ -487,10 +481,9 @@ class _VisitHistory:
         # the ring column of this visit (before the ring is window wide none has wrapped: v % window == v)
         col = self.visits[slots] % self.window
         # the cell this visit overwrites (0 until the ring wraps) leaves the window sums
-        self.succ_sum[slots] += s - self.succ[slots, col]
-        self.trials_sum[slots] += t - self.trials[slots, col]
-        self.succ[slots, col] = s
-        self.trials[slots, col] = t
+        for ring, sums, x in ((self.succ, self.succ_sum, s), (self.trials, self.trials_sum, t)):
+            sums[slots] += x - ring[slots, col]
+            ring[slots, col] = x
         self.visits[slots] += 1
 
     def decayed(self, slots: np.ndarray, decay: float) -> tuple[np.ndarray, np.ndarray]:
@@ -614,7 +607,7 @@ class OnlineDifficultyClassifier:
         unseen_bin: int = 0,
     ) -> None:
         edges = _validate_edges(bin_edges, num_bins)
-        self._edges = edges
+        self._bin_edges = edges
         self._num_bins = edges.size + 1
         self._full_edges = np.concatenate([[0.0], edges, [1.0]])
         self._window = _check_int("window", window, 1)
@@ -648,11 +641,10 @@ class OnlineDifficultyClassifier:
     @property
     def bin_edges(self) -> np.ndarray:
         """The B-1 inner edges (a copy)."""
-        return self._edges.copy()
+        return self._bin_edges.copy()
 
     def _config(self) -> dict[str, Any]:
-        return {"bin_edges": self._edges, "window": self._window, "hysteresis": self._hysteresis, "k": self._k,
-                "estimator": self._estimator, "unseen_bin": self._unseen_bin}
+        return {key: getattr(self, f"_{key}") for key in _CONFIG}
 
     def memory_bytes(self) -> int:
         """Bytes held by the arrays (allocated capacity, including the uid hash table)."""
@@ -687,6 +679,8 @@ class OnlineDifficultyClassifier:
         """``count`` arrays of ``dtype`` per uid: ``read(slots)`` of the uids observed before, ``fill``
         for the others."""
         slots = self._history.slots(int_array("uids", uids))
+        if slots.size and slots.min() >= 0:  # every uid seen before (the usual step): no masks
+            return tuple(np.asarray(values, dtype=dtype) for values in read(slots))
         seen = slots >= 0
         outs = tuple(np.full(seen.size, fill, dtype=dtype) for _ in range(count))
         if seen.any():
@@ -724,20 +718,12 @@ class OnlineDifficultyClassifier:
         arr = np.asarray(p, dtype=np.float64)
         if arr.size and (not np.all(np.isfinite(arr)) or arr.min() < 0.0 or arr.max() > 1.0):
             raise ValueError("p must hold finite estimates in [0, 1]")
-        return raw_bin(arr, self._edges)
+        return raw_bin(arr, self._bin_edges)
 
     def bins(self, uids: Any) -> np.ndarray:
         """Current bin per uid (repeats allowed), with hysteresis against the committed bin, committed;
         ``unseen_bin``, not committed, for a uid never observed. Idempotent without a new visit."""
-        u = int_array("uids", uids)
-        slots = self._history.slots(u)
-        if u.size and slots.min() >= 0:  # every uid seen before (the usual step): no masks
-            return self._classify_slots(slots)
-        out = np.full(u.size, self._unseen_bin, dtype=np.int64)
-        seen = slots >= 0
-        if seen.any():
-            out[seen] = self._classify_slots(slots[seen])
-        return out
+        return self._per_uid(uids, self._unseen_bin, np.int64, lambda sl: (self._classify_slots(sl),))[0]
 
     def _classify_slots(self, sl: np.ndarray) -> np.ndarray:
         """Bins of existing slots with hysteresis against their committed bins, committed."""
