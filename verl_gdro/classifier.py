@@ -34,9 +34,7 @@ _STATE_VERSION = 1
 _NO_BIN = -1
 
 
-# ---------------------------------------------------------------------------------------------
-# The spec's rules, one function each.
-# ---------------------------------------------------------------------------------------------
+# ---- The spec's rules, one function each ----
 
 
 @lru_cache(maxsize=16)
@@ -66,10 +64,9 @@ def pooled_pass_at_k(successes: np.ndarray, trials: np.ndarray, k: int) -> np.nd
     ratio = np.multiply.reduce(factors, axis=0)
     if t.size == 0 or t.min() >= k:  # one reduction, no mask (the usual case)
         return 1.0 - ratio
-    big = t >= k
     with np.errstate(divide="ignore", invalid="ignore"):
         small = 1.0 - (1.0 - s / t) ** k
-    return np.where(big, 1.0 - ratio, small)
+    return np.where(t >= k, 1.0 - ratio, small)
 
 
 def any_of_n_rate(visit_successes: np.ndarray, num_visits: np.ndarray) -> np.ndarray:
@@ -138,9 +135,7 @@ def _hysteresis_keep(
     return np.where(keep, committed, raw).astype(np.int64, copy=False)
 
 
-# ---------------------------------------------------------------------------------------------
-# uid -> dense slot index: open addressing in one numpy array, probed vectorised over a batch.
-# ---------------------------------------------------------------------------------------------
+# ---- uid -> dense slot index: open addressing in one numpy array, probed vectorised over a batch ----
 
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
 _MIX2 = np.uint64(0x94D049BB133111EB)
@@ -279,17 +274,14 @@ class _UidIndex:
             self.table, self.size = rebuilt.table, rebuilt.size
 
 
-# ---------------------------------------------------------------------------------------------
-# Argument checks (ValueErrors naming the argument and the allowed range).
-# ---------------------------------------------------------------------------------------------
+# ---- Argument checks (ValueErrors naming the argument and the allowed range) ----
 
 
 def _check_int(name: str, value: Any, low: int, high: int | None = None) -> int:
-    rng = f"[{low}, {high}]" if high is not None else f">= {low}"
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise ValueError(f"{name} must be an integer {rng}, got {value!r}")
-    if int(value) < low or (high is not None and int(value) > high):
-        raise ValueError(f"{name} must be an integer {rng}, got {int(value)}")
+    integral = isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    if not integral or int(value) < low or (high is not None and int(value) > high):
+        rng = f"[{low}, {high}]" if high is not None else f">= {low}"
+        raise ValueError(f"{name} must be an integer {rng}, got {int(value) if integral else repr(value)}")
     return int(value)
 
 
@@ -418,10 +410,6 @@ class _VisitHistory:
             self.resize(cap, w)
         self.index.reserve(rows, self.uids)
 
-    def memory_bytes(self) -> int:
-        arrays = [self.succ, self.trials, self.index.table, *(getattr(self, name) for name in _COLUMNS)]
-        return int(sum(a.nbytes for a in arrays)) + (0 if self.dense is None else self.dense.nbytes)
-
     def index_dense(self, uids: np.ndarray, slots: np.ndarray) -> None:
         """Add uids to the direct-address table, or drop it until the next load for one outside it."""
         dense = self.dense
@@ -432,9 +420,8 @@ class _VisitHistory:
             self.dense = None
             return
         if high >= dense.size:
-            grown = np.zeros(min(_DENSE_UIDS, max(high + 1, 2 * dense.size, 1024)), dtype=np.int32)
-            grown[: dense.size] = dense
-            self.dense = dense = grown
+            grown = min(_DENSE_UIDS, max(high + 1, 2 * dense.size, 1024))
+            self.dense = dense = np.concatenate([dense, np.zeros(grown - dense.size, dtype=np.int32)])
         dense[uids] = slots.astype(np.int32) + 1
 
     def slots(self, uids: np.ndarray) -> np.ndarray:
@@ -627,9 +614,8 @@ class OnlineDifficultyClassifier:
         self._unseen_bin = _check_int("unseen_bin", unseen_bin, 0, self._num_bins - 1)
         self._history = _VisitHistory(self._window)
 
-    # -- configuration ---------------------------------------------------------------------
+    # -- configuration: read-only views of the settings ---------------------------------------
 
-    # read-only views of the settings (and the count of prompts seen)
     num_bins = property(attrgetter("_num_bins"), doc="B, the number of bins.")
     window = property(attrgetter("_window"), doc="H, the visits kept per prompt.")
     k = property(attrgetter("_k"), doc="k of pass@k.")
@@ -648,7 +634,9 @@ class OnlineDifficultyClassifier:
 
     def memory_bytes(self) -> int:
         """Bytes held by the arrays (allocated capacity, including the uid hash table)."""
-        return self._history.memory_bytes()
+        h = self._history
+        arrays = [h.succ, h.trials, h.index.table, *(getattr(h, name) for name in _COLUMNS)]
+        return int(sum(a.nbytes for a in arrays)) + (0 if h.dense is None else h.dense.nbytes)
 
     # -- the step API ----------------------------------------------------------------------
 
@@ -703,8 +691,7 @@ class OnlineDifficultyClassifier:
     def window_counts(self, uids: Any) -> tuple[np.ndarray, ...]:
         """(successes, trials) per uid pooled over its window, (0, 0) if never observed: what a
         per-prompt allocator reads (:func:`verl_gdro.rollout_gdro.smoothed_rate`)."""
-        h = self._history
-        return self._per_uid(uids, 0, np.int64, lambda sl: (h.succ_sum[sl], h.trials_sum[sl]), 2)
+        return self._per_uid(uids, 0, np.int64, lambda sl: (self._history.succ_sum[sl], self._history.trials_sum[sl]), 2)
 
     def decayed_counts(self, uids: Any, decay: float) -> tuple[np.ndarray, ...]:
         """:meth:`window_counts` with the visit of age a weighted by ``decay ** a``, to follow a
@@ -764,8 +751,5 @@ class OnlineDifficultyClassifier:
         self._history = _VisitHistory.restored(self._window, uids, visits, cbin, succ, trials, index)
 
     def __repr__(self) -> str:
-        return (
-            f"OnlineDifficultyClassifier(num_bins={self._num_bins}, window={self._window}, "
-            f"hysteresis={self._hysteresis}, k={self._k}, estimator={self._estimator!r}, "
-            f"unseen_bin={self._unseen_bin}, num_seen={self.num_seen})"
-        )
+        shown = ("num_bins", "window", "hysteresis", "k", "estimator", "unseen_bin", "num_seen")
+        return f"OnlineDifficultyClassifier({', '.join(f'{key}={getattr(self, key)!r}' for key in shown)})"
