@@ -1,12 +1,11 @@
-"""Online difficulty classifier (docs/algorithm.md section 1, paper section 3.1): per prompt (a
-stable int64 uid) the last ``window`` visits' (successes, trials), a pass@k estimate and a
-difficulty bin with hysteresis (bin 0 = hardest). Classify before step t, observe after it.
+"""Online difficulty classifier (docs/algorithm.md section 1, paper section 3.1): per prompt (a stable
+int64 uid) the last ``window`` visits' (successes, trials), a pass@k estimate and a difficulty bin with
+hysteresis (bin 0 = hardest). Classify before step t, observe after it.
 
-Why the storage looks like this (issue 2 / issue 6 scale targets): a step costs O(batch * window)
-whatever the number of prompts ever seen (uids map to dense slots through a numpy hash table,
-:class:`_UidIndex`, not a dict of ~100 bytes per entry); history is at most ``2 * window`` uint8
-bytes per prompt in rings that grow with the visits (:class:`_VisitHistory`); the state is a flat
-dict of numpy arrays and the hash table is rebuilt on load.
+Why the storage looks like this (issue 2 / issue 6 scale targets): a step costs O(batch * window) however
+many prompts were seen (uid -> dense slot through a numpy hash table, :class:`_UidIndex`, not a dict of
+~100 bytes per entry); history is at most ``2 * window`` uint8 bytes per prompt in rings that grow with
+the visits (:class:`_VisitHistory`); the state is a flat dict of numpy arrays, the hash table rebuilt on load.
 """
 
 from __future__ import annotations
@@ -26,10 +25,8 @@ __all__ = [
 ]
 
 ESTIMATORS = ("pooled", "any_of_n")
-# One visit's trials are stored as uint8: a prompt gets at most n_max (12) rollouts per step.
-MAX_TRIALS_PER_VISIT = 255
-# Committed bins are stored as int8 with -1 meaning "no bin committed yet".
-MAX_NUM_BINS = 127
+MAX_TRIALS_PER_VISIT = 255  # one visit's trials are uint8: a prompt gets at most n_max (12) rollouts a step
+MAX_NUM_BINS = 127  # committed bins are int8, _NO_BIN meaning "no bin committed yet"
 _STATE_VERSION = 1
 _NO_BIN = -1
 
@@ -142,12 +139,9 @@ _MIX2 = np.uint64(0x94D049BB133111EB)
 # Vectorised probe rounds before the few keys still probing finish in a scalar loop: a batch's
 # cost would otherwise be set by its longest probe sequence (~log n at 1e7 keys).
 _VECTOR_ROUNDS = 6
-# Slots remembered from recent lookups (_VisitHistory.slots): a few MB at most.
-_SLOT_CACHE_MAX = 1 << 16
-# uids below this are also addressed directly (4 bytes per uid up to the largest stored: 16 MB at most)
-_DENSE_UIDS = 1 << 22
-# Bulk inserts (checkpoint load, rehash) go in chunks so temporaries stay a few MB.
-_INSERT_CHUNK = 1 << 20
+_SLOT_CACHE_MAX = 1 << 16  # slots remembered from recent lookups (_VisitHistory.slots): a few MB at most
+_DENSE_UIDS = 1 << 22  # uids below this are also addressed directly (4 bytes each up to the largest: 16 MB)
+_INSERT_CHUNK = 1 << 20  # keys per chunk of a bulk build or insert, so temporaries stay a few MB
 MAX_PROMPTS = 2**31 - 2  # slots are stored as int32 (slot + 1) in the hash table
 
 
@@ -492,13 +486,13 @@ class _VisitHistory:
                 "successes": succ, "trials": trials}
 
     @classmethod
-    def restored(
-        cls, window: int, uids: np.ndarray, visits: np.ndarray, committed: np.ndarray, succ: np.ndarray,
-        trials: np.ndarray, index: _UidIndex,
-    ) -> _VisitHistory:
-        """A history holding checked checkpoint arrays (the inverse of :meth:`arrays`)."""
+    def restored(cls, window: int, arrays: Sequence[np.ndarray]) -> _VisitHistory:
+        """A history holding checked checkpoint arrays, :func:`_checked_arrays` (the inverse of :meth:`arrays`)."""
+        uids, visits, committed, succ, trials = arrays
         n = uids.shape[0]
         recorded = np.minimum(visits, window)
+        # Building the index is the duplicate check, before anything of the classifier changes.
+        index = _UidIndex.build(uids, 2 * n, check_duplicates=True)
         h = cls(window, n, max(1, int(recorded.max())) if n else 1, index)
         h.n = n
         h.uids[:], h.visits[:], h.bin[:] = uids, visits, committed
@@ -517,12 +511,12 @@ class _VisitHistory:
 #: each setting a state is saved under: (its type in the classifier, its dtype in the state; None: numpy's)
 _CONFIG = {"bin_edges": (np.asarray, np.float64), "window": (int, np.int64), "hysteresis": (float, np.float64),
            "k": (int, np.int64), "estimator": (str, None), "unseen_bin": (int, np.int64)}
-_STATE_KEYS = ("version", *_CONFIG, "uids", "visits", "committed_bin", "successes", "trials")
+_ARRAY_KEYS = ("uids", "visits", "committed_bin", "successes", "trials")
+_STATE_KEYS = ("version", *_CONFIG, *_ARRAY_KEYS)
 
 
 def _config_differences(state: Mapping[str, Any], mine: Mapping[str, Any]) -> list[str]:
-    """One line per setting a state was saved under that differs from ``mine``, after the state's
-    keys and version are checked."""
+    """One line per saved setting that differs from ``mine``, once the state's keys and version pass."""
     missing = [key for key in _STATE_KEYS if key not in state]
     if missing:
         raise ValueError(f"classifier state is missing keys {missing}")
@@ -533,18 +527,15 @@ def _config_differences(state: Mapping[str, Any], mine: Mapping[str, Any]) -> li
              for key, (read, _) in _CONFIG.items()}
     differ = []
     for key, value in saved.items():
-        ours = mine[key]
-        if not (np.array_equal(value, ours) if key == "bin_edges" else value == ours):
-            shown, ours_shown = (v.tolist() if isinstance(v, np.ndarray) else v for v in (value, ours))
-            differ.append(f"{key}: saved {shown!r}, configured {ours_shown!r}")
+        if not (np.array_equal(value, mine[key]) if key == "bin_edges" else value == mine[key]):
+            shown, ours = (v.tolist() if isinstance(v, np.ndarray) else v for v in (value, mine[key]))
+            differ.append(f"{key}: saved {shown!r}, configured {ours!r}")
     return differ
 
 
 def _checked_arrays(state: Mapping[str, Any], window: int, num_bins: int) -> tuple[np.ndarray, ...]:
     """(uids, visits, committed_bin, successes, trials) of a state, each checked for shape, dtype and range."""
-    uids, visits, cbin, succ, trials = (
-        np.asarray(state[key]) for key in ("uids", "visits", "committed_bin", "successes", "trials")
-    )
+    uids, visits, cbin, succ, trials = (np.asarray(state[key]) for key in _ARRAY_KEYS)
     n = uids.shape[0] if uids.ndim == 1 else -1
     for key, arr, dtype in (("uids", uids, np.int64), ("visits", visits, np.int64), ("committed_bin", cbin, np.int8)):
         if n < 0 or arr.shape != (n,) or arr.dtype != dtype:
@@ -576,12 +567,9 @@ def _checked_arrays(state: Mapping[str, Any], window: int, num_bins: int) -> tup
 
 class OnlineDifficultyClassifier:
     """Per-prompt sliding-window pass@k estimate and hysteresis bins (docs/algorithm.md section 1).
-
-    ``bin_edges``: inner edges strictly inside (0, 1), or None for ``num_bins`` equal bins; with
-    edges, ``num_bins`` must agree or stay at its default (defect 6 of docs/algorithm.md). ``window``
-    H, ``hysteresis`` delta (below the narrowest bin), ``k``, ``estimator`` (:data:`ESTIMATORS`)
-    and ``unseen_bin`` (reported, not committed, for a prompt never observed).
-    """
+    ``bin_edges``: inner edges strictly inside (0, 1), or None for ``num_bins`` equal bins (with edges,
+    ``num_bins`` must agree or stay at its default: defect 6 of docs/algorithm.md); ``hysteresis`` must be
+    below the narrowest bin; ``unseen_bin`` is reported, not committed, for a prompt never observed."""
 
     def __init__(
         self,
@@ -623,11 +611,7 @@ class OnlineDifficultyClassifier:
     estimator = property(attrgetter("_estimator"), doc="One of :data:`ESTIMATORS`.")
     unseen_bin = property(attrgetter("_unseen_bin"), doc="The bin reported for a prompt never observed.")
     num_seen = property(attrgetter("_history.n"), doc="Number of distinct prompts observed at least once.")
-
-    @property
-    def bin_edges(self) -> np.ndarray:
-        """The B-1 inner edges (a copy)."""
-        return self._bin_edges.copy()
+    bin_edges = property(lambda self: self._bin_edges.copy(), doc="The B-1 inner edges (a copy).")
 
     def _config(self) -> dict[str, Any]:
         return {key: getattr(self, f"_{key}") for key in _CONFIG}
@@ -664,8 +648,7 @@ class OnlineDifficultyClassifier:
     def _per_uid(
         self, uids: Any, fill: float, dtype: type, read: Callable[[np.ndarray], Sequence[np.ndarray]], count: int = 1
     ) -> tuple[np.ndarray, ...]:
-        """``count`` arrays of ``dtype`` per uid: ``read(slots)`` of the uids observed before, ``fill``
-        for the others."""
+        """``count`` arrays of ``dtype`` per uid: ``read(slots)`` where observed before, else ``fill``."""
         slots = self._history.slots(int_array("uids", uids))
         if slots.size and slots.min() >= 0:  # every uid seen before (the usual step): no masks
             return tuple(np.asarray(values, dtype=dtype) for values in read(slots))
@@ -745,10 +728,7 @@ class OnlineDifficultyClassifier:
         differ = _config_differences(state, self._config())
         if differ:
             raise ValueError("classifier state comes from a differently configured classifier: " + "; ".join(differ))
-        uids, visits, cbin, succ, trials = _checked_arrays(state, self._window, self._num_bins)
-        # Building the index is the duplicate check; it mutates nothing of ours until it succeeds.
-        index = _UidIndex.build(uids, 2 * uids.shape[0], check_duplicates=True)
-        self._history = _VisitHistory.restored(self._window, uids, visits, cbin, succ, trials, index)
+        self._history = _VisitHistory.restored(self._window, _checked_arrays(state, self._window, self._num_bins))
 
     def __repr__(self) -> str:
         shown = ("num_bins", "window", "hysteresis", "k", "estimator", "unseen_bin", "num_seen")
