@@ -174,11 +174,11 @@ class _UidIndex:
         out = np.full(keys.size, -1, dtype=np.int64)
         if keys.size == 0 or self.size == 0:
             return out
-        mask = self.table.size - 1
+        mask, table = self.table.size - 1, self.table
         pos = self._start(keys)
         todo = np.arange(keys.size)
         for _ in range(_VECTOR_ROUNDS):
-            s = self.table[pos].astype(np.int64) - 1
+            s = table[pos].astype(np.int64) - 1
             empty = s < 0
             found = ~empty & (slot_uids[np.maximum(s, 0)] == keys[todo])
             out[todo[found]] = s[found]
@@ -186,7 +186,6 @@ class _UidIndex:
             todo, pos = todo[keep], (pos[keep] + 1) & mask
             if todo.size == 0:
                 return out
-        table = self.table
         for i, p in zip(todo.tolist(), pos.tolist()):
             key = int(keys[i])
             while (s := int(table[p]) - 1) >= 0:
@@ -253,10 +252,9 @@ class _UidIndex:
             index.table[pos[fits]] = slot[fits] + 1
             if not fits.all():
                 overflow.append(slot[~fits].astype(np.int64))
-        index.size = n - sum(o.size for o in overflow)
-        if overflow:
-            rest = np.concatenate(overflow)
-            index.insert(keys[rest], rest)
+        rest = np.concatenate([np.zeros(0, dtype=np.int64), *overflow])
+        index.size = n - rest.size
+        index.insert(keys[rest], rest)
         return index
 
     def reserve(self, n: int, slot_uids: np.ndarray) -> None:
@@ -515,8 +513,8 @@ _ARRAY_KEYS = ("uids", "visits", "committed_bin", "successes", "trials")
 _STATE_KEYS = ("version", *_CONFIG, *_ARRAY_KEYS)
 
 
-def _config_differences(state: Mapping[str, Any], mine: Mapping[str, Any]) -> list[str]:
-    """One line per saved setting that differs from ``mine``, once the state's keys and version pass."""
+def _check_saved_config(state: Mapping[str, Any], mine: Mapping[str, Any]) -> None:
+    """Refuse a state with missing keys, another version, or settings other than ``mine`` (each named)."""
     missing = [key for key in _STATE_KEYS if key not in state]
     if missing:
         raise ValueError(f"classifier state is missing keys {missing}")
@@ -530,7 +528,8 @@ def _config_differences(state: Mapping[str, Any], mine: Mapping[str, Any]) -> li
         if not (np.array_equal(value, mine[key]) if key == "bin_edges" else value == mine[key]):
             shown, ours = (v.tolist() if isinstance(v, np.ndarray) else v for v in (value, mine[key]))
             differ.append(f"{key}: saved {shown!r}, configured {ours!r}")
-    return differ
+    if differ:
+        raise ValueError("classifier state comes from a differently configured classifier: " + "; ".join(differ))
 
 
 def _checked_arrays(state: Mapping[str, Any], window: int, num_bins: int) -> tuple[np.ndarray, ...]:
@@ -612,9 +611,7 @@ class OnlineDifficultyClassifier:
     unseen_bin = property(attrgetter("_unseen_bin"), doc="The bin reported for a prompt never observed.")
     num_seen = property(attrgetter("_history.n"), doc="Number of distinct prompts observed at least once.")
     bin_edges = property(lambda self: self._bin_edges.copy(), doc="The B-1 inner edges (a copy).")
-
-    def _config(self) -> dict[str, Any]:
-        return {key: getattr(self, f"_{key}") for key in _CONFIG}
+    _config = property(lambda self: {key: getattr(self, f"_{key}") for key in _CONFIG}, doc="The saved settings.")
 
     def memory_bytes(self) -> int:
         """Bytes held by the arrays (allocated capacity, including the uid hash table)."""
@@ -718,16 +715,14 @@ class OnlineDifficultyClassifier:
         prompt i's first ``min(visits_i, window)`` ring columns in flat uint8 ``successes``/``trials``."""
         return {
             "version": np.asarray(_STATE_VERSION, dtype=np.int64),
-            **{key: np.array(value, dtype=_CONFIG[key][1]) for key, value in self._config().items()},
+            **{key: np.array(value, dtype=_CONFIG[key][1]) for key, value in self._config.items()},
             **self._history.arrays(),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore a :meth:`state_dict` (also via ``np.load``), all or nothing; a state saved under
         other settings (named) or with malformed arrays is refused."""
-        differ = _config_differences(state, self._config())
-        if differ:
-            raise ValueError("classifier state comes from a differently configured classifier: " + "; ".join(differ))
+        _check_saved_config(state, self._config)
         self._history = _VisitHistory.restored(self._window, _checked_arrays(state, self._window, self._num_bins))
 
     def __repr__(self) -> str:
