@@ -1,20 +1,20 @@
-"""Online difficulty classifier (docs/algorithm.md section 1, paper section 3.1): per prompt (a
-stable int64 uid) the last ``window`` visits' (successes, trials), a pass@k estimate and a
-difficulty bin with hysteresis (bin 0 = hardest). Classify before step t, observe after it.
+"""Online difficulty classifier (docs/algorithm.md section 1, paper section 3.1): per prompt (a stable
+int64 uid) the last ``window`` visits' (successes, trials), a pass@k estimate and a difficulty bin with
+hysteresis (bin 0 = hardest). Classify before step t, observe after it.
 
-Why the storage looks like this (issue 2 / issue 6 scale targets): a step costs O(batch * window)
-whatever the number of prompts ever seen (uids map to dense slots through a numpy hash table,
-:class:`_UidIndex`, not a dict of ~100 bytes per entry); history is at most ``2 * window`` uint8
-bytes per prompt in rings that grow with the visits (:class:`_VisitHistory`); the state is a flat
-dict of numpy arrays and the hash table is rebuilt on load.
+Why the storage looks like this (issue 2 / issue 6 scale targets): a step costs O(batch * window) however
+many prompts were seen (uid -> dense slot through a numpy hash table, :class:`_UidIndex`, not a dict of
+~100 bytes per entry); history is at most ``2 * window`` uint8 bytes per prompt in rings that grow with
+the visits (:class:`_VisitHistory`); the state is a flat dict of numpy arrays, the hash table rebuilt on load.
 """
 
 from __future__ import annotations
 
 import numbers
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from functools import lru_cache
 from itertools import repeat
+from operator import attrgetter
 from typing import Any
 
 import numpy as np
@@ -25,17 +25,13 @@ __all__ = [
 ]
 
 ESTIMATORS = ("pooled", "any_of_n")
-# One visit's trials are stored as uint8: a prompt gets at most n_max (12) rollouts per step.
-MAX_TRIALS_PER_VISIT = 255
-# Committed bins are stored as int8 with -1 meaning "no bin committed yet".
-MAX_NUM_BINS = 127
+MAX_TRIALS_PER_VISIT = 255  # one visit's trials are uint8: a prompt gets at most n_max (12) rollouts a step
+MAX_NUM_BINS = 127  # committed bins are int8, _NO_BIN meaning "no bin committed yet"
 _STATE_VERSION = 1
 _NO_BIN = -1
 
 
-# ---------------------------------------------------------------------------------------------
-# The spec's rules, one function each.
-# ---------------------------------------------------------------------------------------------
+# ---- The spec's rules, one function each ----
 
 
 @lru_cache(maxsize=16)
@@ -65,10 +61,9 @@ def pooled_pass_at_k(successes: np.ndarray, trials: np.ndarray, k: int) -> np.nd
     ratio = np.multiply.reduce(factors, axis=0)
     if t.size == 0 or t.min() >= k:  # one reduction, no mask (the usual case)
         return 1.0 - ratio
-    big = t >= k
     with np.errstate(divide="ignore", invalid="ignore"):
         small = 1.0 - (1.0 - s / t) ** k
-    return np.where(big, 1.0 - ratio, small)
+    return np.where(t >= k, 1.0 - ratio, small)
 
 
 def any_of_n_rate(visit_successes: np.ndarray, num_visits: np.ndarray) -> np.ndarray:
@@ -137,21 +132,16 @@ def _hysteresis_keep(
     return np.where(keep, committed, raw).astype(np.int64, copy=False)
 
 
-# ---------------------------------------------------------------------------------------------
-# uid -> dense slot index: open addressing in one numpy array, probed vectorised over a batch.
-# ---------------------------------------------------------------------------------------------
+# ---- uid -> dense slot index: open addressing in one numpy array, probed vectorised over a batch ----
 
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
 _MIX2 = np.uint64(0x94D049BB133111EB)
 # Vectorised probe rounds before the few keys still probing finish in a scalar loop: a batch's
 # cost would otherwise be set by its longest probe sequence (~log n at 1e7 keys).
 _VECTOR_ROUNDS = 6
-# Slots remembered from recent lookups (_VisitHistory.slots): a few MB at most.
-_SLOT_CACHE_MAX = 1 << 16
-# uids below this are also addressed directly (4 bytes per uid up to the largest stored: 16 MB at most)
-_DENSE_UIDS = 1 << 22
-# Bulk inserts (checkpoint load, rehash) go in chunks so temporaries stay a few MB.
-_INSERT_CHUNK = 1 << 20
+_SLOT_CACHE_MAX = 1 << 16  # slots remembered from recent lookups (_VisitHistory.slots): a few MB at most
+_DENSE_UIDS = 1 << 22  # uids below this are also addressed directly (4 bytes each up to the largest: 16 MB)
+_INSERT_CHUNK = 1 << 20  # keys per chunk of a bulk build or insert, so temporaries stay a few MB
 MAX_PROMPTS = 2**31 - 2  # slots are stored as int32 (slot + 1) in the hash table
 
 
@@ -173,10 +163,7 @@ class _UidIndex:
     array of ``slot + 1`` (0 = empty), vectorised over the batch per probe round; no deletions."""
 
     def __init__(self, capacity: int = 1024) -> None:
-        cap = 1024
-        while cap < capacity:
-            cap *= 2
-        self.table = np.zeros(cap, dtype=np.int32)
+        self.table = np.zeros(max(1024, 1 << (int(capacity) - 1).bit_length()), dtype=np.int32)  # a power of 2
         self.size = 0
 
     def _start(self, keys: np.ndarray) -> np.ndarray:
@@ -187,11 +174,11 @@ class _UidIndex:
         out = np.full(keys.size, -1, dtype=np.int64)
         if keys.size == 0 or self.size == 0:
             return out
-        mask = self.table.size - 1
+        mask, table = self.table.size - 1, self.table
         pos = self._start(keys)
         todo = np.arange(keys.size)
         for _ in range(_VECTOR_ROUNDS):
-            s = self.table[pos].astype(np.int64) - 1
+            s = table[pos].astype(np.int64) - 1
             empty = s < 0
             found = ~empty & (slot_uids[np.maximum(s, 0)] == keys[todo])
             out[todo[found]] = s[found]
@@ -199,7 +186,6 @@ class _UidIndex:
             todo, pos = todo[keep], (pos[keep] + 1) & mask
             if todo.size == 0:
                 return out
-        table = self.table
         for i, p in zip(todo.tolist(), pos.tolist()):
             key = int(keys[i])
             while (s := int(table[p]) - 1) >= 0:
@@ -209,39 +195,29 @@ class _UidIndex:
                 p = (p + 1) & mask
         return out
 
-    def insert(self, keys: np.ndarray, slots: np.ndarray, slot_uids: np.ndarray | None = None) -> None:
-        """Insert absent keys with their slots; with ``slot_uids``, a duplicate met raises ValueError."""
+    def insert(self, keys: np.ndarray, slots: np.ndarray) -> None:
+        """Insert absent, distinct keys with their slots."""
         if 2 * (self.size + keys.size) > self.table.size:
             raise AssertionError("_UidIndex.insert needs reserve() first")
+        mask, table = self.table.size - 1, self.table
         for start in range(0, keys.size, _INSERT_CHUNK):
-            self._insert_chunk(keys[start : start + _INSERT_CHUNK], slots[start : start + _INSERT_CHUNK], slot_uids)
+            pos = self._start(keys[start : start + _INSERT_CHUNK])
+            value = slots[start : start + _INSERT_CHUNK].astype(np.int32) + 1
+            for _ in range(_VECTOR_ROUNDS):
+                if pos.size == 0:
+                    break
+                free = table[pos] == 0
+                # Keys racing for one free cell: write all, read back who won; a loser re-reads the
+                # cell next round, one that met an occupied cell moves on.
+                table[pos[free]] = value[free]
+                lost = table[pos] != value
+                step = np.where(free[lost], 0, 1)
+                pos, value = (pos[lost] + step) & mask, value[lost]
+            for p, v in zip(pos.tolist(), value.tolist()):
+                while int(table[p]) != 0:
+                    p = (p + 1) & mask
+                table[p] = v
         self.size += keys.size
-
-    def _insert_chunk(self, keys: np.ndarray, slots: np.ndarray, slot_uids: np.ndarray | None) -> None:
-        mask = self.table.size - 1
-        pos = self._start(keys)
-        value = slots.astype(np.int32) + 1
-        todo = np.arange(keys.size)
-        for _ in range(_VECTOR_ROUNDS):
-            if todo.size == 0:
-                return
-            cur = self.table[pos]
-            free = cur == 0
-            if slot_uids is not None and np.any(~free & (slot_uids[np.maximum(cur, 1) - 1] == keys[todo])):
-                raise ValueError("classifier state 'uids' holds duplicates")
-            # Keys racing for one free cell: write all, read back who won; a loser re-reads the
-            # cell next round (the winner may be its duplicate), one that met an occupied cell moves on.
-            self.table[pos[free]] = value[free]
-            lost = self.table[pos] != value
-            step = np.where(free[lost], 0, 1)
-            todo, pos, value = todo[lost], (pos[lost] + step) & mask, value[lost]
-        table = self.table
-        for i, p, v in zip(todo.tolist(), pos.tolist(), value.tolist()):
-            while (cur := int(table[p])) != 0:
-                if slot_uids is not None and int(slot_uids[cur - 1]) == int(keys[i]):
-                    raise ValueError("classifier state 'uids' holds duplicates")
-                p = (p + 1) & mask
-            table[p] = v
 
     @classmethod
     def build(cls, keys: np.ndarray, capacity: int, check_duplicates: bool = False) -> _UidIndex:
@@ -250,12 +226,8 @@ class _UidIndex:
         pos_i = max(home_i, pos_{i-1} + 1); keys past the table's end take the probing insert."""
         index = cls(capacity)
         n = keys.size
-        if n == 0:
-            return index
         if check_duplicates and _has_duplicates(keys):
             raise ValueError("classifier state 'uids' holds duplicates")
-        if 2 * n > index.table.size:
-            raise AssertionError("_UidIndex.build: capacity too small")
         mask = index.table.size - 1
         packed = np.empty(n, dtype=np.uint64)
         for start in range(0, n, _INSERT_CHUNK):
@@ -280,36 +252,28 @@ class _UidIndex:
             index.table[pos[fits]] = slot[fits] + 1
             if not fits.all():
                 overflow.append(slot[~fits].astype(np.int64))
-        index.size = n - sum(o.size for o in overflow)
-        if overflow:
-            rest = np.concatenate(overflow)
-            index.insert(keys[rest], rest, slot_uids=keys if check_duplicates else None)
+        rest = np.concatenate([np.zeros(0, dtype=np.int64), *overflow])
+        index.size = n - rest.size
+        index.insert(keys[rest], rest)
         return index
 
     def reserve(self, n: int, slot_uids: np.ndarray) -> None:
         """Make room for ``n`` stored keys (load <= 1/2), rehashing ``slot_uids[:size]`` if needed."""
         if n > MAX_PROMPTS:
             raise ValueError(f"the classifier holds at most {MAX_PROMPTS} prompts, asked for {n}")
-        if 2 * n <= self.table.size:
-            return
-        cap = self.table.size
-        while 2 * n > cap:
-            cap *= 2
-        rebuilt = _UidIndex.build(slot_uids[: self.size], cap)
-        self.table, self.size = rebuilt.table, rebuilt.size
+        if 2 * n > self.table.size:  # the next power of 2 >= 2n, larger than the table
+            rebuilt = _UidIndex.build(slot_uids[: self.size], 2 * n)
+            self.table, self.size = rebuilt.table, rebuilt.size
 
 
-# ---------------------------------------------------------------------------------------------
-# Argument checks (ValueErrors naming the argument and the allowed range).
-# ---------------------------------------------------------------------------------------------
+# ---- Argument checks (ValueErrors naming the argument and the allowed range) ----
 
 
 def _check_int(name: str, value: Any, low: int, high: int | None = None) -> int:
-    rng = f"[{low}, {high}]" if high is not None else f">= {low}"
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise ValueError(f"{name} must be an integer {rng}, got {value!r}")
-    if int(value) < low or (high is not None and int(value) > high):
-        raise ValueError(f"{name} must be an integer {rng}, got {int(value)}")
+    integral = isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    if not integral or int(value) < low or (high is not None and int(value) > high):
+        rng = f"[{low}, {high}]" if high is not None else f">= {low}"
+        raise ValueError(f"{name} must be an integer {rng}, got {int(value) if integral else repr(value)}")
     return int(value)
 
 
@@ -336,9 +300,7 @@ def int_array(name: str, values: Any, integral_floats: bool = False, num_bins: i
 
 def _has_duplicates(values: np.ndarray) -> bool:
     """Sort-based duplicate check (np.unique hashes int64 and is ~50x slower at 1e6 entries)."""
-    if values.size < 2:
-        return False
-    if bool((values[1:] > values[:-1]).all()):  # strictly increasing (a sorted step): no sort needed
+    if bool((values[1:] > values[:-1]).all()):  # strictly increasing (a sorted step, or < 2 values): no sort needed
         return False
     ordered = np.sort(values)
     return bool(np.any(ordered[1:] == ordered[:-1]))
@@ -347,45 +309,16 @@ def _has_duplicates(values: np.ndarray) -> bool:
 _CHUNK_ROWS = 1 << 16
 
 
-def _row_blocks(lengths: np.ndarray, width: int) -> Iterator[tuple[slice, np.ndarray | None, int]]:
-    """Cache-sized blocks of ring rows: (rows, the mask of each row's first ``lengths[i]`` cells or
-    None when all are full, the cell count)."""
+def _ring_blocks(lengths: np.ndarray, width: int) -> Iterator[tuple[slice, np.ndarray | None, slice]]:
+    """Cache-sized blocks of ring rows for packing row i's first ``lengths[i]`` cells into one flat
+    array: (rows, the mask of those cells or None when all are full, their place in the flat array)."""
     cols = np.arange(width)
+    pos = 0
     for start in range(0, lengths.size, _CHUNK_ROWS):
         m = lengths[start : start + _CHUNK_ROWS]
-        yield slice(start, start + m.size), None if m.min() == width else cols[None, :] < m[:, None], int(m.sum())
-
-
-def _pack_rows(succ: np.ndarray, trials: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Concatenate the first ``lengths[i]`` cells of row i of both ring buffers."""
-    total = int(lengths.sum())
-    out = np.empty(total, dtype=np.uint8), np.empty(total, dtype=np.uint8)
-    pos = 0
-    for rows, mask, count in _row_blocks(lengths, succ.shape[1]):
-        for flat, ring in zip(out, (succ, trials)):
-            flat[pos : pos + count] = ring[rows].ravel() if mask is None else ring[rows][mask]
+        count = int(m.sum())
+        yield slice(start, start + m.size), None if m.min() == width else cols[None, :] < m[:, None], slice(pos, pos + count)
         pos += count
-    return out
-
-
-def _unpack_rows(
-    flat_s: np.ndarray, flat_t: np.ndarray, lengths: np.ndarray, succ: np.ndarray, trials: np.ndarray
-) -> None:
-    """Inverse of :func:`_pack_rows`, writing into zero-filled ring buffers."""
-    pos = 0
-    for rows, mask, count in _row_blocks(lengths, succ.shape[1]):
-        for flat, ring in ((flat_s, succ), (flat_t, trials)):
-            block = ring[rows]
-            if mask is None:
-                block[...] = flat[pos : pos + count].reshape(block.shape)
-            else:
-                block[mask] = flat[pos : pos + count]
-        pos += count
-
-
-def _any_greater(a: np.ndarray, b: np.ndarray, chunk: int = 1 << 22) -> bool:
-    """``np.any(a > b)`` without a full-size boolean temporary."""
-    return any(bool(np.any(a[i : i + chunk] > b[i : i + chunk])) for i in range(0, a.size, chunk))
 
 
 def _validate_edges(bin_edges: Any, num_bins: Any) -> np.ndarray:
@@ -416,36 +349,9 @@ def _validate_edges(bin_edges: Any, num_bins: Any) -> np.ndarray:
     return edges
 
 
-def _check_hysteresis(hysteresis: Any, full_edges: np.ndarray) -> float:
-    narrowest = float(np.diff(full_edges).min())
-    if (
-        isinstance(hysteresis, bool)
-        or not isinstance(hysteresis, numbers.Real)
-        or not np.isfinite(hysteresis)
-        or not 0.0 <= float(hysteresis) < narrowest
-    ):
-        raise ValueError(
-            f"hysteresis must be in [0, {narrowest:g}) (smaller than the narrowest bin), got {hysteresis!r}"
-        )
-    return float(hysteresis)
-
-
-def _checked_visits(uids: Any, successes: Any, trials: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The arguments of :meth:`OnlineDifficultyClassifier.observe` as int64 arrays, checked."""
-    u = int_array("uids", uids)
-    s = int_array("successes", successes)
-    t = int_array("trials", trials)
-    if not (u.size == s.size == t.size):
-        raise ValueError(f"uids, successes and trials must have equal lengths, got {u.size}, {s.size}, {t.size}")
-    if u.size == 0:
-        return u, s, t
-    if _has_duplicates(u):
-        raise ValueError("uids must be distinct within one observe() call (one visit per prompt per step)")
-    if t.min() < 1 or t.max() > MAX_TRIALS_PER_VISIT:
-        raise ValueError(f"trials must be in [1, {MAX_TRIALS_PER_VISIT}] per visit, got range [{t.min()}, {t.max()}]")
-    if s.min() < 0 or np.any(s > t):
-        raise ValueError("successes must be in [0, trials] for every prompt")
-    return u, s, t
+#: the per-prompt arrays of :class:`_VisitHistory` beside the rings: (dtype, the value of an unused slot)
+_COLUMNS = {"uids": (np.int64, 0), "visits": (np.int64, 0), "succ_sum": (np.int64, 0), "trials_sum": (np.int64, 0),
+            "bin": (np.int8, _NO_BIN)}
 
 
 class _VisitHistory:
@@ -455,15 +361,11 @@ class _VisitHistory:
     while every uid is in [0, :data:`_DENSE_UIDS`), and a cache of recent lookups."""
 
     def __init__(self, window: int, capacity: int = 0, width: int = 1, index: _UidIndex | None = None) -> None:
-        self.window = window
-        self.n, self.cap, self.width = 0, capacity, width
-        self.uids = np.zeros(capacity, dtype=np.int64)
-        self.succ = np.zeros((capacity, width), dtype=np.uint8)
-        self.trials = np.zeros((capacity, width), dtype=np.uint8)
-        self.succ_sum = np.zeros(capacity, dtype=np.int64)
-        self.trials_sum = np.zeros(capacity, dtype=np.int64)
-        self.visits = np.zeros(capacity, dtype=np.int64)
-        self.bin = np.full(capacity, _NO_BIN, dtype=np.int8)
+        self.window, self.n, self.cap, self.width = window, 0, 0, width
+        self.succ = self.trials = np.zeros((0, width), dtype=np.uint8)
+        for name, (dtype, _) in _COLUMNS.items():
+            setattr(self, name, np.zeros(0, dtype=dtype))
+        self.resize(capacity, width)
         self.index = _UidIndex(2 * capacity) if index is None else index
         self.slot_cache: dict[int, int] = {}
         self.dense: np.ndarray | None = np.zeros(0, dtype=np.int32)  # slot + 1 by uid; None: a uid outside
@@ -488,28 +390,17 @@ class _VisitHistory:
         self.succ = moved(self.succ, 0, (capacity, width))
         self.trials = moved(self.trials, 0, (capacity, width))
         if capacity != self.cap:
-            self.uids = moved(self.uids, 0, (capacity,))
-            self.visits = moved(self.visits, 0, (capacity,))
-            self.succ_sum = moved(self.succ_sum, 0, (capacity,))
-            self.trials_sum = moved(self.trials_sum, 0, (capacity,))
-            self.bin = moved(self.bin, _NO_BIN, (capacity,))
+            for name, (_, fill) in _COLUMNS.items():
+                setattr(self, name, moved(getattr(self, name), fill, (capacity,)))
         self.cap, self.width = capacity, width
 
     def reserve(self, rows: int, width: int) -> None:
         """Make room for ``rows`` prompts and ``width`` ring columns (width <= window)."""
-        cap, w = self.cap, self.width
-        if rows > cap:
-            cap = max(rows, 2 * cap, 64)
-        if width > w:
-            w = min(self.window, max(width, 2 * w))
+        cap = max(rows, 2 * self.cap, 64) if rows > self.cap else self.cap
+        w = min(self.window, max(width, 2 * self.width)) if width > self.width else self.width
         if (cap, w) != (self.cap, self.width):
             self.resize(cap, w)
         self.index.reserve(rows, self.uids)
-
-    def memory_bytes(self) -> int:
-        arrays = [self.uids, self.succ, self.trials, self.visits, self.bin, self.succ_sum, self.trials_sum,
-                  self.index.table]
-        return int(sum(a.nbytes for a in arrays)) + (0 if self.dense is None else self.dense.nbytes)
 
     def index_dense(self, uids: np.ndarray, slots: np.ndarray) -> None:
         """Add uids to the direct-address table, or drop it until the next load for one outside it."""
@@ -521,9 +412,8 @@ class _VisitHistory:
             self.dense = None
             return
         if high >= dense.size:
-            grown = np.zeros(min(_DENSE_UIDS, max(high + 1, 2 * dense.size, 1024)), dtype=np.int32)
-            grown[: dense.size] = dense
-            self.dense = dense = grown
+            grown = min(_DENSE_UIDS, max(high + 1, 2 * dense.size, 1024))
+            self.dense = dense = np.concatenate([dense, np.zeros(grown - dense.size, dtype=np.int32)])
         dense[uids] = slots.astype(np.int32) + 1
 
     def slots(self, uids: np.ndarray) -> np.ndarray:
@@ -533,8 +423,6 @@ class _VisitHistory:
         if dense is not None:
             if uids.size and uids.min() >= 0 and uids.max() < dense.size:  # two reductions, no mask
                 return np.subtract(dense[uids], 1, dtype=np.int64)
-            if uids.size == 0:
-                return np.zeros(0, dtype=np.int64)
             inside = (uids >= 0) & (uids < dense.size)
             slots = np.full(uids.size, -1, dtype=np.int64)
             slots[inside] = dense[uids[inside]].astype(np.int64) - 1
@@ -572,10 +460,9 @@ class _VisitHistory:
         # the ring column of this visit (before the ring is window wide none has wrapped: v % window == v)
         col = self.visits[slots] % self.window
         # the cell this visit overwrites (0 until the ring wraps) leaves the window sums
-        self.succ_sum[slots] += s - self.succ[slots, col]
-        self.trials_sum[slots] += t - self.trials[slots, col]
-        self.succ[slots, col] = s
-        self.trials[slots, col] = t
+        for ring, sums, x in ((self.succ, self.succ_sum, s), (self.trials, self.trials_sum, t)):
+            sums[slots] += x - ring[slots, col]
+            ring[slots, col] = x
         self.visits[slots] += 1
 
     def decayed(self, slots: np.ndarray, decay: float) -> tuple[np.ndarray, np.ndarray]:
@@ -588,65 +475,66 @@ class _VisitHistory:
     def arrays(self) -> dict[str, np.ndarray]:
         """The per-prompt part of the classifier's state (copies; the rings packed, see ``state_dict``)."""
         n = self.n
-        succ, trials = _pack_rows(self.succ, self.trials, np.minimum(self.visits[:n], self.window))
+        lengths = np.minimum(self.visits[:n], self.window)
+        succ, trials = np.empty(int(lengths.sum()), dtype=np.uint8), np.empty(int(lengths.sum()), dtype=np.uint8)
+        for rows, mask, cells in _ring_blocks(lengths, self.width):
+            for flat, ring in ((succ, self.succ), (trials, self.trials)):
+                flat[cells] = ring[rows].ravel() if mask is None else ring[rows][mask]
         return {"uids": self.uids[:n].copy(), "visits": self.visits[:n].copy(), "committed_bin": self.bin[:n].copy(),
                 "successes": succ, "trials": trials}
 
     @classmethod
-    def restored(
-        cls, window: int, uids: np.ndarray, visits: np.ndarray, committed: np.ndarray, succ: np.ndarray,
-        trials: np.ndarray, index: _UidIndex,
-    ) -> _VisitHistory:
-        """A history holding checked checkpoint arrays (the inverse of :meth:`packed`)."""
+    def restored(cls, window: int, arrays: Sequence[np.ndarray]) -> _VisitHistory:
+        """A history holding checked checkpoint arrays, :func:`_checked_arrays` (the inverse of :meth:`arrays`)."""
+        uids, visits, committed, succ, trials = arrays
         n = uids.shape[0]
         recorded = np.minimum(visits, window)
+        # Building the index is the duplicate check, before anything of the classifier changes.
+        index = _UidIndex.build(uids, 2 * n, check_duplicates=True)
         h = cls(window, n, max(1, int(recorded.max())) if n else 1, index)
         h.n = n
         h.uids[:], h.visits[:], h.bin[:] = uids, visits, committed
         h.index_dense(h.uids[:n], np.arange(n, dtype=np.int64))
-        _unpack_rows(succ, trials, recorded, h.succ, h.trials)
-        for ring, sums in ((h.succ, h.succ_sum), (h.trials, h.trials_sum)):
-            for start in range(0, n, _CHUNK_ROWS):  # chunks keep the int64 temporaries small
-                stop = min(n, start + _CHUNK_ROWS)
-                sums[start:stop] = ring[start:stop].sum(axis=1, dtype=np.int64)
+        for rows, mask, cells in _ring_blocks(recorded, h.width):  # blocks keep the int64 temporaries small
+            for flat, ring, sums in ((succ, h.succ, h.succ_sum), (trials, h.trials, h.trials_sum)):
+                block = ring[rows]
+                if mask is None:
+                    block[...] = flat[cells].reshape(block.shape)
+                else:
+                    block[mask] = flat[cells]
+                sums[rows] = block.sum(axis=1, dtype=np.int64)
         return h
 
 
 #: each setting a state is saved under: (its type in the classifier, its dtype in the state; None: numpy's)
 _CONFIG = {"bin_edges": (np.asarray, np.float64), "window": (int, np.int64), "hysteresis": (float, np.float64),
            "k": (int, np.int64), "estimator": (str, None), "unseen_bin": (int, np.int64)}
-_STATE_KEYS = ("version", *_CONFIG, "uids", "visits", "committed_bin", "successes", "trials")
+_ARRAY_KEYS = ("uids", "visits", "committed_bin", "successes", "trials")
+_STATE_KEYS = ("version", *_CONFIG, *_ARRAY_KEYS)
 
 
-def _saved_config(state: Mapping[str, Any]) -> dict[str, Any]:
-    """The settings a classifier state was saved under, after its keys and version are checked."""
+def _check_saved_config(state: Mapping[str, Any], mine: Mapping[str, Any]) -> None:
+    """Refuse a state with missing keys, another version, or settings other than ``mine`` (each named)."""
     missing = [key for key in _STATE_KEYS if key not in state]
     if missing:
         raise ValueError(f"classifier state is missing keys {missing}")
     version = int(np.asarray(state["version"]))
     if version != _STATE_VERSION:
         raise ValueError(f"classifier state has version {version}; this code reads version {_STATE_VERSION}")
-    return {key: read(np.asarray(state[key], dtype=np.float64) if key == "bin_edges" else np.asarray(state[key]))
-            for key, (read, _) in _CONFIG.items()}
-
-
-def _config_differences(saved: Mapping[str, Any], mine: Mapping[str, Any]) -> list[str]:
-    """One line per setting a state was saved under that differs from this classifier's."""
+    saved = {key: read(np.asarray(state[key], dtype=np.float64) if key == "bin_edges" else np.asarray(state[key]))
+             for key, (read, _) in _CONFIG.items()}
     differ = []
     for key, value in saved.items():
-        ours = mine[key]
-        if not (np.array_equal(value, ours) if key == "bin_edges" else value == ours):
-            shown = value.tolist() if isinstance(value, np.ndarray) else value
-            ours_shown = ours.tolist() if isinstance(ours, np.ndarray) else ours
-            differ.append(f"{key}: saved {shown!r}, configured {ours_shown!r}")
-    return differ
+        if not (np.array_equal(value, mine[key]) if key == "bin_edges" else value == mine[key]):
+            shown, ours = (v.tolist() if isinstance(v, np.ndarray) else v for v in (value, mine[key]))
+            differ.append(f"{key}: saved {shown!r}, configured {ours!r}")
+    if differ:
+        raise ValueError("classifier state comes from a differently configured classifier: " + "; ".join(differ))
 
 
 def _checked_arrays(state: Mapping[str, Any], window: int, num_bins: int) -> tuple[np.ndarray, ...]:
     """(uids, visits, committed_bin, successes, trials) of a state, each checked for shape, dtype and range."""
-    uids, visits, cbin, succ, trials = (
-        np.asarray(state[key]) for key in ("uids", "visits", "committed_bin", "successes", "trials")
-    )
+    uids, visits, cbin, succ, trials = (np.asarray(state[key]) for key in _ARRAY_KEYS)
     n = uids.shape[0] if uids.ndim == 1 else -1
     for key, arr, dtype in (("uids", uids, np.int64), ("visits", visits, np.int64), ("committed_bin", cbin, np.int8)):
         if n < 0 or arr.shape != (n,) or arr.dtype != dtype:
@@ -668,7 +556,8 @@ def _checked_arrays(state: Mapping[str, Any], window: int, num_bins: int) -> tup
             raise ValueError(f"classifier state 'committed_bin' must be in [-1, {num_bins - 1}]")
         if trials.min() < 1:
             raise ValueError("classifier state 'trials' must be >= 1 for every recorded visit")
-        if _any_greater(succ, trials):
+        chunk = 1 << 22  # np.any(succ > trials) without a full-size boolean temporary
+        if any(np.any(succ[i : i + chunk] > trials[i : i + chunk]) for i in range(0, succ.size, chunk)):
             raise ValueError("classifier state 'successes' exceeds 'trials'")
     if n > MAX_PROMPTS:
         raise ValueError(f"classifier state holds {n} prompts; at most {MAX_PROMPTS} allowed")
@@ -677,12 +566,9 @@ def _checked_arrays(state: Mapping[str, Any], window: int, num_bins: int) -> tup
 
 class OnlineDifficultyClassifier:
     """Per-prompt sliding-window pass@k estimate and hysteresis bins (docs/algorithm.md section 1).
-
-    ``bin_edges``: inner edges strictly inside (0, 1), or None for ``num_bins`` equal bins; with
-    edges, ``num_bins`` must agree or stay at its default (defect 6 of docs/algorithm.md). ``window``
-    H, ``hysteresis`` delta (below the narrowest bin), ``k``, ``estimator`` (:data:`ESTIMATORS`)
-    and ``unseen_bin`` (reported, not committed, for a prompt never observed).
-    """
+    ``bin_edges``: inner edges strictly inside (0, 1), or None for ``num_bins`` equal bins (with edges,
+    ``num_bins`` must agree or stay at its default: defect 6 of docs/algorithm.md); ``hysteresis`` must be
+    below the narrowest bin; ``unseen_bin`` is reported, not committed, for a prompt never observed."""
 
     def __init__(
         self,
@@ -695,7 +581,7 @@ class OnlineDifficultyClassifier:
         unseen_bin: int = 0,
     ) -> None:
         edges = _validate_edges(bin_edges, num_bins)
-        self._edges = edges
+        self._bin_edges = edges
         self._num_bins = edges.size + 1
         self._full_edges = np.concatenate([[0.0], edges, [1.0]])
         self._window = _check_int("window", window, 1)
@@ -703,76 +589,72 @@ class OnlineDifficultyClassifier:
         if estimator not in ESTIMATORS:
             raise ValueError(f"estimator must be one of {list(ESTIMATORS)}, got {estimator!r}")
         self._estimator = str(estimator)
-        self._hysteresis = _check_hysteresis(hysteresis, self._full_edges)
+        narrowest = float(np.diff(self._full_edges).min())
+        if (isinstance(hysteresis, bool) or not isinstance(hysteresis, numbers.Real) or not np.isfinite(hysteresis)
+                or not 0.0 <= float(hysteresis) < narrowest):
+            raise ValueError(
+                f"hysteresis must be in [0, {narrowest:g}) (smaller than the narrowest bin), got {hysteresis!r}"
+            )
+        self._hysteresis = float(hysteresis)
         self._thresholds = hysteresis_thresholds(self._full_edges, self._hysteresis)
         self._snapped_edges = snap(edges)  # raw_bin's edges on the snap grid, fixed like the thresholds
         self._unseen_bin = _check_int("unseen_bin", unseen_bin, 0, self._num_bins - 1)
         self._history = _VisitHistory(self._window)
 
-    # -- configuration ---------------------------------------------------------------------
+    # -- configuration: read-only views of the settings ---------------------------------------
 
-    @property
-    def num_bins(self) -> int:
-        """B, the number of bins."""
-        return self._num_bins
-
-    @property
-    def bin_edges(self) -> np.ndarray:
-        """The B-1 inner edges (a copy)."""
-        return self._edges.copy()
-
-    @property
-    def window(self) -> int:
-        return self._window
-
-    @property
-    def k(self) -> int:
-        return self._k
-
-    @property
-    def hysteresis(self) -> float:
-        return self._hysteresis
-
-    @property
-    def estimator(self) -> str:
-        return self._estimator
-
-    @property
-    def unseen_bin(self) -> int:
-        return self._unseen_bin
-
-    @property
-    def num_seen(self) -> int:
-        """Number of distinct prompts observed at least once."""
-        return self._history.n
-
-    def _config(self) -> dict[str, Any]:
-        return {"bin_edges": self._edges, "window": self._window, "hysteresis": self._hysteresis, "k": self._k,
-                "estimator": self._estimator, "unseen_bin": self._unseen_bin}
+    num_bins = property(attrgetter("_num_bins"), doc="B, the number of bins.")
+    window = property(attrgetter("_window"), doc="H, the visits kept per prompt.")
+    k = property(attrgetter("_k"), doc="k of pass@k.")
+    hysteresis = property(attrgetter("_hysteresis"), doc="delta, the hysteresis margin.")
+    estimator = property(attrgetter("_estimator"), doc="One of :data:`ESTIMATORS`.")
+    unseen_bin = property(attrgetter("_unseen_bin"), doc="The bin reported for a prompt never observed.")
+    num_seen = property(attrgetter("_history.n"), doc="Number of distinct prompts observed at least once.")
+    bin_edges = property(lambda self: self._bin_edges.copy(), doc="The B-1 inner edges (a copy).")
+    _config = property(lambda self: {key: getattr(self, f"_{key}") for key in _CONFIG}, doc="The saved settings.")
 
     def memory_bytes(self) -> int:
         """Bytes held by the arrays (allocated capacity, including the uid hash table)."""
-        return self._history.memory_bytes()
+        h = self._history
+        arrays = [h.succ, h.trials, h.index.table, *(getattr(h, name) for name in _COLUMNS)]
+        return int(sum(a.nbytes for a in arrays)) + (0 if h.dense is None else h.dense.nbytes)
 
     # -- the step API ----------------------------------------------------------------------
 
     def observe(self, uids: Any, successes: Any, trials: Any) -> None:
         """Push one visit per distinct prompt (``successes`` of ``trials`` <= 255 rollouts); all is
         checked before anything is written, so a rejected call changes nothing."""
-        u, s, t = _checked_visits(uids, successes, trials)
-        if u.size:
-            self.observe_prepared(u, s, t)
+        u, s, t = (int_array(name, v) for name, v in (("uids", uids), ("successes", successes), ("trials", trials)))
+        if not (u.size == s.size == t.size):
+            raise ValueError(f"uids, successes and trials must have equal lengths, got {u.size}, {s.size}, {t.size}")
+        if u.size == 0:
+            return
+        if _has_duplicates(u):
+            raise ValueError("uids must be distinct within one observe() call (one visit per prompt per step)")
+        if t.min() < 1 or t.max() > MAX_TRIALS_PER_VISIT:
+            raise ValueError(f"trials must be in [1, {MAX_TRIALS_PER_VISIT}] per visit, got range [{t.min()}, {t.max()}]")
+        if s.min() < 0 or np.any(s > t):
+            raise ValueError("successes must be in [0, trials] for every prompt")
+        self.observe_prepared(u, s, t)
 
     def observe_prepared(self, uids: np.ndarray, successes: np.ndarray, trials: np.ndarray) -> None:
         """:meth:`observe` without its checks, for inputs the controller builds valid every step:
         int64 1-D arrays of one length >= 1, distinct ``uids``, 1 <= trials <= 255, 0 <= s <= t."""
         self._history.push(uids, successes, trials)
 
-    def _seen(self, uids: Any) -> tuple[np.ndarray, np.ndarray]:
-        """(the slots of the uids observed before, which uids those are)."""
+    def _per_uid(
+        self, uids: Any, fill: float, dtype: type, read: Callable[[np.ndarray], Sequence[np.ndarray]], count: int = 1
+    ) -> tuple[np.ndarray, ...]:
+        """``count`` arrays of ``dtype`` per uid: ``read(slots)`` where observed before, else ``fill``."""
         slots = self._history.slots(int_array("uids", uids))
+        if slots.size and slots.min() >= 0:  # every uid seen before (the usual step): no masks
+            return tuple(np.asarray(values, dtype=dtype) for values in read(slots))
         seen = slots >= 0
-        return slots[seen], seen
+        outs = tuple(np.full(seen.size, fill, dtype=dtype) for _ in range(count))
+        if seen.any():
+            for out, values in zip(outs, read(slots[seen])):
+                out[seen] = values
+        return outs
 
     def _estimate_slots(self, slots: np.ndarray) -> np.ndarray:
         """Estimate for existing slots (all with >= 1 visit), on the :func:`snap` grid."""
@@ -784,54 +666,31 @@ class OnlineDifficultyClassifier:
     def pass_at_k(self, uids: Any) -> np.ndarray:
         """The section-1 estimate per uid on the :func:`snap` grid (the values the bins come from); NaN
         for a uid never observed."""
-        sl, seen = self._seen(uids)
-        out = np.full(seen.size, np.nan, dtype=np.float64)
-        if sl.size:
-            out[seen] = self._estimate_slots(sl)
-        return out
+        return self._per_uid(uids, np.nan, np.float64, lambda sl: (self._estimate_slots(sl),))[0]
 
-    def window_counts(self, uids: Any) -> tuple[np.ndarray, np.ndarray]:
+    def window_counts(self, uids: Any) -> tuple[np.ndarray, ...]:
         """(successes, trials) per uid pooled over its window, (0, 0) if never observed: what a
         per-prompt allocator reads (:func:`verl_gdro.rollout_gdro.smoothed_rate`)."""
-        sl, seen = self._seen(uids)
-        s_out = np.zeros(seen.size, dtype=np.int64)
-        t_out = np.zeros(seen.size, dtype=np.int64)
-        if sl.size:
-            s_out[seen] = self._history.succ_sum[sl]
-            t_out[seen] = self._history.trials_sum[sl]
-        return s_out, t_out
+        return self._per_uid(uids, 0, np.int64, lambda sl: (self._history.succ_sum[sl], self._history.trials_sum[sl]), 2)
 
-    def decayed_counts(self, uids: Any, decay: float) -> tuple[np.ndarray, np.ndarray]:
+    def decayed_counts(self, uids: Any, decay: float) -> tuple[np.ndarray, ...]:
         """:meth:`window_counts` with the visit of age a weighted by ``decay ** a``, to follow a
         policy that has just learned a prompt; read from the rings, so it adds no state."""
         if not (isinstance(decay, (int, float, np.floating)) and 0.0 < float(decay) <= 1.0):
             raise ValueError(f"decay must be in (0, 1], got {decay!r}")
-        sl, seen = self._seen(uids)
-        s_out = np.zeros(seen.size, dtype=np.float64)
-        t_out = np.zeros(seen.size, dtype=np.float64)
-        if sl.size:
-            s_out[seen], t_out[seen] = self._history.decayed(sl, float(decay))
-        return s_out, t_out
+        return self._per_uid(uids, 0.0, np.float64, lambda sl: self._history.decayed(sl, float(decay)), 2)
 
     def raw_bins(self, p: Any) -> np.ndarray:
         """Raw bin of each estimate in ``p`` (no hysteresis): the number of inner edges <= p."""
         arr = np.asarray(p, dtype=np.float64)
         if arr.size and (not np.all(np.isfinite(arr)) or arr.min() < 0.0 or arr.max() > 1.0):
             raise ValueError("p must hold finite estimates in [0, 1]")
-        return raw_bin(arr, self._edges)
+        return raw_bin(arr, self._bin_edges)
 
     def bins(self, uids: Any) -> np.ndarray:
         """Current bin per uid (repeats allowed), with hysteresis against the committed bin, committed;
         ``unseen_bin``, not committed, for a uid never observed. Idempotent without a new visit."""
-        u = int_array("uids", uids)
-        slots = self._history.slots(u)
-        if u.size and slots.min() >= 0:  # every uid seen before (the usual step): no masks
-            return self._classify_slots(slots)
-        out = np.full(u.size, self._unseen_bin, dtype=np.int64)
-        seen = slots >= 0
-        if seen.any():
-            out[seen] = self._classify_slots(slots[seen])
-        return out
+        return self._per_uid(uids, self._unseen_bin, np.int64, lambda sl: (self._classify_slots(sl),))[0]
 
     def _classify_slots(self, sl: np.ndarray) -> np.ndarray:
         """Bins of existing slots with hysteresis against their committed bins, committed."""
@@ -846,10 +705,7 @@ class OnlineDifficultyClassifier:
 
     def committed_bins(self, uids: Any) -> np.ndarray:
         """The last committed bin per uid without classifying (-1 = none yet / never seen)."""
-        sl, seen = self._seen(uids)
-        out = np.full(seen.size, _NO_BIN, dtype=np.int64)
-        out[seen] = self._history.bin[sl]
-        return out
+        return self._per_uid(uids, _NO_BIN, np.int64, lambda sl: (self._history.bin[sl],))[0]
 
     # -- checkpointing -----------------------------------------------------------------------
 
@@ -859,24 +715,16 @@ class OnlineDifficultyClassifier:
         prompt i's first ``min(visits_i, window)`` ring columns in flat uint8 ``successes``/``trials``."""
         return {
             "version": np.asarray(_STATE_VERSION, dtype=np.int64),
-            **{key: np.array(value, dtype=_CONFIG[key][1]) for key, value in self._config().items()},
+            **{key: np.array(value, dtype=_CONFIG[key][1]) for key, value in self._config.items()},
             **self._history.arrays(),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore a :meth:`state_dict` (also via ``np.load``), all or nothing; a state saved under
         other settings (named) or with malformed arrays is refused."""
-        differ = _config_differences(_saved_config(state), self._config())
-        if differ:
-            raise ValueError("classifier state comes from a differently configured classifier: " + "; ".join(differ))
-        uids, visits, cbin, succ, trials = _checked_arrays(state, self._window, self._num_bins)
-        # Building the index is the duplicate check; it mutates nothing of ours until it succeeds.
-        index = _UidIndex.build(uids, 2 * uids.shape[0], check_duplicates=True)
-        self._history = _VisitHistory.restored(self._window, uids, visits, cbin, succ, trials, index)
+        _check_saved_config(state, self._config)
+        self._history = _VisitHistory.restored(self._window, _checked_arrays(state, self._window, self._num_bins))
 
     def __repr__(self) -> str:
-        return (
-            f"OnlineDifficultyClassifier(num_bins={self._num_bins}, window={self._window}, "
-            f"hysteresis={self._hysteresis}, k={self._k}, estimator={self._estimator!r}, "
-            f"unseen_bin={self._unseen_bin}, num_seen={self.num_seen})"
-        )
+        shown = ("num_bins", "window", "hysteresis", "k", "estimator", "unseen_bin", "num_seen")
+        return f"OnlineDifficultyClassifier({', '.join(f'{key}={getattr(self, key)!r}' for key in shown)})"
