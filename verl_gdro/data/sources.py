@@ -77,15 +77,11 @@ def last_boxed(text: str) -> str | None:
     start = text.rfind("\\boxed{")
     if start < 0:
         return None
-    i, depth = start + len("\\boxed{"), 1
-    while i < len(text):
-        if text[i] == "{":
-            depth += 1
-        elif text[i] == "}":
-            depth -= 1
-            if depth == 0:
-                return text[start + len("\\boxed{") : i]
-        i += 1
+    body, depth = start + len("\\boxed{"), 1
+    for i, ch in enumerate(text[body:], body):
+        depth += (ch == "{") - (ch == "}")
+        if depth == 0:
+            return text[body:i]
     return None
 
 
