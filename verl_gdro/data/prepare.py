@@ -94,7 +94,6 @@ def prepare_all(
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Arguments of the data preparation command."""
     parser.add_argument("--out-dir", required=True, help="root folder; files go to OUT_DIR/<template>/")
     parser.add_argument("--template", default="answer", choices=available_templates())
     parser.add_argument("--benchmarks", nargs="*", default=None, help=f"subset of {sorted(BENCHMARKS)}")
@@ -104,7 +103,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    """Run :func:`prepare_all` against the hub."""
     names = [n for n in (args.benchmarks or list(BENCHMARKS)) if n not in set(args.skip)]
     manifest = prepare_all(args.out_dir, template=args.template, benchmarks=names, include_train=not args.no_train,
                            gpqa_seed=args.gpqa_seed)

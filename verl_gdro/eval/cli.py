@@ -29,7 +29,6 @@ def _parse_run(text: str) -> tuple[str, str]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Arguments of ``verl-gdro eval``."""
     parser.add_argument("--run", action="append", type=_parse_run, required=True, metavar="NAME=PATH",
                         help="a run: its validation_data_dir or a dump JSONL (repeatable)")
     parser.add_argument("--baseline", default=None, help="run NAME the relative gains are computed against")
