@@ -36,9 +36,6 @@ from verl_gdro.data.templates import available_templates, load_template
 # a val id can never collide even if a run logs them together.
 VAL_INDEX_OFFSET = 10_000_000
 
-TableLoader = Callable[[str], Any]
-
-
 def load_hub_table(name: str) -> Any:  # pragma: no cover - needs the hub
     """Load the hub table of ``name`` ("dapo" or a benchmark) with ``datasets.load_dataset``."""
     from datasets import load_dataset
@@ -60,7 +57,7 @@ def write_parquet(df: pd.DataFrame, path: Path) -> Path:
 
 
 def prepare_all(
-    out_dir: str | Path, template: str = "answer", loader: TableLoader = load_hub_table,
+    out_dir: str | Path, template: str = "answer", loader: Callable[[str], Any] = load_hub_table,
     benchmarks: Sequence[str] | None = None, include_train: bool = True, gpqa_seed: int = DEFAULT_GPQA_SEED,
 ) -> dict[str, Any]:
     """Convert every table ``loader(name)`` returns (hub schema; tests pass fixtures), write the
