@@ -1,9 +1,7 @@
 """Reward functions for ``reward.custom_reward_function``, one per prompt template (the template
 group names it): verl 0.9.1's default router raises for AMC, Minerva, OlympiadBench and GPQA.
 
-``compute_score_answer``: verl's ``math_dapo`` on the last "Answer:" line; ``compute_score_boxed``:
-math-verify on the last ``\\boxed{}`` (:mod:`verl_gdro.data.boxed_verify`); GPQA by letter. Both
-return ``score`` in {-1, +1}, ``acc`` in {0, 1} (what GDRO and pass@k read, never the score),
+Both return ``score`` in {-1, +1}, ``acc`` in {0, 1} (what GDRO and pass@k read, never the score),
 ``pred`` and ``data_source`` (for :mod:`verl_gdro.eval`). A row of another template is refused
 (the release's defect 5: a silent -1 everywhere looks like a hard task). verl is imported lazily.
 """
@@ -87,7 +85,8 @@ def compute_score_answer(
 def compute_score_boxed(
     data_source: str, solution_str: str, ground_truth: str, extra_info: Any = None, **kwargs: Any
 ) -> dict[str, Any]:
-    """Score a response to the boxed template (math-verify; GPQA by boxed letter)."""
+    """Score a response to the boxed template (math-verify on the last ``\\boxed{}``, in
+    :mod:`verl_gdro.data.boxed_verify`'s pool; GPQA by boxed letter)."""
     _check_template(extra_info, "boxed")
     boxed = last_boxed(solution_str)
     if _kind(data_source) == "choice":
