@@ -36,9 +36,7 @@ def resolve_dump_file(path: str | Path, step: int | str | None = "latest") -> Pa
     steps = sorted(int(f.stem) for f in p.glob("*.jsonl") if f.stem.isdigit())
     if not steps:
         raise ValueError(f"no <step>.jsonl dumps under {str(p)!r} (set trainer.validation_data_dir)")
-    if step in (None, "latest"):
-        return p / f"{steps[-1]}.jsonl"
-    s = int(step)
+    s = steps[-1] if step in (None, "latest") else int(step)
     if s not in steps:
         raise ValueError(f"step={s} has no dump under {str(p)!r}; available: {steps}")
     return p / f"{s}.jsonl"
