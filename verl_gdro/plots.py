@@ -73,8 +73,7 @@ def series_from_rows(rows: list[dict[str, Any]], name: str | None = None,
     seeds = {r.get("seed") for r in rows if "data" not in r}
     for r in rows:
         if "data" in r and isinstance(r["data"], Mapping):  # verl FileLogger
-            flat = dict(r["data"])
-            flat["step"] = int(r["step"])
+            flat = {**r["data"], "step": int(r["step"])}
             key = name or "verl"
         else:
             flat = dict(r)
