@@ -25,16 +25,12 @@ except PackageNotFoundError:  # imported from a source tree that was never insta
     __version__ = "0+unknown"
 
 #: public name -> the step-API module that defines it
-_STEP_API = {
-    "GDROController": "verl_gdro.step.controller",
-    "StepPlan": "verl_gdro.step.controller",
-    "describe_mode": "verl_gdro.step.controller",
-    "GDROSettings": "verl_gdro.step.config",
-    "resolve_gdro": "verl_gdro.step.config",
-    "validate_gdro_config": "verl_gdro.step.config",
-    "gdro_step": "verl_gdro.step.context",
-    "PromptSampler": "verl_gdro.step.sampler",
-}
+_STEP_API = {name: f"verl_gdro.step.{module}" for module, names in (
+    ("controller", ("GDROController", "StepPlan", "describe_mode")),
+    ("config", ("GDROSettings", "resolve_gdro", "validate_gdro_config")),
+    ("context", ("gdro_step",)),
+    ("sampler", ("PromptSampler",)),
+) for name in names}
 
 __all__ = ["GDROController", "GDROSettings", "PromptSampler", "StepPlan", "__version__", "describe_mode",
            "gdro_step", "resolve_gdro", "validate_gdro_config"]

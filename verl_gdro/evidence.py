@@ -38,9 +38,8 @@ def expected_informative_utility(p: np.ndarray, arms: np.ndarray) -> np.ndarray:
 
 def arm_utility_values(name: str, p: np.ndarray, arms: np.ndarray) -> np.ndarray:
     """A full-information utility u(p, n) per rate (rows) and arm (columns), each concave in n (so greedy
-    allocation is exact for ``per_prompt``); formulas and reasons in docs/algorithm.md, section 3:
-    ``expected_informative`` 1 - p^n - (1 - p)^n, ``failure_weighted`` (1 - p) times it (the hard tail),
-    ``knapsack`` p (1 - p)^2 times it (Knapsack RL), ``variance`` -p (1 - p) / n (VIP)."""
+    allocation is exact for ``per_prompt``): ``failure_weighted`` weighs the hard tail, ``knapsack`` is
+    Knapsack RL's, ``variance`` VIP's (docs/algorithm.md, section 3)."""
     if name == "variance":
         return variance_utility(p, arms)
     u = expected_informative_utility(p, arms)
@@ -103,8 +102,7 @@ def failure_weighted_priority(p: np.ndarray, n: int) -> np.ndarray:
 def greso_keep_probability(streak: np.ndarray, revisit: float) -> np.ndarray:
     """GRESO (Zheng et al., arXiv 2506.02177): a prompt whose last z visits all gave zero-variance groups is
     kept with probability revisit^z (``revisit`` fixed here; GRESO adapts it)."""
-    z = np.asarray(streak, dtype=np.float64)
-    return float(revisit) ** z
+    return float(revisit) ** np.asarray(streak, dtype=np.float64)
 
 
 def band_priority(p: np.ndarray, width: float, center: float = 0.5) -> np.ndarray:
@@ -192,10 +190,8 @@ class PromptEvidence:
     def rows(self, uids: Any) -> np.ndarray:
         """Row of each uid in the set; -1 for a uid outside it."""
         u = np.asarray(uids, dtype=np.int64)
-        pos = np.searchsorted(self._sorted, u)
-        pos_c = np.minimum(pos, self._sorted.size - 1)
-        found = self._sorted[pos_c] == u
-        return np.where(found, self._order[pos_c], -1)
+        pos = np.minimum(np.searchsorted(self._sorted, u), self._sorted.size - 1)
+        return np.where(self._sorted[pos] == u, self._order[pos], -1)
 
     def observe(self, uids: Any, successes: Any, trials: Any) -> None:
         """One visit per (distinct) uid: decay its evidence and add the visit's counts."""

@@ -73,8 +73,7 @@ def series_from_rows(rows: list[dict[str, Any]], name: str | None = None,
     seeds = {r.get("seed") for r in rows if "data" not in r}
     for r in rows:
         if "data" in r and isinstance(r["data"], Mapping):  # verl FileLogger
-            flat = dict(r["data"])
-            flat["step"] = int(r["step"])
+            flat = {**r["data"], "step": int(r["step"])}
             key = name or "verl"
         else:
             flat = dict(r)
@@ -132,28 +131,36 @@ def draw_all(series: Mapping[str, Sequence[Mapping[str, Any]]], out_dir: str | P
     out.mkdir(parents=True, exist_ok=True)
     written = [_heatmap(rows, metric, f"{name}: {title}", label, out / f"{_safe(name)}_{stem}.png")
                for name, rows in series.items() if rows for stem, (metric, title, label) in HEATMAPS.items()]
-    written.append(_scalar_figure(series, "gdro/lead_lag", "mu_weight - mu_data",
-                                  "lead-lag of the weighted bin index (Eq. 32)", out / "lead_lag.png", zero_line=True))
-    written.append(_scalar_figure(series, "gdro/zero_adv_share", "share of the step's groups",
-                                  "zero-advantage groups (all correct or all wrong)", out / "zero_adv_share.png",
-                                  ylim=(0.0, 1.0)))
-    written.append(_wse_figure(series, out / "wse.png"))
+    written.append(_line_figure(series, (("gdro/lead_lag", "-", ""),), "mu_weight - mu_data",
+                                "lead-lag of the weighted bin index (Eq. 32)", out / "lead_lag.png", zero_line=True))
+    written.append(_line_figure(series, (("gdro/zero_adv_share", "-", ""),), "share of the step's groups",
+                                "zero-advantage groups (all correct or all wrong)", out / "zero_adv_share.png",
+                                ylim=(0.0, 1.0)))
+    # Eq. 33's proxy beside its compute-matched uniform baseline, one colour per series
+    wse = (("gdro/wse", "-", ": WSE"), ("gdro/wse_uniform", "--", ": uniform n (compute-matched)"))
+    written.append(_line_figure(series, wse, "sum_b qhat(b) sigma_b / sqrt(n_b)",
+                                "weighted standard error proxy vs uniform allocation (Eq. 33)", out / "wse.png", legend=6))
     return written
+
+
+def _save(fig: Any, path: Path, dpi: int = 90) -> Path:
+    """Save one figure to ``path`` and close it."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+    return path
 
 
 def _finish(fig: Any, ax: Any, path: Path, ylabel: str, title: str, legend: int = 0) -> Path:
     """Label one figure's axes, save it to ``path`` and close it."""
-    import matplotlib.pyplot as plt
-
     ax.set_xlabel("step")
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     if legend:
         ax.legend(fontsize=legend)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def _heatmap(rows: Sequence[Mapping[str, Any]], metric: str, title: str, label: str, path: Path) -> Path:
@@ -172,33 +179,23 @@ def _heatmap(rows: Sequence[Mapping[str, Any]], metric: str, title: str, label: 
     return _finish(fig, ax, path, "bin (0 = hardest)", title)
 
 
-def _wse_figure(series: Mapping[str, Sequence[Mapping[str, Any]]], path: Path) -> Path:
-    """Eq. 33's proxy beside its compute-matched uniform baseline, one colour per series."""
+def _line_figure(series: Mapping[str, Sequence[Mapping[str, Any]]], curves: Sequence[tuple[str, str, str]],
+                 ylabel: str, title: str, path: Path, legend: int = 7, zero_line: bool = False,
+                 ylim: tuple[float, float] | None = None) -> Path:
+    """Scalar metrics over steps: per series (one colour each) a line per ``(key, linestyle, label
+    suffix)`` of ``curves``, saved to ``path``."""
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 3.6))
     for i, (name, rows) in enumerate(series.items()):
-        color = f"C{i % 10}"
         x = [r["step"] for r in rows]
-        ax.plot(x, _scalar(rows, "gdro/wse"), color=color, label=f"{name}: WSE")
-        ax.plot(x, _scalar(rows, "gdro/wse_uniform"), color=color, ls="--", label=f"{name}: uniform n (compute-matched)")
-    return _finish(fig, ax, path, "sum_b qhat(b) sigma_b / sqrt(n_b)",
-                   "weighted standard error proxy vs uniform allocation (Eq. 33)", legend=6)
-
-
-def _scalar_figure(series: Mapping[str, Sequence[Mapping[str, Any]]], key: str, ylabel: str, title: str, path: Path,
-                   zero_line: bool = False, ylim: tuple[float, float] | None = None) -> Path:
-    """One scalar metric over steps, a line per series, saved to ``path``."""
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 3.6))
-    for name, rows in series.items():
-        ax.plot([r["step"] for r in rows], _scalar(rows, key), label=name)
+        for key, ls, suffix in curves:
+            ax.plot(x, _scalar(rows, key), color=f"C{i % 10}", ls=ls, label=f"{name}{suffix}")
     if zero_line:
         ax.axhline(0.0, color="k", lw=0.5)
     if ylim is not None:
         ax.set_ylim(*ylim)
-    return _finish(fig, ax, path, ylabel, title, legend=7)
+    return _finish(fig, ax, path, ylabel, title, legend=legend)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -230,6 +227,7 @@ def draw_learning_curves(summary: Mapping[str, Any], out_dir: str | Path) -> lis
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
     for name, entry in summary["methods"].items():
         curve = entry["curve"]
@@ -241,8 +239,4 @@ def draw_learning_curves(summary: Mapping[str, Any], out_dir: str | Path) -> lis
         ax.set_title(f"{summary.get('task', '')}: {title} ({summary.get('num_seeds', 1)} seed mean)")
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7)
-    fig.tight_layout()
-    path = out / "learning_curves.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return [path]
+    return [_save(fig, out / "learning_curves.png", dpi=110)]

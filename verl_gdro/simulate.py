@@ -1,19 +1,15 @@
 """Controller-only simulation: what the classifier and both adversaries decide, step by step.
 
-No model, no verl, no torch: a population of prompts with a heavy-tailed difficulty mix whose
-latent success probability rises with the (weighted) GRPO signal each level receives. It exists to
-make the controllers' behaviour visible in seconds (bins, Prompt-GDRO weights, rollouts per bin)
-and to compare the ``robust`` and ``paper`` presets on the same synthetic task. It is a toy model
-of learning, not evidence about LLMs: the CPU demo (``verl-gdro demo``) trains a real policy.
+No model, no verl, no torch: prompts with a heavy-tailed difficulty mix whose latent success
+probability rises with the (weighted) GRPO signal each level receives, to show in seconds what the
+controllers do (bins, Prompt-GDRO weights, rollouts per bin) and compare the ``robust`` and ``paper``
+presets. A toy model of learning, not evidence about LLMs (``verl-gdro demo`` trains a real policy).
+The controllers are the step API's, called in the trainer's order (``tests/test_simulate_wiring.py``).
 
-The controllers are the step API's (:meth:`GDROController.from_config` on the method's ``gdro``
-group: the package config's defaults, the preset's choices), called in the trainer's order, so the
-simulation runs exactly what a preset configures (``tests/test_simulate_wiring.py``).
-
-Learning model: prompt i of level l succeeds with probability sigmoid(theta_l + c_i). A group with
-both a success and a failure gives a non-zero GRPO gradient; each such group moves theta of its
-level by ``lr * w_i * n_i / sum(n)`` (token-mean aggregation: every response counts once), with
-``spill`` of it reaching the neighbouring levels (shared skills).
+Learning model: prompt i of level l succeeds with probability sigmoid(theta_l + c_i); each group with
+both a success and a failure (a non-zero GRPO gradient) moves theta of its level by
+``lr * w_i * n_i / sum(n)`` (token-mean: every response counts once), ``spill`` of it reaching the
+neighbouring levels (shared skills).
 """
 
 from __future__ import annotations
@@ -63,12 +59,8 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
 
 
 def method_gdro_group(method: str, seed: int = 0) -> dict[str, Any]:
-    """The ``gdro`` config group that defines ``method``, as the trainer and the demo read it.
-
-    Only the preset and the two switches are set; every other key keeps the package config's
-    default (``verl_gdro/config/gdro_trainer.yaml``) and every preset-decided key its preset's
-    value, so the simulation runs exactly what ``gdro.preset`` configures.
-    """
+    """The ``gdro`` config group that defines ``method``, as the trainer and the demo read it: only the
+    preset and the two switches, so every other key keeps its package default or preset value."""
     if method not in METHODS:
         raise ValueError(f"--methods: unknown method {method!r}; allowed: {list(METHODS)}")
     return {
@@ -91,8 +83,6 @@ def run_method(method: str, cfg: SimConfig, verbose: bool = False) -> dict[str, 
     ctrl = build_controller(method, cfg)
     # a sampling mode draws the batches through the step API's sampler, as the trainer does
     sampler = PromptSampler(ctrl, np.arange(cfg.num_prompts), seed=cfg.seed + 2) if ctrl.resamples else None
-    loss_signal = ctrl.settings.prompt.loss_signal
-    num_bins = ctrl.num_bins
     rows: list[dict[str, float]] = []
     total_rollouts = 0
     for step in range(cfg.steps):
@@ -116,7 +106,7 @@ def run_method(method: str, cfg: SimConfig, verbose: bool = False) -> dict[str, 
                                             + np.roll(grad, -1) * (np.arange(cfg.num_levels) < cfg.num_levels - 1))
         acc = _bernoulli_flat(succ, n)
         policy: dict[str, np.ndarray] = {}
-        if loss_signal != "failure_rate":
+        if ctrl.settings.prompt.loss_signal != "failure_rate":
             # the surrogate signals at the on-policy point: advantages of a group sum to zero (here:
             # zero), so only the KL to the reference remains (low_var_kl(d) ~ d^2 / 2 per token)
             zeros = np.zeros((acc.size, 1))
@@ -127,7 +117,7 @@ def run_method(method: str, cfg: SimConfig, verbose: bool = False) -> dict[str, 
         metrics["reward/mean"] = float(succ.sum() / n.sum())
         rows.append(metrics)
         if verbose and (step % max(1, cfg.steps // 10) == 0 or step == cfg.steps - 1):
-            print(_describe_step(method, step, bins, n, metrics, num_bins))
+            print(_describe_step(method, step, bins, n, metrics, ctrl.num_bins))
     final = _sigmoid(theta[:, None] + offsets[None, :])
     per_level = np.array([final[lvl, levels == lvl].mean() for lvl in range(cfg.num_levels)])
     return {"per_level": per_level, "rows": rows, "rollouts": total_rollouts}

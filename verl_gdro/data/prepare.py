@@ -36,9 +36,6 @@ from verl_gdro.data.templates import available_templates, load_template
 # a val id can never collide even if a run logs them together.
 VAL_INDEX_OFFSET = 10_000_000
 
-TableLoader = Callable[[str], Any]
-
-
 def load_hub_table(name: str) -> Any:  # pragma: no cover - needs the hub
     """Load the hub table of ``name`` ("dapo" or a benchmark) with ``datasets.load_dataset``."""
     from datasets import load_dataset
@@ -60,7 +57,7 @@ def write_parquet(df: pd.DataFrame, path: Path) -> Path:
 
 
 def prepare_all(
-    out_dir: str | Path, template: str = "answer", loader: TableLoader = load_hub_table,
+    out_dir: str | Path, template: str = "answer", loader: Callable[[str], Any] = load_hub_table,
     benchmarks: Sequence[str] | None = None, include_train: bool = True, gpqa_seed: int = DEFAULT_GPQA_SEED,
 ) -> dict[str, Any]:
     """Convert every table ``loader(name)`` returns (hub schema; tests pass fixtures), write the
@@ -94,7 +91,6 @@ def prepare_all(
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Arguments of the data preparation command."""
     parser.add_argument("--out-dir", required=True, help="root folder; files go to OUT_DIR/<template>/")
     parser.add_argument("--template", default="answer", choices=available_templates())
     parser.add_argument("--benchmarks", nargs="*", default=None, help=f"subset of {sorted(BENCHMARKS)}")
@@ -104,7 +100,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    """Run :func:`prepare_all` against the hub."""
     names = [n for n in (args.benchmarks or list(BENCHMARKS)) if n not in set(args.skip)]
     manifest = prepare_all(args.out_dir, template=args.template, benchmarks=names, include_train=not args.no_train,
                            gpqa_seed=args.gpqa_seed)

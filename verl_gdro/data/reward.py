@@ -1,9 +1,7 @@
 """Reward functions for ``reward.custom_reward_function``, one per prompt template (the template
 group names it): verl 0.9.1's default router raises for AMC, Minerva, OlympiadBench and GPQA.
 
-``compute_score_answer``: verl's ``math_dapo`` on the last "Answer:" line; ``compute_score_boxed``:
-math-verify on the last ``\\boxed{}`` (:mod:`verl_gdro.data.boxed_verify`); GPQA by letter. Both
-return ``score`` in {-1, +1}, ``acc`` in {0, 1} (what GDRO and pass@k read, never the score),
+Both return ``score`` in {-1, +1}, ``acc`` in {0, 1} (what GDRO and pass@k read, never the score),
 ``pred`` and ``data_source`` (for :mod:`verl_gdro.eval`). A row of another template is refused
 (the release's defect 5: a silent -1 everywhere looks like a hard task). verl is imported lazily.
 """
@@ -38,14 +36,13 @@ def _kind(data_source: str) -> str:
 
 
 def _check_template(extra_info: Any, expected: str) -> None:
-    if isinstance(extra_info, Mapping):
-        got = extra_info.get("template")
-        if got is not None and got != expected:
-            raise ValueError(
-                f"extra_info.template={got!r} but the reward function grades template {expected!r}: "
-                f"select template={got} (the config group pairs each template with its scorer) "
-                "or prepare the data with the template you train with"
-            )
+    got = extra_info.get("template") if isinstance(extra_info, Mapping) else None
+    if got is not None and got != expected:
+        raise ValueError(
+            f"extra_info.template={got!r} but the reward function grades template {expected!r}: "
+            f"select template={got} (the config group pairs each template with its scorer) "
+            "or prepare the data with the template you train with"
+        )
 
 
 def extract_letter(text: str | None) -> str | None:
@@ -85,25 +82,22 @@ def compute_score_answer(
     return _result(bool(res["acc"]), res.get("pred"), data_source)
 
 
-def _require_math_verify() -> None:
+def compute_score_boxed(
+    data_source: str, solution_str: str, ground_truth: str, extra_info: Any = None, **kwargs: Any
+) -> dict[str, Any]:
+    """Score a response to the boxed template (math-verify on the last ``\\boxed{}``, in
+    :mod:`verl_gdro.data.boxed_verify`'s pool; GPQA by boxed letter)."""
+    _check_template(extra_info, "boxed")
+    boxed = last_boxed(solution_str)
+    if _kind(data_source) == "choice":
+        pred = extract_letter(boxed)
+        return _result(pred is not None and pred == str(ground_truth).strip().upper(), pred, data_source)
     try:
         import math_verify  # noqa: F401
     except ImportError as e:  # verl's wrapper would print and return 0 for every response
         raise ImportError(
             "template=boxed grades with math-verify: pip install math-verify==0.9.0 (or use template=answer)"
         ) from e
-
-
-def compute_score_boxed(
-    data_source: str, solution_str: str, ground_truth: str, extra_info: Any = None, **kwargs: Any
-) -> dict[str, Any]:
-    """Score a response to the boxed template (math-verify; GPQA by boxed letter)."""
-    _check_template(extra_info, "boxed")
-    boxed = last_boxed(solution_str)
-    if _kind(data_source) == "choice":
-        pred = extract_letter(boxed)
-        return _result(pred is not None and pred == str(ground_truth).strip().upper(), pred, data_source)
-    _require_math_verify()
     from verl_gdro.data.boxed_verify import is_equivalent
 
     if boxed is None:  # the template asks for \boxed{}; math-verify alone would also accept bare text

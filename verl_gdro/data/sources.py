@@ -77,15 +77,11 @@ def last_boxed(text: str) -> str | None:
     start = text.rfind("\\boxed{")
     if start < 0:
         return None
-    i, depth = start + len("\\boxed{"), 1
-    while i < len(text):
-        if text[i] == "{":
-            depth += 1
-        elif text[i] == "}":
-            depth -= 1
-            if depth == 0:
-                return text[start + len("\\boxed{") : i]
-        i += 1
+    body, depth = start + len("\\boxed{"), 1
+    for i, ch in enumerate(text[body:], body):
+        depth += (ch == "{") - (ch == "}")
+        if depth == 0:
+            return text[body:i]
     return None
 
 
@@ -188,12 +184,6 @@ def shuffle_choices(question: str, correct: str, incorrect: Sequence[str], seed:
     return shuffled, GPQA_LETTERS[order.index(0)]
 
 
-def gpqa_problem_text(question: str, options: Sequence[str]) -> str:
-    """Question, lettered options and the letter instruction, as the template's ``{problem}``."""
-    lines = [f"{letter}) {opt}" for letter, opt in zip(GPQA_LETTERS, options, strict=True)]
-    return f"{question.strip()}\n\n" + "\n".join(lines) + f"\n\n{GPQA_INSTRUCTION}"
-
-
 def prepare_gpqa(table: Any, template: PromptTemplate | str = "answer", seed: int = DEFAULT_GPQA_SEED,
                  index_offset: int = 0) -> pd.DataFrame:
     """GPQA-Diamond (``Question``, ``Correct Answer``, ``Incorrect Answer 1..3``) to 4-way choice rows."""
@@ -204,9 +194,11 @@ def prepare_gpqa(table: Any, template: PromptTemplate | str = "answer", seed: in
         correct = _pick(rec, ("Correct Answer",), "correct answer", "gpqa_diamond")
         incorrect = [_pick(rec, (f"Incorrect Answer {j}",), f"incorrect answer {j}", "gpqa_diamond") for j in (1, 2, 3)]
         options, letter = shuffle_choices(question, correct, incorrect, seed)
+        lettered = "\n".join(f"{x}) {opt}" for x, opt in zip(GPQA_LETTERS, options, strict=True))
+        problem = f"{question.strip()}\n\n{lettered}\n\n{GPQA_INSTRUCTION}"  # the template's {problem}
         source_id = rec.get("Record ID", rec.get("id", i))
-        rows.append(_row("gpqa_diamond", tpl.render(gpqa_problem_text(question, options)), letter, index_offset + i,
-                         tpl, "test", str(source_id), ability="science"))
+        rows.append(_row("gpqa_diamond", tpl.render(problem), letter, index_offset + i, tpl, "test", str(source_id),
+                         ability="science"))
     return validate_rl_frame(pd.DataFrame(rows))
 
 

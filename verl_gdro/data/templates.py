@@ -41,8 +41,7 @@ def load_template(name: str = DEFAULT_TEMPLATE) -> PromptTemplate:
     path = TEMPLATE_DIR / f"{name}.yaml"
     if not path.is_file():
         raise ValueError(f"template={name!r} is unknown; allowed: {available_templates()}")
-    with open(path, encoding="utf-8") as f:
-        data = yaml.safe_load(f)
+    data = yaml.safe_load(path.read_text(encoding="utf-8"))
     pt = data["prompt_template"]
     if pt["name"] != name:
         raise ValueError(f"{path}: prompt_template.name={pt['name']!r} does not match the file name {name!r}")

@@ -14,6 +14,7 @@ import argparse
 import json
 import sys
 from dataclasses import asdict
+from pathlib import Path
 
 from verl_gdro.eval.generations import group_by_prompt, read_dump
 from verl_gdro.eval.metrics import RunResult, score_run
@@ -21,16 +22,13 @@ from verl_gdro.eval.table import PAPER_TABLE1, detail_table, markdown_table
 
 
 def _parse_run(text: str) -> tuple[str, str]:
-    if "=" not in text:
-        raise argparse.ArgumentTypeError(f"--run expects NAME=PATH, got {text!r}")
-    name, path = text.split("=", 1)
-    if not name or not path:
+    name, sep, path = text.partition("=")
+    if not (sep and name and path):
         raise argparse.ArgumentTypeError(f"--run expects NAME=PATH, got {text!r}")
     return name, path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Arguments of ``verl-gdro eval``."""
     parser.add_argument("--run", action="append", type=_parse_run, required=True, metavar="NAME=PATH",
                         help="a run: its validation_data_dir or a dump JSONL (repeatable)")
     parser.add_argument("--baseline", default=None, help="run NAME the relative gains are computed against")
@@ -76,11 +74,9 @@ def main(args: argparse.Namespace) -> int:
         text += f"\nPrompts with fewer than {args.n_expected or args.k} samples, padded with failures: {padded}\n"
     print(text, end="")
     if args.out:
-        with open(args.out, "w", encoding="utf-8") as f:
-            f.write(text)
+        Path(args.out).write_text(text, encoding="utf-8")
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump({n: asdict(r) for n, r in results.items()}, f, indent=2)
+        Path(args.json).write_text(json.dumps({n: asdict(r) for n, r in results.items()}, indent=2), encoding="utf-8")
     return 0
 
 

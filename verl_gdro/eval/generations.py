@@ -26,12 +26,6 @@ class Sample:
     session: str = ""
 
 
-def dump_steps(path: str | Path) -> list[int]:
-    """The global steps that have a dump file under ``path`` (sorted)."""
-    p = Path(path)
-    return sorted(int(f.stem) for f in p.glob("*.jsonl") if f.stem.isdigit())
-
-
 def resolve_dump_file(path: str | Path, step: int | str | None = "latest") -> Path:
     """``path`` itself if it is a file, else ``<path>/<step>.jsonl`` (``latest`` = highest step)."""
     p = Path(path)
@@ -39,12 +33,10 @@ def resolve_dump_file(path: str | Path, step: int | str | None = "latest") -> Pa
         return p
     if not p.is_dir():
         raise ValueError(f"generations path {str(p)!r} is neither a JSONL file nor a folder")
-    steps = dump_steps(p)
+    steps = sorted(int(f.stem) for f in p.glob("*.jsonl") if f.stem.isdigit())
     if not steps:
         raise ValueError(f"no <step>.jsonl dumps under {str(p)!r} (set trainer.validation_data_dir)")
-    if step in (None, "latest"):
-        return p / f"{steps[-1]}.jsonl"
-    s = int(step)
+    s = steps[-1] if step in (None, "latest") else int(step)
     if s not in steps:
         raise ValueError(f"step={s} has no dump under {str(p)!r}; available: {steps}")
     return p / f"{s}.jsonl"
@@ -111,18 +103,14 @@ def read_dump(
 
 
 def group_by_prompt(samples: Iterable[Sample]) -> dict[str, list[list[float]]]:
-    """``{benchmark: [[acc of each sample of one prompt], ...]}``, one entry per rollout session.
-
-    A multi-turn session dumps each turn, all with the session's final acc: keep one per session.
-    """
+    """``{benchmark: [[acc of each sample of one prompt], ...]}``, one entry per rollout session (a
+    multi-turn session dumps each turn, all with the session's final acc)."""
     seen: set[tuple[str, str]] = set()
     per: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for s in samples:
-        if s.session:
-            key = (s.prompt_id, s.session)
-            if key in seen:
-                continue
-            seen.add(key)
+        if s.session and (s.prompt_id, s.session) in seen:
+            continue
+        seen.add((s.prompt_id, s.session))
         per[s.data_source][s.prompt_id].append(s.acc)
     return {ds: list(prompts.values()) for ds, prompts in per.items()}
 

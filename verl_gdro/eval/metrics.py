@@ -25,10 +25,8 @@ TABLE_COLUMNS: tuple[tuple[str, tuple[str, ...]], ...] = (
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased pass@k of one prompt with ``c`` correct of ``n`` samples: 1 - C(n-c, k) / C(n, k).
-
-    At n = k it is 1[c >= 1]. Needs n >= k (fewer samples cannot estimate pass@k without bias).
-    """
+    """Unbiased pass@k of one prompt with ``c`` correct of ``n`` samples: 1 - C(n-c, k) / C(n, k), 1[c >= 1]
+    at n = k. Needs n >= k (fewer samples cannot estimate pass@k without bias)."""
     if k < 1:
         raise ValueError(f"k={k} must be >= 1")
     if n < k:

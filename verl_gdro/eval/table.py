@@ -28,11 +28,6 @@ PAPER_TABLE1: dict[str, dict[str, tuple[float, ...]]] = {
 }
 
 
-def header(k: int = 8) -> list[str]:
-    """Column titles: model/method, the six benchmark columns (mean@k), pooled pass@k."""
-    return ["run"] + [title for title, _ in TABLE_COLUMNS] + [f"pass@{k}"]
-
-
 def row_values(result: RunResult) -> list[float]:
     """A run's row in percent, in :data:`TABLE_COLUMNS` order, then pooled pass@k."""
     return [100.0 * result.column(members) for _, members in TABLE_COLUMNS] + [100.0 * result.pooled_pass_at_k]
@@ -53,13 +48,11 @@ def markdown_table(
     k: int = 8,
     paper_rows: Mapping[str, Sequence[float]] | None = None,
 ) -> str:
-    """The Markdown table: one row per run (percent), ``(+x.x%)`` relative to ``baseline``.
-
-    ``paper_rows`` (e.g. ``PAPER_TABLE1["4B"]``) are printed above the runs, marked "(paper)".
-    """
+    """The Markdown table: one row per run (percent), ``(+x.x%)`` relative to ``baseline``; ``paper_rows``
+    (e.g. ``PAPER_TABLE1["4B"]``) above the runs, marked "(paper)"."""
     if baseline is not None and baseline not in runs:
         raise ValueError(f"baseline={baseline!r} is not one of the runs {sorted(runs)}")
-    cols = header(k)
+    cols = ["run"] + [title for title, _ in TABLE_COLUMNS] + [f"pass@{k}"]  # benchmark columns: mean@k
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for name, vals in (paper_rows or {}).items():
         lines.append("| " + " | ".join([f"{name} (paper)"] + [f"{v:.2f}" for v in vals]) + " |")
