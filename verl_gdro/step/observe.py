@@ -1,11 +1,5 @@
-"""The pieces of one observed step that :class:`~verl_gdro.step.controller.GDROController` composes.
-
-``after_advantage`` reads top to bottom as: count the step's outcomes (:func:`count_outcomes`),
-measure the loss signal, update the adversaries and then the classifier all or nothing
-(:func:`update_all_or_nothing`), assemble the metrics (:func:`observation_metrics`). ``after_update``
-turns the update-time losses into per-prompt means (:func:`update_time_losses`). Plain arrays in,
-plain arrays out; numpy only (no verl, no torch).
-"""
+"""The pieces of one observed step that :class:`~verl_gdro.step.controller.GDROController` composes
+(``after_advantage``: count, measure, update all or nothing, metrics; ``after_update``): plain arrays."""
 
 from __future__ import annotations
 
@@ -27,10 +21,8 @@ __all__ = [
     "visit_classifier"
 ]
 
-#: Why Rollout-GDRO skips a step's update, each logged as ``gdro/rollout_skip/<reason>`` (0 / 1)
-#: when Rollout-GDRO is on: ``incomplete`` (planned prompts without all their trajectories),
-#: ``mixed_arms`` (a played-arm utility saw one bin with several n), ``unknown_draw`` (under
-#: ``selection=sample`` no bin's arm comes from exactly one recorded draw).
+#: Why Rollout-GDRO skips an update (``gdro/rollout_skip/<reason>``): ``incomplete`` trajectories,
+#: ``mixed_arms`` (one bin with several n), ``unknown_draw`` (``selection=sample``: no bin's arm from one draw).
 ROLLOUT_SKIP_REASONS: tuple[str, ...] = ("incomplete", "mixed_arms", "unknown_draw")
 
 
@@ -61,12 +53,8 @@ def count_outcomes(g: NDArray[np.int64], correct: NDArray[np.float64], planned_n
 
 
 def update_all_or_nothing(adversaries: list[Any], update: Callable[[], Any]) -> Any:
-    """Run ``update`` with the adversaries' snapshots taken; any refusal restores them.
-
-    The adversaries update first from snapshots of their small (O(B x arms)) states and the
-    classifier, whose observe() validates before it mutates, goes last, so a failed step never
-    leaves the controllers out of step with one another.
-    """
+    """Run ``update`` with the adversaries' small states snapshotted; any refusal restores them. The
+    classifier, which validates before it mutates, goes last: a failed step leaves them in step."""
     snapshots = [(c, c.snapshot()) for c in adversaries if c is not None]
     try:
         return update()
@@ -150,12 +138,8 @@ def update_time_metrics(num_bins: int, bins: NDArray[np.int64], mean: NDArray[np
 
 def update_time_losses(waiting: Mapping[str, Any], group_index: ArrayLike, losses: ArrayLike
                        ) -> tuple[NDArray[np.bool_], NDArray[np.float64], int]:
-    """(measured present prompts, their mean update-time loss, finite losses) of a waiting step.
-
-    A response measured on several mini-batch passes is averaged; non-finite losses are dropped;
-    a group removed untrained (e.g. DAPO-filtered) reached no actor and is left out, not counted
-    as a non-finite loss. Raises ValueError for malformed input.
-    """
+    """(measured present prompts, their mean update-time loss, finite losses) of a waiting step: passes
+    averaged, non-finite losses dropped, groups removed untrained (no actor saw them) left out."""
     g = int_array("group_index", group_index)
     num_groups = int(waiting["num_groups"])
     if g.size and (g.min() < 0 or g.max() >= num_groups):
@@ -216,11 +200,8 @@ def acc_array(acc: ArrayLike, size: int) -> NDArray[np.float64]:
 
 
 def _fit_visit(successes: NDArray[np.int64], trials: NDArray[np.int64]) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
-    """Scale a pooled visit down to the classifier's per-visit cap, keeping its success rate.
-
-    Only reachable when a resampling sampler draws one prompt many times in a step (e.g. 22 draws
-    x 12 rollouts > 255 trials); the window then records the rate, not every trial.
-    """
+    """Scale a pooled visit down to the classifier's per-visit cap, keeping its success rate (a prompt
+    drawn many times in a step, e.g. 22 draws x 12 rollouts > 255 trials)."""
     over = trials > MAX_TRIALS_PER_VISIT
     if not over.any():
         return successes, trials
