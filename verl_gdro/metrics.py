@@ -83,8 +83,7 @@ def metric_keys(num_bins: int) -> list[str]:
 
 
 def step_keys(counts: ArrayLike) -> list[str]:
-    """The keys :func:`step_metrics` returns for a step whose bins hold ``counts`` prompts
-    (``gdro/count/bin_<b>``), in the order it returns them."""
+    """The keys :func:`step_metrics` returns, in order, for a step whose bins hold ``counts`` prompts."""
     present = np.asarray(counts) > 0
     per_bin, scalars = _key_table(int(present.shape[0]))
     return [k for k, keep in zip(per_bin, _kept(present)) if keep] + list(scalars)
@@ -97,14 +96,11 @@ def _kept(present: NDArray[np.bool_]) -> list[bool]:
 
 
 def per_bin_series(metrics: Mapping[str, float], name: str, num_bins: int) -> NDArray[np.float64]:
-    """Read per-bin metric ``name`` back from a logged row as an array [B]; NaN where the key is
-    missing (a :data:`PRESENT_ONLY_METRICS` entry of a bin absent from the step)."""
+    """Per-bin metric ``name`` of a logged row as an array [B], NaN where missing (absent bins)."""
     return np.array([float(metrics.get(bin_key(name, b), np.nan)) for b in range(num_bins)])
 
 
-# --------------------------------------------------------------------------------------------
-# The quantities
-# --------------------------------------------------------------------------------------------
+# ---- the quantities ----------------------------------------------------------------------------
 
 
 def _share(x: NDArray[np.float64] | NDArray[np.int64]) -> NDArray[np.float64]:
@@ -189,9 +185,7 @@ def wse_uniform(shares: NDArray[np.float64], acc: NDArray[np.float64], n_mean: f
     return float((_wse_terms(shares, acc)[1] / np.sqrt(float(n_mean))).sum())
 
 
-# --------------------------------------------------------------------------------------------
-# One step
-# --------------------------------------------------------------------------------------------
+# ---- one step ----------------------------------------------------------------------------------
 
 
 def _NEUTRAL_PER_BIN(num_bins: int) -> tuple[float, ...]:  # noqa: N802 - a table, read as a constant
@@ -231,10 +225,7 @@ def step_metrics_prepared(
     bins in [0, B), float64 0 <= s <= n, n >= 1, ``per_bin`` the five [B] arrays or None); the
     output is still checked finite, naming the first bad metric."""
     B, b, s, nn = int(num_bins), bins, successes, n
-    given = tuple(
-        np.full(B, default) if values is None else values
-        for values, default in zip(per_bin, _NEUTRAL_PER_BIN(B), strict=True)
-    )
+    given = tuple(np.full(B, d) if v is None else v for v, d in zip(per_bin, _NEUTRAL_PER_BIN(B), strict=True))
     table, zero = _per_bin_metrics(B, b, s, nn, given)
     mean_n = float(nn.sum() / nn.size) if nn.size else 0.0  # np.mean's own sum and division, without its wrapper
     nbar = mean_n if n_mean is None else float(n_mean)
@@ -264,8 +255,7 @@ def _per_bin_metrics(
     B: int, b: NDArray[np.int64], s: NDArray[np.float64], nn: NDArray[np.float64],  # noqa: N803 - B as in the docs
     given: tuple[NDArray[np.float64], ...],
 ) -> tuple[dict[str, NDArray[np.float64]], NDArray[np.float64]]:
-    """The :data:`PER_BIN_METRICS` of one step by name (bin_shares, bin_accuracy and bin_rollouts
-    sharing their bincounts), and each prompt's zero-advantage flag."""
+    """The :data:`PER_BIN_METRICS` of one step by name, and each prompt's zero-advantage flag."""
     w, qq, sc, om, loss = given
     counts = np.bincount(b, minlength=B).astype(np.int64)
     trials_b = np.bincount(b, weights=nn, minlength=B)
@@ -288,8 +278,7 @@ def _per_bin_metrics(
 
 
 def _logged(B: int, per_bin: dict[str, NDArray[np.float64]], scalars: dict[str, float]) -> dict[str, float]:  # noqa: N803
-    """The logged row: per-bin values flattened to their keys (absent bins' PRESENT_ONLY_METRICS
-    left out), then the scalars; a ValueError naming the first value that is not finite."""
+    """The logged row (absent bins' PRESENT_ONLY_METRICS left out); a ValueError names a non-finite value."""
     per_bin_keys, scalar_keys = _key_table(B)
     stacked = np.concatenate([np.asarray(per_bin[name], dtype=np.float64) for name in PER_BIN_METRICS])
     scalar_values = [float(scalars[name]) for name in SCALAR_METRICS]

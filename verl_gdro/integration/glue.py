@@ -51,8 +51,7 @@ _REWARD_EXTRA_INFO = itemgetter("reward_extra_info")
 
 
 def correctness(values: NDArray[np.float64], threshold: float, source: str = "gdro.acc_key") -> NDArray[np.float64]:
-    """Binary correctness (1.0 / 0.0): above ``gdro.correct_threshold``; a non-finite value (which would
-    count as a failure) is refused naming ``source``."""
+    """Binary correctness (1.0 / 0.0) above ``gdro.correct_threshold``; non-finite refused, naming ``source``."""
     if values.size and not np.all(np.isfinite(values)):
         raise ValueError(f"{source}: the reward returned a non-finite value; correctness needs a finite number")
     return (values > threshold).astype(np.float64)
@@ -126,8 +125,7 @@ class ConsumedBatch:
 
 
 def later_outputs(keys: Sequence[str]) -> NDArray[np.bool_] | None:
-    """Rows that are a later output (``{uid}_{session}_{i}``, i > 0) of an agent-loop session, or None:
-    one trial per session is observed (docs/integration.md, "Known limitations")."""
+    """Rows that are a later output (``{uid}_{session}_{i}``, i > 0) of an agent-loop session, or None."""
     if all(map(methodcaller("endswith", "_0"), keys)):
         return None
     out = np.zeros(len(keys), dtype=bool)
@@ -140,8 +138,7 @@ def later_outputs(keys: Sequence[str]) -> NDArray[np.bool_] | None:
 
 def first_measurements(rows: NDArray[np.int64], losses: NDArray[np.float64],
                        positions: NDArray[np.int64]) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
-    """(plan position, loss) of each trained row's first update-time measurement (the first PPO epoch),
-    in report order; padding rows (position -1) out."""
+    """(plan position, loss) of each trained row's first update-time measurement; padding rows (-1) out."""
     if rows.size and (rows.min() < 0 or rows.max() >= positions.size):
         raise RuntimeError(f"verl-gdro: the actor reported rows outside the step's {positions.size} rows")
     _, first = np.unique(rows, return_index=True)
@@ -153,8 +150,7 @@ def first_measurements(rows: NDArray[np.int64], losses: NDArray[np.float64],
 
 def consume(ledger: DispatchLedger, controller: GDROController, uids: list[str],
             tags: Sequence[Mapping[str, Any] | None] | None = None, keys: Sequence[str] | None = None) -> ConsumedBatch:
-    """Begin the ledger update of a fetched batch (verl's uid per row) and adopt its groups into the plan
-    with their dispatch-time decisions; padding rows and later outputs (``keys``) left out."""
+    """Begin the ledger update of a fetched batch and adopt its groups into the plan (padding, later outputs out)."""
     distinct = dict.fromkeys(uids)  # the groups, in order of first row: shared by both checks below
     rows = real_rows(uids, tags, distinct)
     later = None if keys is None else later_outputs(keys)
@@ -173,8 +169,7 @@ def consume(ledger: DispatchLedger, controller: GDROController, uids: list[str],
 def observe_update(ledger: DispatchLedger, controller: GDROController, consumed: ConsumedBatch,
                    acc: NDArray[np.float64], global_steps: int, *, extra_time_s: float = 0.0,
                    **token_fields: NDArray[np.floating]) -> dict[str, float]:
-    """The controllers' update with a consumed batch (``acc`` per trained row, the removed groups
-    observed here), the ledger's bookkeeping and every gdro/ metric of the step."""
+    """The controllers' update with a consumed batch (removed groups observed here), the ledger's, the metrics."""
     group_index = consumed.group_index
     if consumed.update.dropped:
         dropped_index, dropped_acc = consumed.dropped()
@@ -240,8 +235,7 @@ def _flow_keys(num_bins: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
 
 
 def filter_note(config: Any) -> str:
-    """The mode line's part for DAPO's dynamic sampling (``algorithm.filter_groups``), empty when off:
-    it changes what a rollout costs."""
+    """The mode line's part for DAPO's dynamic sampling (it changes what a rollout costs); empty when off."""
     fg = config.algorithm.get("filter_groups", None)
     if fg is None or not fg.get("enable", False):
         return ""

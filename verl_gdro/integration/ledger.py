@@ -166,8 +166,7 @@ class DispatchLedger:
         return True
 
     def begin_update(self, consumed: Iterable[str]) -> ObservedUpdate:
-        """The consumed uids (per row or distinct) plus every dropped group, in dispatch order; raises
-        for a consumed uid this run did not dispatch."""
+        """The consumed uids plus every dropped group, in dispatch order; raises for a uid not dispatched."""
         # the caller's distinct uids (consume passes a dict) when nothing was dropped, else a copy
         unique = consumed if type(consumed) is dict and not self.dropped else dict.fromkeys(consumed)
         row_of = self._row_of
@@ -194,8 +193,7 @@ class DispatchLedger:
         row_of, dropped = self._row_of, self.dropped
         deque(map(row_of.pop, update.uids, repeat(None)), maxlen=0)  # row_of.pop(uid, None) per uid, C-level
         if dropped:
-            for uid in update.uids:
-                dropped.pop(uid, None)
+            deque(map(dropped.pop, update.uids, repeat(None)), maxlen=0)
         self._compact()
         calls, lost, lost_by_reason = self.calls, self.lost, self.lost_by_reason
         self.calls, self.lost, self.lost_by_reason = [], 0, dict.fromkeys(DROP_REASONS, 0)
@@ -203,8 +201,7 @@ class DispatchLedger:
         return {"calls": calls, "lost": lost, "lost_by_reason": lost_by_reason}
 
     def reconcile(self, in_flight: Iterable[str]) -> list[str]:
-        """Forget (and return) the outstanding groups verl no longer holds (a resume without TransferQueue's
-        checkpoint would hold them for good); dropped groups stay, their observation is due."""
+        """Forget (and return) the outstanding groups verl no longer holds (dropped groups stay: they are due)."""
         keep = set(in_flight)
         orphans = [uid for uid in self._row_of if uid not in keep and uid not in self.dropped]
         for uid in orphans:

@@ -236,8 +236,7 @@ def sampler_for(controller: GDROController, uids: Any, data_config: Any, batch_s
 
 
 def step_draw_metrics(sampler: GDROSampler | None, batch_price: float | None) -> dict[str, float]:
-    """A sampling mode's ``gdro/draw/*`` and, when the allocator prices at plan, ``gdro/shadow_price`` of
-    the step's own batch (not its latest refill)."""
+    """A sampling mode's ``gdro/draw/*`` and ``gdro/shadow_price`` of the step's own batch (prices at plan)."""
     out: dict[str, float] = {}
     if sampler is not None and sampler._draws is not None:
         out.update(sampler._draws.draw_metrics())

@@ -66,12 +66,10 @@ class RowPlan:
         bad, all_ones = _check_range(m)
         if bad is not None:
             raise ValueError(f"RowPlan: multipliers must be finite and >= 0; row {bad} has {m[bad]}")
-        object.__setattr__(self, "multipliers", m)
-        object.__setattr__(self, "singleton", s)
-        # prepared here rather than in the estimator, where cold caches made them slow (benchmarks/overhead.py)
-        object.__setattr__(self, "all_ones", all_ones)
-        object.__setattr__(self, "any_singleton", bool(s.any()))
-        object.__setattr__(self, "multipliers_f32", m.astype(np.float32))
+        # the derived fields prepared here rather than in the estimator, where cold caches made them slow
+        for name, value in (("multipliers", m), ("singleton", s), ("all_ones", all_ones),
+                            ("any_singleton", bool(s.any())), ("multipliers_f32", m.astype(np.float32))):
+            object.__setattr__(self, name, value)
 
     def matches(self, index: Sequence[object]) -> bool:
         """Whether verl's ``index`` (uid per row) is exactly these rows, in this order."""
@@ -83,8 +81,7 @@ class RowPlan:
 
 @dataclass(frozen=True)
 class GDROStep:
-    """The multiplier of every prompt group of one advantage computation, keyed by verl ``uid``;
-    ``settings``: the caller's resolved ``gdro`` settings, which the estimator uses instead of its own."""
+    """Every group's multiplier by verl ``uid``; ``settings``: the caller's, used instead of the estimator's."""
 
     multipliers: Mapping[str, float]
     settings: Any = None

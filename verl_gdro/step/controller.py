@@ -113,8 +113,7 @@ class GDROController(StepPlanner):
 
     @property
     def wants_update_losses(self) -> bool:
-        """Whether the loss signal is measured during the actor's PPO update (``update_surrogate``):
-        the caller then hands it to :meth:`after_update`, for the next step."""
+        """Whether the loss signal is measured in the actor's PPO update (then fed to :meth:`after_update`)."""
         if not self.enabled or not self._signal.measured_during_update:
             return False
         return self.prompt is not None or (self.rollout is not None and self.rollout.learns_from_update_loss)
@@ -225,8 +224,7 @@ class GDROController(StepPlanner):
         return update_time_metrics(self.num_bins, bins, mean, scores, refusal, finite)
 
     def _losses(self, g: NDArray[np.int64], out: StepOutcome, arrays: dict[str, Any]) -> NDArray[np.float64]:
-        """Per-prompt loss signal l(x), docs/algorithm.md section 2 (NaN without trajectories, when
-        measured in the update, or read by nobody)."""
+        """Per-prompt loss signal l(x), docs/algorithm.md section 2 (NaN where absent or not measured here)."""
         if self.prompt is None and self.rollout is None:  # the metrics' loss: the failure rate
             return failure_rate_loss(group_mean_from_sums(out.correct_sums, out.trials))
         if not self._signal.from_outcomes and self.prompt is None and not self.rollout.logs_loss_signal:

@@ -56,8 +56,7 @@ class StepPlanner:
         self._time = 0.0
 
     def before_generation(self, prompt_uids: ArrayLike) -> StepPlan:
-        """Classify the prompts (history up to t-1) and choose their rollouts, accumulated until
-        :meth:`after_advantage`; a repeated stable id is two groups of the step."""
+        """Classify the prompts (history up to t-1), choose their rollouts; a repeated id is two groups."""
         return self._plan(prompt_uids, pending=True)
 
     def _plan(self, prompt_uids: ArrayLike, pending: bool) -> StepPlan:
@@ -111,8 +110,7 @@ class StepPlanner:
         return self._plan(prompt_uids, pending=False)
 
     def adopt(self, prompt_uids: ArrayLike, bins: ArrayLike, rollout_n: ArrayLike) -> NDArray[np.int64]:
-        """Add prompts decided by :meth:`decide` to the pending plan with their dispatch-time
-        decisions (what generation used); return their positions."""
+        """Add prompts decided by :meth:`decide` to the pending plan as decided; return their positions."""
         uids = int_array("prompt_uids", prompt_uids)
         b = int_array("bins", bins)
         n = int_array("rollout_n", rollout_n)
@@ -143,8 +141,7 @@ class StepPlanner:
             self._time += time.perf_counter() - t0
 
     def attach_prompts(self, uids: ArrayLike) -> PromptEvidence:
-        """Register the training set (stable id per row) whose evidence the sampling modes read and
-        every update feeds; idempotent for the same set, another replaces it."""
+        """Register the training set whose evidence the sampling modes read and every update feeds (idempotent)."""
         u = int_array("uids", uids)
         if self.evidence is None or not np.array_equal(self.evidence.uids, u):
             self.evidence = PromptEvidence(u, decay=self.settings.prompt.rate_decay)

@@ -137,15 +137,11 @@ class PromptSampler:
         return drawn
 
     def draw_metrics(self) -> dict[str, float]:
-        """The ``gdro/draw/*`` metrics (:data:`DRAW_METRICS`) since the last call, then reset (call it
-        after the update: ``coverage`` is the evidence's now)."""
-        prompts = self._stats["prompts"]
-        out = {
-            "gdro/draw/coverage": self.evidence.num_visited / self.uids.size, "gdro/draw/ess_share": self._ess_share,
-            "gdro/draw/explore_share": self._explore_sum / prompts if prompts else 0.0,
-            "gdro/draw/prompts": float(prompts), "gdro/draw/calls": float(self._stats["calls"]),
-            "gdro/draw/excluded": float(self._stats["excluded"])
-        }
+        """The ``gdro/draw/*`` metrics since the last call, then reset (call it after the update)."""
+        stats, prompts = self._stats, self._stats["prompts"]
+        values = (self.evidence.num_visited / self.uids.size, self._ess_share,
+                  self._explore_sum / prompts if prompts else 0.0, prompts, stats["calls"], stats["excluded"])
+        out = {f"gdro/draw/{name}": float(value) for name, value in zip(DRAW_METRICS, values)}
         self._reset_draw_stats()
         return out
 
@@ -164,8 +160,7 @@ class PromptSampler:
         self.controller_restored()
 
     def controller_restored(self) -> None:
-        """Forget the caches after the controller's state was replaced (a bin may move without a visit);
-        :meth:`load_state_dict` calls it, as must a caller restoring only the controller."""
+        """Forget the caches after the controller's state was replaced (call it if restoring the controller alone)."""
         self._bins = None
         self._bins_visits = None
         self._probs = None
