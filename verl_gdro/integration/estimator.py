@@ -106,6 +106,10 @@ def reset_standalone() -> None:
     _STANDALONE = _Standalone()
 
 
+def _settings_from(config: Any, standalone: bool = False) -> GDROSettings:
+    return estimator_path_settings(config) if standalone else resolve_gdro(read_key(config, "gdro"))
+
+
 def _group_ids(keys: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
     """(inverse group id per row, group sizes, is-padding and uid per group), in order of first appearance."""
     groups = list(dict.fromkeys(keys))
@@ -203,10 +207,7 @@ def compute_gdro_grpo_advantage(token_level_rewards: torch.Tensor, response_mask
     step = current_step()
     # inside a step the caller hands over its resolved settings (validated at init to equal algorithm.gdro)
     use_step = step is not None and step.settings is not None
-    if use_step:
-        settings = step.settings
-    else:  # standalone: the keys the estimator path reads; an open step without settings: algorithm.gdro
-        settings = estimator_path_settings(config) if step is None else resolve_gdro(read_key(config, "gdro"))
+    settings = step.settings if use_step else _settings_from(config, standalone=step is None)
     rows = step.rows if step is not None else None
     planned = rows is not None and rows.matches(index)
     reweighted = planned and not rows.all_ones

@@ -115,10 +115,7 @@ class ConsumedBatch:
 
     def dropped(self) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
         """(plan position, acc) of every trajectory of the groups removed untrained (``update.dropped``)."""
-        dropped = self.update.dropped
-        if not dropped:
-            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float64)
-        slot = self.update.slot
+        dropped, slot = self.update.dropped, self.update.slot
         index = [int(self.positions[slot[u]]) for u, (a, _r) in dropped.items() for _ in a]
         acc = [x for a, _r in dropped.values() for x in a]
         return np.array(index, dtype=np.int64), np.array(acc, dtype=np.float64)
