@@ -3,12 +3,7 @@
 :class:`PromptSampler` draws a step's distinct prompts under ``gdro.prompt.mode`` (docs/algorithm.md,
 "Prompt sampling modes") with the exploration floor, without replacement; probabilities once per
 update; excluded rows are drawn like the tail of one longer draw, so refills draw the batch as one.
-
-Usage::
-
-    sampler = PromptSampler(ctrl, dataset_uids, seed=0)
-    rows = sampler.draw(batch_size)          # row positions into the training set
-    plan = ctrl.before_generation(dataset_uids[rows])
+Usage: docs/integration.md, "GDRO outside verl: your own RL loop".
 """
 
 from __future__ import annotations
