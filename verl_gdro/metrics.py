@@ -83,53 +83,56 @@ def metric_keys(num_bins: int) -> list[str]:
 
 
 def step_keys(counts: ArrayLike) -> list[str]:
-    """The keys :func:`step_metrics` returns for a step whose bins hold ``counts`` prompts
-    (``gdro/count/bin_<b>``), in the order it returns them."""
-    c = np.asarray(counts)
-    present = c > 0
-    per_bin, scalars = _key_table(int(c.shape[0]))
-    mask = np.concatenate([present if name in PRESENT_ONLY_METRICS else np.ones_like(present) for name in PER_BIN_METRICS])
-    return [k for k, keep in zip(per_bin, mask.tolist()) if keep] + list(scalars)
+    """The keys :func:`step_metrics` returns, in order, for a step whose bins hold ``counts`` prompts."""
+    present = np.asarray(counts) > 0
+    per_bin, scalars = _key_table(int(present.shape[0]))
+    return [k for k, keep in zip(per_bin, _kept(present)) if keep] + list(scalars)
+
+
+def _kept(present: NDArray[np.bool_]) -> list[bool]:
+    """Which per-bin keys (:func:`_key_table`'s order) a step logs: absent bins drop PRESENT_ONLY_METRICS."""
+    return np.concatenate([present if name in PRESENT_ONLY_METRICS else np.ones_like(present)
+                           for name in PER_BIN_METRICS]).tolist()
 
 
 def per_bin_series(metrics: Mapping[str, float], name: str, num_bins: int) -> NDArray[np.float64]:
-    """Read per-bin metric ``name`` back from a logged row as an array [B]; NaN where the key is
-    missing (a :data:`PRESENT_ONLY_METRICS` entry of a bin absent from the step)."""
+    """Per-bin metric ``name`` of a logged row as an array [B], NaN where missing (absent bins)."""
     return np.array([float(metrics.get(bin_key(name, b), np.nan)) for b in range(num_bins)])
 
 
-# --------------------------------------------------------------------------------------------
-# The quantities
-# --------------------------------------------------------------------------------------------
+# ---- the quantities ----------------------------------------------------------------------------
+
+
+def _share(x: NDArray[np.float64] | NDArray[np.int64]) -> NDArray[np.float64]:
+    """``x`` over its total (all 0 when the total is 0): every share of this module."""
+    total = x.sum()
+    return x / total if total > 0 else np.zeros(x.shape[0])
+
+
+def _ratio(num: NDArray[np.float64], den: NDArray[np.float64] | NDArray[np.int64]) -> NDArray[np.float64]:
+    """``num / den`` per bin, 0 where ``den`` is 0 (an absent bin): every per-bin mean of this module."""
+    return np.divide(num, den, out=np.zeros(num.shape[0]), where=den > 0)
 
 
 def bin_shares(bins: NDArray[np.int64], num_bins: int) -> tuple[NDArray[np.float64], NDArray[np.int64]]:
     """qhat(b) = prompts of bin b / prompts in the step, and the counts; all 0 for an empty step."""
     counts = np.bincount(bins, minlength=num_bins).astype(np.int64)
-    total = counts.sum()
-    shares = counts / total if total > 0 else np.zeros(num_bins)
-    return shares, counts
+    return _share(counts), counts
 
 
 def bin_accuracy(
     bins: NDArray[np.int64], successes: NDArray[np.float64], n: NDArray[np.float64], num_bins: int
 ) -> NDArray[np.float64]:
     """Each bin's pooled correctness sum successes / sum trials (Eq. 33's p_b), 0 for an absent bin."""
-    s = np.bincount(bins, weights=successes, minlength=num_bins)
-    t = np.bincount(bins, weights=n, minlength=num_bins)
-    return np.divide(s, t, out=np.zeros(num_bins), where=t > 0)
+    return _ratio(np.bincount(bins, weights=successes, minlength=num_bins), np.bincount(bins, weights=n, minlength=num_bins))
 
 
 def bin_rollouts(
     bins: NDArray[np.int64], n: NDArray[np.float64], num_bins: int
 ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
     """(n_b, budget share): each bin's mean rollouts per prompt and sum_{x in b} n_x / sum n (0 if absent)."""
-    counts = np.bincount(bins, minlength=num_bins)
     sums = np.bincount(bins, weights=n, minlength=num_bins)
-    n_b = np.divide(sums, counts, out=np.zeros(num_bins), where=counts > 0)
-    total = sums.sum()
-    share = sums / total if total > 0 else np.zeros(num_bins)
-    return n_b, share
+    return _ratio(sums, np.bincount(bins, minlength=num_bins)), _share(sums)
 
 
 def mean_bin_index(shares: NDArray[np.float64]) -> float:
@@ -147,9 +150,7 @@ def _bin_indices(num_bins: int) -> NDArray[np.float64]:
 
 def weighted_shares(shares: NDArray[np.float64], weights: NDArray[np.float64]) -> NDArray[np.float64]:
     """qhat_w(b) = qhat(b) w(b) / sum_b' qhat(b') w(b'): the data as the weighted loss sees it (Eq. 32)."""
-    mass = shares * weights
-    total = mass.sum()
-    return mass / total if total > 0 else np.zeros(shares.shape[0])
+    return _share(shares * weights)
 
 
 def lead_lag(shares: NDArray[np.float64], weights: NDArray[np.float64]) -> tuple[float, float, float]:
@@ -184,9 +185,7 @@ def wse_uniform(shares: NDArray[np.float64], acc: NDArray[np.float64], n_mean: f
     return float((_wse_terms(shares, acc)[1] / np.sqrt(float(n_mean))).sum())
 
 
-# --------------------------------------------------------------------------------------------
-# One step
-# --------------------------------------------------------------------------------------------
+# ---- one step ----------------------------------------------------------------------------------
 
 
 def _NEUTRAL_PER_BIN(num_bins: int) -> tuple[float, ...]:  # noqa: N802 - a table, read as a constant
@@ -206,13 +205,7 @@ def step_metrics(
     adversary that is off). A ValueError names a malformed or non-finite argument."""
     B, b, s, nn = _checked_prompts(num_bins, bins, successes, n)
     given = {"prompt_weights": prompt_weights, "q": q, "scores": scores, "omega": omega, "bin_losses": bin_losses}
-    per_bin_inputs = [
-        _per_bin(name, given[name], B, default, check_finite=False)
-        for name, default in zip(given, _NEUTRAL_PER_BIN(B), strict=True)
-    ]
-    if not np.isfinite(per_bin_inputs).all():  # one check for the five; the slow path names the argument
-        for name in given:
-            _per_bin(name, given[name], B, 0.0)
+    per_bin_inputs = [_per_bin(name, given[name], B, default) for name, default in zip(given, _NEUTRAL_PER_BIN(B))]
     for name, value in (("shadow_price", shadow_price), ("controller_time_s", controller_time_s)):
         if not math.isfinite(float(value)):
             raise ValueError(f"{name} must be finite, got {value!r}")
@@ -232,17 +225,13 @@ def step_metrics_prepared(
     bins in [0, B), float64 0 <= s <= n, n >= 1, ``per_bin`` the five [B] arrays or None); the
     output is still checked finite, naming the first bad metric."""
     B, b, s, nn = int(num_bins), bins, successes, n
-    given = tuple(
-        np.full(B, default) if values is None else values
-        for values, default in zip(per_bin, _NEUTRAL_PER_BIN(B), strict=True)
-    )
+    given = tuple(np.full(B, d) if v is None else v for v, d in zip(per_bin, _NEUTRAL_PER_BIN(B), strict=True))
     table, zero = _per_bin_metrics(B, b, s, nn, given)
     mean_n = float(nn.sum() / nn.size) if nn.size else 0.0  # np.mean's own sum and division, without its wrapper
     nbar = mean_n if n_mean is None else float(n_mean)
     if not (np.isfinite(nbar) and (nbar > 0 or nn.size == 0)):
         raise ValueError(f"n_mean must be a positive finite number, got {n_mean!r}")
     mu_data, mu_weight, lag = lead_lag(table["prompt_share"], table["prompt_weight"])
-    present_bins, wse_terms = _wse_terms(table["prompt_share"], table["acc"])
     scalars = {
         "mu_data": mu_data,
         "mu_weight": mu_weight,
@@ -250,8 +239,8 @@ def step_metrics_prepared(
         "weight_entropy": weight_entropy(table["q"]),
         "mean_n": mean_n,
         "shadow_price": float(shadow_price),
-        "wse": float((wse_terms / np.sqrt(table["rollout_n"][present_bins])).sum()),  # wse_proxy, sharing its numerators
-        "wse_uniform": float((wse_terms / np.sqrt(nbar)).sum()) if nn.size else 0.0,  # wse_uniform, likewise
+        "wse": wse_proxy(table["prompt_share"], table["acc"], table["rollout_n"]),
+        "wse_uniform": wse_uniform(table["prompt_share"], table["acc"], nbar) if nn.size else 0.0,
         "zero_adv_share": float(zero.sum() / zero.size) if zero.size else 0.0,
         "controller_time_s": float(controller_time_s),
         "num_prompts": float(b.shape[0]),
@@ -266,39 +255,30 @@ def _per_bin_metrics(
     B: int, b: NDArray[np.int64], s: NDArray[np.float64], nn: NDArray[np.float64],  # noqa: N803 - B as in the docs
     given: tuple[NDArray[np.float64], ...],
 ) -> tuple[dict[str, NDArray[np.float64]], NDArray[np.float64]]:
-    """The :data:`PER_BIN_METRICS` of one step by name (bin_shares, bin_accuracy and bin_rollouts
-    sharing their bincounts), and each prompt's zero-advantage flag."""
+    """The :data:`PER_BIN_METRICS` of one step by name, and each prompt's zero-advantage flag."""
     w, qq, sc, om, loss = given
     counts = np.bincount(b, minlength=B).astype(np.int64)
-    total = counts.sum()
-    shares = counts / total if total > 0 else np.zeros(B)
     trials_b = np.bincount(b, weights=nn, minlength=B)
-    acc = np.divide(np.bincount(b, weights=s, minlength=B), trials_b, out=np.zeros(B), where=trials_b > 0)
-    n_b = np.divide(trials_b, counts, out=np.zeros(B), where=counts > 0)
-    total_n = trials_b.sum()
-    budget_share = trials_b / total_n if total_n > 0 else np.zeros(B)
     # a group whose rollouts all agree has GRPO advantage 0 for every rollout (no gradient)
     zero = ((s == 0) | (s == nn)).astype(np.float64)
-    zero_b = np.divide(np.bincount(b, weights=zero, minlength=B), counts, out=np.zeros(B), where=counts > 0)
     table = {
-        "prompt_share": shares,
+        "prompt_share": _share(counts),
         "count": counts.astype(np.float64),
         "prompt_weight": w,
         "q": qq,
         "score": sc,
         "omega": om,
         "loss": np.where(counts > 0, loss, 0.0),
-        "acc": acc,
-        "rollout_n": n_b,
-        "budget_share": budget_share,
-        "zero_adv": zero_b,
+        "acc": _ratio(np.bincount(b, weights=s, minlength=B), trials_b),
+        "rollout_n": _ratio(trials_b, counts),
+        "budget_share": _share(trials_b),
+        "zero_adv": _ratio(np.bincount(b, weights=zero, minlength=B), counts),
     }
     return table, zero
 
 
 def _logged(B: int, per_bin: dict[str, NDArray[np.float64]], scalars: dict[str, float]) -> dict[str, float]:  # noqa: N803
-    """The logged row: per-bin values flattened to their keys (absent bins' PRESENT_ONLY_METRICS
-    left out), then the scalars; a ValueError naming the first value that is not finite."""
+    """The logged row (absent bins' PRESENT_ONLY_METRICS left out); a ValueError names a non-finite value."""
     per_bin_keys, scalar_keys = _key_table(B)
     stacked = np.concatenate([np.asarray(per_bin[name], dtype=np.float64) for name in PER_BIN_METRICS])
     scalar_values = [float(scalars[name]) for name in SCALAR_METRICS]
@@ -311,10 +291,7 @@ def _logged(B: int, per_bin: dict[str, NDArray[np.float64]], scalars: dict[str, 
     if present.all():
         out = dict(zip(per_bin_keys, values))
     else:
-        keep = np.concatenate(
-            [present if name in PRESENT_ONLY_METRICS else np.ones(B, dtype=bool) for name in PER_BIN_METRICS]
-        ).tolist()
-        out = {k: v for k, v, ok in zip(per_bin_keys, values, keep) if ok}
+        out = {k: v for k, v, ok in zip(per_bin_keys, values, _kept(present)) if ok}
     out.update(zip(scalar_keys, scalar_values))
     return out
 
@@ -336,7 +313,6 @@ def _checked_prompts(
     return B, b, s, nn
 
 
-
 def _finite_array(name: str, values: ArrayLike, length: int) -> NDArray[np.float64]:
     a = np.asarray(values, dtype=np.float64)
     if a.ndim != 1 or a.shape[0] != length:
@@ -346,14 +322,12 @@ def _finite_array(name: str, values: ArrayLike, length: int) -> NDArray[np.float
     return a
 
 
-def _per_bin(
-    name: str, values: ArrayLike | None, num_bins: int, default: float, check_finite: bool = True
-) -> NDArray[np.float64]:
+def _per_bin(name: str, values: ArrayLike | None, num_bins: int, default: float) -> NDArray[np.float64]:
     if values is None:
         return np.full(num_bins, default)
     a = np.asarray(values, dtype=np.float64)
     if a.shape != (num_bins,):
         raise ValueError(f"{name} must have shape ({num_bins},), got {a.shape}")
-    if check_finite and not np.all(np.isfinite(a)):
+    if not np.all(np.isfinite(a)):
         raise ValueError(f"{name} must be finite")
     return a

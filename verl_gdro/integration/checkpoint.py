@@ -1,11 +1,8 @@
 """The standalone ``gdro_grpo`` estimator's state beside verl's checkpoint, and its metrics in verl's log.
 
-verl 0.9.1's V1 trainer offers one checkpoint hook, ``trainer.checkpoint_callback_class``, built in
-the trainer process before it loads a checkpoint. :class:`StandaloneEstimatorCheckpoint`'s
-``on_save`` writes the estimator's state to ``<global_step_N>/gdro_estimator.json``; its constructor
-hands the state of the folder verl resumes from to the estimator, and wraps ``Tracking.log`` (verl
-hands no hook the step's metrics) so a training step's row carries the estimator's ``gdro/``
-metrics. The driver check selects it for the estimator alone (docs/integration.md, "1. Estimator only").
+verl 0.9.1's one checkpoint hook, ``trainer.checkpoint_callback_class``: ``on_save`` writes
+``<global_step_N>/gdro_estimator.json``, the constructor restores the folder verl resumes from and wraps
+``Tracking.log`` (no hook sees the step's metrics) (docs/integration.md, "1. Estimator only").
 """
 
 from __future__ import annotations
@@ -31,8 +28,7 @@ _MARK = "_verl_gdro_standalone_metrics"
 
 
 def install_metrics_logging() -> bool:
-    """Wrap ``Tracking.log`` once: a training-step row (one with ``training/global_step``) gets the
-    estimator's last ``gdro/`` metrics."""
+    """Wrap ``Tracking.log`` once: a training-step row gets the estimator's last ``gdro/`` metrics."""
     from verl.utils.tracking import Tracking
 
     original = Tracking.log
@@ -53,8 +49,7 @@ def install_metrics_logging() -> bool:
 
 
 class StandaloneEstimatorCheckpoint(CheckpointCallback):
-    """``trainer.checkpoint_callback_class=verl_gdro.integration.checkpoint.StandaloneEstimatorCheckpoint``;
-    subclass it (and call ``super()``) to add a callback of your own."""
+    """The ``trainer.checkpoint_callback_class``; subclass it (calling ``super()``) to add your own."""
 
     def __init__(self, config: Any = None) -> None:
         super().__init__(config=config)

@@ -58,8 +58,7 @@ def _as_uid(value: Any) -> int | None:
 
 
 def stable_prompt_uids(dataset: Any, uid_key: str) -> np.ndarray:
-    """The stable id of every training row (position -> int64 id), validated unique and present;
-    ValueError names ``gdro.uid_key`` and the offending rows."""
+    """The validated, unique stable id of every training row; a ValueError names ``gdro.uid_key`` and rows."""
     n = len(dataset)
     if uid_key == "row_index":
         check_row_index_class(type(dataset))
@@ -76,8 +75,7 @@ def check_row_index_class(dataset_cls: type) -> None:
 
 
 def stable_ids_from_extra_info(column: list[Any]) -> np.ndarray:
-    """``gdro.uid_key=index``: the validated ``extra_info.index`` of every row of an ``extra_info`` column
-    (the trainer's dataset, the dry run's parquet files: both accept the same rows)."""
+    """``gdro.uid_key=index``: the validated ``extra_info.index`` of every row of an ``extra_info`` column."""
     n = len(column)
     uids = np.empty(n, dtype=np.int64)
     missing: list[int] = []

@@ -1,10 +1,8 @@
 """Validate the ``gdro`` config in the ``main_ppo`` driver, before Ray starts.
 
-verl builds the trainer inside the ``TaskRunner`` Ray actor, so the trainer's own check reports a bad
-key only after Ray has started. ``main_ppo.main`` calls ``verl.utils.config.validate_config`` in the
-driver first, a name it imports after the ``verl.plugins`` entry points ran: the plugin wraps it, and
-for a run of the GDRO trainer or the ``gdro_grpo`` estimator the wrapper runs verl-gdro's checks
-(the ``gdro`` config, data files, launch keys, the folder to resume from) before verl's own.
+verl builds the trainer inside the ``TaskRunner`` Ray actor, after Ray has started; ``main_ppo.main``
+calls ``verl.utils.config.validate_config`` in the driver first (imported after the ``verl.plugins``
+entry points ran), so the plugin wraps it with verl-gdro's checks, run before verl's own.
 """
 
 from __future__ import annotations
@@ -15,7 +13,7 @@ import os
 import re
 from typing import Any
 
-from verl_gdro.integration.estimator_keys import estimator_path_settings, read_path
+from verl_gdro.integration.estimator_keys import estimator_path_settings, honoured_group, read_path
 from verl_gdro.step.config import ESTIMATOR_NAME, TRAINER_MODES, validate_gdro_config
 
 __all__ = ["check_batch_fits", "check_data_files", "check_launch_keys", "install_driver_validation",
@@ -36,36 +34,19 @@ def uses_gdro_trainer(config: Any) -> bool:
 
 
 def uses_gdro(config: Any) -> bool:
-    """True for the GDRO trainer, the ``gdro_grpo`` estimator alone, or a config with a top-level
-    ``gdro`` group or an ``algorithm.gdro`` group (each refused where nothing would read it)."""
+    """True for the GDRO trainer, the ``gdro_grpo`` estimator, or a ``gdro`` / ``algorithm.gdro`` group."""
     if uses_gdro_trainer(config):
         return True
     try:
-        if config.get("gdro", None) is not None or config.algorithm.get("gdro", None) is not None:
-            return True
-    except Exception:
-        pass
-    try:
-        return config.algorithm.adv_estimator == ESTIMATOR_NAME
-    except Exception:
+        return (config.get("gdro", None) is not None or config.algorithm.get("gdro", None) is not None
+                or config.algorithm.adv_estimator == ESTIMATOR_NAME)
+    except Exception:  # not a PPO trainer config (or a partial one)
         return False
 
 
-def _log_resolved_estimator_group(config: Any, settings: Any) -> None:
-    """The estimator alone: ``algorithm.gdro`` becomes :func:`honoured_group`, so the config verl logs
-    says what ran (the estimator resolves it to the same settings)."""
-    from omegaconf import OmegaConf, open_dict
-
-    from verl_gdro.integration.estimator_keys import honoured_group
-
-    with open_dict(config):
-        config.algorithm.gdro = OmegaConf.create(honoured_group(settings))
-
-
 def select_standalone_checkpoint(config: Any) -> str:
-    """Have verl save the estimator's Prompt-GDRO state with its checkpoints through
-    ``trainer.checkpoint_callback_class`` when the run names no callback of its own. Returns ``selected``,
-    ``kept`` (ours already) or ``warned`` (another callback, or the legacy trainer, which has no hook)."""
+    """Have verl save the estimator's state through ``trainer.checkpoint_callback_class`` unless the run
+    names its own: ``selected``, ``kept`` (ours already) or ``warned`` (another, or the legacy trainer)."""
     from omegaconf import open_dict
 
     from verl_gdro.integration.checkpoint import CALLBACK_CLASS
@@ -98,9 +79,7 @@ def _files(config: Any, key: str) -> list[str]:
 
 
 def check_launch_keys(config: Any) -> None:
-    """verl keys whose mistakes verl reports late or under another name: ``data.custom_cls.path`` without
-    a ``name`` (a ``TypeError`` in the TaskRunner), a recipe's ``seed`` that is not an integer (the error
-    would name ``gdro.rollout.seed``, which interpolates it)."""
+    """verl keys whose mistakes verl reports late or under another name (``data.custom_cls``, ``seed``)."""
     custom = read_path(config, "data.custom_cls")
     if custom is not None and custom.get("path", None) and not custom.get("name", None):
         raise ValueError(f"data.custom_cls.name={custom.get('name', None)!r} is invalid with data.custom_cls.path="
@@ -122,8 +101,10 @@ def check_batch_fits(config: Any, train_rows: int) -> None:
 
 
 def check_data_files(config: Any) -> None:
-    """Before Ray: every local ``data.train_files`` / ``data.val_files`` path exists (remote URIs apart),
-    and the local training parquet files hold at least one batch. Raises ValueError naming the key."""
+    """Every local ``data.train_files`` / ``data.val_files`` path exists and the local training parquet
+    files hold a batch (remote URIs apart); a ValueError names the key."""
+    import pyarrow.parquet as pq
+
     rows: int | None = 0
     for key in ("data.train_files", "data.val_files"):
         for f in _files(config, key):
@@ -135,19 +116,13 @@ def check_data_files(config: Any) -> None:
                 raise ValueError(f"{key}={f} does not exist on this machine ({os.path.abspath(path)}); give an "
                                  "existing local file or a remote URI (hdfs://, s3://, gs://)")
             if key == "data.train_files" and rows is not None:
-                rows = rows + _parquet_rows(path) if path.endswith(".parquet") else None
+                rows = rows + pq.read_metadata(path).num_rows if path.endswith(".parquet") else None
     if rows is None or not _files(config, "data.train_files"):
         return
     cap = read_path(config, "data.train_max_samples")
     if isinstance(cap, int) and 0 < cap < rows:
         rows = cap
     check_batch_fits(config, rows)
-
-
-def _parquet_rows(path: str) -> int:
-    import pyarrow.parquet as pq
-
-    return int(pq.read_metadata(path).num_rows)
 
 
 def _check_resume(config: Any, settings: Any) -> None:
@@ -180,8 +155,12 @@ def install_driver_validation() -> bool:
             if uses_gdro_trainer(config):
                 _check_resume(config, settings)
             if not uses_gdro_trainer(config) and config.algorithm.get("adv_estimator") == ESTIMATOR_NAME:
+                from omegaconf import OmegaConf, open_dict
+
+                # the estimator alone: the logged algorithm.gdro says what ran (it resolves to the same settings)
                 settings = estimator_path_settings(config.algorithm)
-                _log_resolved_estimator_group(config, settings)
+                with open_dict(config):
+                    config.algorithm.gdro = OmegaConf.create(honoured_group(settings))
                 if settings.enable and settings.prompt.enable:
                     select_standalone_checkpoint(config)
         return original(*args, **kwargs)

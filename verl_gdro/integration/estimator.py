@@ -1,11 +1,6 @@
-"""The ``gdro_grpo`` advantage estimator: verl's GRPO per uid, times the Prompt-GDRO multipliers.
-
-Registered with ``core_algos.register_adv_est`` (through the ``verl.plugins`` entry point); what it
-computes is docs/integration.md, "What gdro_grpo computes, exactly". The multipliers come from the
-open :func:`verl_gdro.step.context.gdro_step` (the GDRO trainer, the CPU demo), else **standalone**
-(docs/integration.md, "1. Estimator only"): each group binned by its own correctness this step,
-Prompt-GDRO's state kept in this process, the failure rate as loss signal; settings from
-``algorithm.gdro`` through :func:`~verl_gdro.integration.estimator_keys.estimator_path_settings`.
+"""The ``gdro_grpo`` advantage estimator: verl's GRPO per uid, times the Prompt-GDRO multipliers
+(docs/integration.md, "What gdro_grpo computes, exactly"), from the open
+:func:`~verl_gdro.step.context.gdro_step`, else **standalone** (docs/integration.md, "1. Estimator only").
 """
 
 from __future__ import annotations
@@ -56,37 +51,31 @@ class _Standalone:
             self.settings = settings
             self.prompt = PromptGDRO(**settings.prompt.kwargs(settings.num_bins))
             self.steps = 0
-            if self.pending is not None:
-                self._restore(settings)
+            state, self.pending = self.pending, None
+            if state is not None and state.get("settings") != settings.to_dict():
+                logger.warning("gdro_grpo (standalone): the checkpoint's Prompt-GDRO state was saved under other "
+                               "algorithm.gdro settings; it restarts from scratch")
+            elif state is not None:
+                prompt = dict(state["prompt"])
+                prompt["scores"] = np.asarray(prompt["scores"], dtype=np.float64)
+                prompt["observed"] = np.asarray(prompt["observed"], dtype=bool)
+                self.prompt.load_state_dict(prompt)
+                self.steps = int(state["steps"])
+                logger.info("gdro_grpo (standalone): Prompt-GDRO state restored at its step %d", self.steps)
         return self.prompt
-
-    def _restore(self, settings: GDROSettings) -> None:
-        state, self.pending = self.pending, None
-        assert state is not None and self.prompt is not None
-        if state.get("settings") != settings.to_dict():
-            logger.warning("gdro_grpo (standalone): the checkpoint's Prompt-GDRO state was saved under other "
-                           "algorithm.gdro settings; it restarts from scratch")
-            return
-        prompt = dict(state["prompt"])
-        prompt["scores"] = np.asarray(prompt["scores"], dtype=np.float64)
-        prompt["observed"] = np.asarray(prompt["observed"], dtype=bool)
-        self.prompt.load_state_dict(prompt)
-        self.steps = int(state["steps"])
-        logger.info("gdro_grpo (standalone): Prompt-GDRO state restored at its step %d", self.steps)
 
 
 _STANDALONE = _Standalone()
 
 
 def standalone_state() -> dict[str, Any]:
-    """Introspection of standalone mode: the Prompt-GDRO state, steps run, and the last step's bins."""
+    """Standalone mode's Prompt-GDRO state, steps run and the last step's bins (introspection)."""
     prompt = None if _STANDALONE.prompt is None else _STANDALONE.prompt.state_dict()
     return {"steps": _STANDALONE.steps, "prompt": prompt, "last": dict(_STANDALONE.last)}
 
 
 def export_standalone() -> dict[str, Any] | None:
-    """The standalone state as plain JSON values, or None before the first step (saved by
-    :class:`verl_gdro.integration.checkpoint.StandaloneEstimatorCheckpoint`)."""
+    """The standalone state as plain JSON values (None before the first step), for the checkpoint callback."""
     if _STANDALONE.prompt is None or _STANDALONE.settings is None:
         return None
     prompt = _STANDALONE.prompt.state_dict()
@@ -97,8 +86,7 @@ def export_standalone() -> dict[str, Any] | None:
 
 
 def import_standalone(state: dict[str, Any]) -> None:
-    """Restore :func:`export_standalone` output at the estimator's first step (when its settings are
-    known); state saved under other settings is refused with a warning."""
+    """Restore :func:`export_standalone` output at the first step (state of other settings: a warning)."""
     if state.get("version") != STANDALONE_STATE_VERSION:
         raise ValueError(f"gdro_grpo standalone state version {state.get('version')!r} is not {STANDALONE_STATE_VERSION}")
     _STANDALONE.prompt = None
@@ -123,8 +111,7 @@ def _settings_from(config: Any, standalone: bool = False) -> GDROSettings:
 
 
 def _group_ids(keys: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
-    """(inverse group id per row, group sizes, is-padding per group, uid per group), groups in order
-    of first appearance; C-level passes, no per-row Python loop (this runs on every row)."""
+    """(inverse group id per row, group sizes, is-padding and uid per group), in order of first appearance."""
     groups = list(dict.fromkeys(keys))
     table = dict(zip(groups, range(len(groups))))
     inverse = np.fromiter(map(table.__getitem__, keys), dtype=np.int64, count=len(keys))
@@ -135,8 +122,7 @@ def _group_ids(keys: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray, lis
 
 def _standalone_multipliers(scores: np.ndarray, inverse: np.ndarray, padding: np.ndarray,
                             settings: GDROSettings) -> np.ndarray:
-    """Standalone mode: bin each group by its own correctness this step; multipliers from S_{t-1};
-    then update S with the failure rate (reward-only loss signal)."""
+    """Standalone: groups binned by their own correctness; multipliers from S_{t-1}, then S updated."""
     if not get_prompt_mode(settings.prompt.mode).scales_advantages:
         raise ValueError(f"algorithm.gdro.prompt.mode={settings.prompt.mode} is invalid for the standalone gdro_grpo "
                          "estimator: only the GDRO trainer's sampler can draw the prompts; use "
@@ -182,8 +168,7 @@ def _standalone_multipliers(scores: np.ndarray, inverse: np.ndarray, padding: np
 
 def _planned_rows(rows: Any, token_level_rewards: torch.Tensor,
                   response_mask: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """The row plan's singleton rows to zero and multiplier column (or None for either); prepared
-    before verl's per-row loop, while the caches are warm (benchmarks/overhead.py)."""
+    """The row plan's singleton rows and multiplier column (or None), prepared while the caches are warm."""
     singleton_rows = torch.as_tensor(rows.singleton) if rows.any_singleton else None
     if rows.all_ones or not token_level_rewards.dtype.is_floating_point:
         return singleton_rows, None  # integer rewards: multiplied afterwards, as on the table path
@@ -196,8 +181,7 @@ def _planned_rows(rows: Any, token_level_rewards: torch.Tensor,
 
 def _table_multipliers(advantages: torch.Tensor, index: np.ndarray, step: Any, settings: GDROSettings,
                        token_level_rewards: torch.Tensor) -> np.ndarray | None:
-    """No row plan for this batch: group the rows by uid, zero singleton groups in place, and
-    return each row's multiplier (from the open step's table, or standalone), or None for ones."""
+    """No row plan: group rows by uid, zero singletons in place; each row's multiplier, or None for ones."""
     keys = uid_keys(index)  # str per row, once
     inverse, sizes, padding, groups = _group_ids(keys)
     singleton = sizes[inverse] == 1
@@ -228,9 +212,8 @@ def compute_gdro_grpo_advantage(token_level_rewards: torch.Tensor, response_mask
     planned = rows is not None and rows.matches(index)
     reweighted = planned and not rows.all_ones
     singleton_rows, scale = _planned_rows(rows, token_level_rewards, response_mask) if planned else (None, None)
-    # verl's GRPO uses the mask only in its last line (scores.unsqueeze(-1) * response_mask): handed a
-    # [bs, 1] column it returns the advantages times it, the same bits in one [bs, T] pass instead of two
-    # (0/1 mask, multipliers >= 0); the mask is applied once at the end
+    # verl's GRPO uses the mask only in its last line: handed a [bs, 1] column it returns the advantages
+    # times it, the same bits in one [bs, T] pass instead of two; the mask is applied once at the end
     column = scale if scale is not None else torch.ones((response_mask.shape[0], 1), dtype=response_mask.dtype,
                                                         device=response_mask.device)
     if step is not None and step.norm_adv_by_std is not None:

@@ -1,10 +1,5 @@
-"""The GDRO trainer's per-step numpy glue between verl's fetched batch and the controller.
-
-All of the per-row work the trainer adds to verl's advantage stage besides the controller; pure
-Python and numpy. ``benchmarks/overhead.py`` times the trainer through these same functions. Each
-works in C-level passes (``map``, ``dict`` builds, numpy), never a Python loop per row: it runs on
-every row of every step.
-"""
+"""The GDRO trainer's per-row numpy glue between verl's fetched batch and the controller (timed by
+``benchmarks/overhead.py``): C-level passes (``map``, ``dict`` builds, numpy), never a Python loop per row."""
 
 from __future__ import annotations
 
@@ -35,9 +30,8 @@ def _is_padding_tag(tag: Mapping[str, Any] | None) -> bool:
 
 def real_rows(uids: Sequence[str], tags: Sequence[Mapping[str, Any] | None] | None = None,
               distinct: Mapping[str, Any] | None = None) -> NDArray[np.int64]:
-    """Indices of the rows that are real trajectories: neither tagged ``is_padding`` by verl's batch
-    balancing (``tags``: a dict or None per row) nor carrying a padding uid. A batch without padding is
-    settled on the distinct uids (``distinct``, e.g. ``dict.fromkeys(uids)``) and one ``any`` over the tags."""
+    """Indices of the real trajectories: rows neither tagged ``is_padding`` (``tags``: dict or None per row)
+    nor of a padding uid; a batch without padding is settled on the ``distinct`` uids and one ``any``."""
     count = len(uids)
     tagged = False
     if tags is not None:
@@ -57,8 +51,7 @@ _REWARD_EXTRA_INFO = itemgetter("reward_extra_info")
 
 
 def correctness(values: NDArray[np.float64], threshold: float, source: str = "gdro.acc_key") -> NDArray[np.float64]:
-    """Binary correctness (1.0 / 0.0): above ``gdro.correct_threshold`` (a +-1 or shaped score works as
-    well as {0, 1}). A non-finite value, which would count as a failure, is refused naming ``source``."""
+    """Binary correctness (1.0 / 0.0) above ``gdro.correct_threshold``; non-finite refused, naming ``source``."""
     if values.size and not np.all(np.isfinite(values)):
         raise ValueError(f"{source}: the reward returned a non-finite value; correctness needs a finite number")
     return (values > threshold).astype(np.float64)
@@ -66,9 +59,8 @@ def correctness(values: NDArray[np.float64], threshold: float, source: str = "gd
 
 def acc_from_extra_fields(infos: Sequence[Any], rows: NDArray[np.int64],
                           key: str) -> tuple[NDArray[np.float64] | None, set[str]]:
-    """The ``key`` value of each of ``rows`` (increasing, as :func:`real_rows` gives them) under verl's
-    per-row ``extra_fields["reward_extra_info"]``, as float64: ``(values, set())``, or ``(None, keys
-    seen)`` when a row lacks the key or its value is not a number (the caller names them in its error)."""
+    """``(values, set())``: each of ``rows``' (increasing) float ``key`` under verl's
+    ``extra_fields["reward_extra_info"]``, or ``(None, keys seen)`` when a row lacks a number there."""
     count = rows.size
     if count == len(infos) and (count == 0 or (rows[0] == 0 and rows[-1] == count - 1)):
         picked = infos  # increasing indices, as many as rows: every row in order (no padding), no copy
@@ -91,10 +83,9 @@ def acc_from_extra_fields(infos: Sequence[Any], rows: NDArray[np.int64],
 
 @dataclass
 class ConsumedBatch:
-    """One controller update's groups and the plan positions of the trained rows: ``uids`` of every
-    fetched row, ``rows`` the real ones, ``update`` the ledger's groups in dispatch order, ``positions``
-    the plan position of each of ``update.uids``; per trained row ``kept_group`` (its group's index in
-    ``update.uids``) and ``group_index`` (its plan position, what the controller's methods take)."""
+    """One update's groups: ``uids`` of every fetched row, ``rows`` the real ones, ``update`` the ledger's
+    groups, ``positions`` their plan positions; per trained row ``kept_group`` (index in ``update.uids``)
+    and ``group_index`` (plan position, what the controller's methods take)."""
 
     uids: list[str]
     rows: NDArray[np.int64]
@@ -104,15 +95,13 @@ class ConsumedBatch:
     group_index: NDArray[np.int64]
 
     def multiplier_table(self, multipliers: NDArray[np.float64]) -> dict[str, float]:
-        """verl uid -> multiplier of each group for :func:`gdro_step`, from the per-row ``multipliers``
-        (every row of a group carries the same); groups removed untrained get 1.0."""
+        """verl uid -> multiplier of each group from the per-row ``multipliers`` (removed groups: 1.0)."""
         per_group = np.ones(len(self.update.uids), dtype=np.float64)
         per_group[self.kept_group] = np.asarray(multipliers, dtype=np.float64)
         return dict(zip(self.update.uids, per_group.tolist()))
 
     def row_plan(self, multipliers: NDArray[np.float64]) -> RowPlan | None:
-        """The estimator's per-row view of the fetched batch (:class:`RowPlan`; a singleton is a row whose
-        group has no other trained row), or None when the batch has padding rows."""
+        """The estimator's :class:`RowPlan` of the fetched batch, or None when it has padding rows."""
         if self.rows.size != len(self.uids):
             return None
         sizes = np.bincount(self.kept_group, minlength=len(self.update.uids))
@@ -120,26 +109,20 @@ class ConsumedBatch:
                        singleton=sizes[self.kept_group] == 1)
 
     def estimator_inputs(self, multipliers: NDArray[np.float64]) -> tuple[dict[str, float] | None, RowPlan | None]:
-        """``(table, rows)`` for :func:`gdro_step`: the row plan alone when the batch has no padding rows,
-        else the per-group table alone (``multipliers``: per real row)."""
+        """``(table, rows)`` for :func:`gdro_step`: the row plan alone, else (padding) the table alone."""
         rows = self.row_plan(multipliers)
         return (None, rows) if rows is not None else (self.multiplier_table(multipliers), None)
 
     def dropped(self) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
         """(plan position, acc) of every trajectory of the groups removed untrained (``update.dropped``)."""
-        dropped = self.update.dropped
-        if not dropped:
-            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float64)
-        slot = self.update.slot
+        dropped, slot = self.update.dropped, self.update.slot
         index = [int(self.positions[slot[u]]) for u, (a, _r) in dropped.items() for _ in a]
         acc = [x for a, _r in dropped.values() for x in a]
         return np.array(index, dtype=np.int64), np.array(acc, dtype=np.float64)
 
 
 def later_outputs(keys: Sequence[str]) -> NDArray[np.bool_] | None:
-    """Rows that are a later output (``{uid}_{session}_{i}``, i > 0) of a multi-output agent-loop
-    session, or None when none is: the controller observes one trial per session, its first row
-    (docs/integration.md, "Known limitations"). Keys of another shape are never later outputs."""
+    """Rows that are a later output (``{uid}_{session}_{i}``, i > 0) of an agent-loop session, or None."""
     if all(map(methodcaller("endswith", "_0"), keys)):
         return None
     out = np.zeros(len(keys), dtype=bool)
@@ -152,8 +135,7 @@ def later_outputs(keys: Sequence[str]) -> NDArray[np.bool_] | None:
 
 def first_measurements(rows: NDArray[np.int64], losses: NDArray[np.float64],
                        positions: NDArray[np.int64]) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
-    """The actor's update-time losses (one per row and mini-batch pass) as (plan position, loss) of each
-    trained row's first measurement (the first PPO epoch), in report order; padding rows (position -1) out."""
+    """(plan position, loss) of each trained row's first update-time measurement; padding rows (-1) out."""
     if rows.size and (rows.min() < 0 or rows.max() >= positions.size):
         raise RuntimeError(f"verl-gdro: the actor reported rows outside the step's {positions.size} rows")
     _, first = np.unique(rows, return_index=True)
@@ -165,9 +147,7 @@ def first_measurements(rows: NDArray[np.int64], losses: NDArray[np.float64],
 
 def consume(ledger: DispatchLedger, controller: GDROController, uids: list[str],
             tags: Sequence[Mapping[str, Any] | None] | None = None, keys: Sequence[str] | None = None) -> ConsumedBatch:
-    """Begin the ledger update of a fetched batch (verl's uid of every row) and adopt its groups into the
-    controller's plan with their dispatch-time decisions; padding rows (``tags``, :func:`real_rows`) and
-    later outputs (TransferQueue ``keys``, :func:`later_outputs`) are left out."""
+    """Begin the ledger update of a fetched batch and adopt its groups into the plan (padding, later outputs out)."""
     distinct = dict.fromkeys(uids)  # the groups, in order of first row: shared by both checks below
     rows = real_rows(uids, tags, distinct)
     later = None if keys is None else later_outputs(keys)
@@ -186,9 +166,7 @@ def consume(ledger: DispatchLedger, controller: GDROController, uids: list[str],
 def observe_update(ledger: DispatchLedger, controller: GDROController, consumed: ConsumedBatch,
                    acc: NDArray[np.float64], global_steps: int, *, extra_time_s: float = 0.0,
                    **token_fields: NDArray[np.floating]) -> dict[str, float]:
-    """The controllers' update with a consumed batch (``acc`` per trained row; the groups removed
-    untrained observed once, here), the ledger's bookkeeping and every gdro/ metric of the step.
-    ``token_fields``: the [N, T] arrays a surrogate loss signal reads (removed groups zero-masked)."""
+    """The controllers' update with a consumed batch (removed groups observed here), the ledger's, the metrics."""
     group_index = consumed.group_index
     if consumed.update.dropped:
         dropped_index, dropped_acc = consumed.dropped()
@@ -202,9 +180,8 @@ def observe_update(ledger: DispatchLedger, controller: GDROController, consumed:
 
 def flow_metrics(num_bins: int, update: ObservedUpdate, kept_group: NDArray[np.int64], counters: dict[str, Any],
                  global_steps: int, inflight: int) -> dict[str, float]:
-    """What generation produced versus what verl trained, next to what GDRO reallocated (all finite):
-    ``kept_group`` as in :class:`ConsumedBatch`, ``counters`` :meth:`DispatchLedger.finish_update`'s,
-    ``inflight`` the prompts dispatched and not yet observed after this update."""
+    """What generation produced versus what verl trained (all finite); ``counters``:
+    :meth:`DispatchLedger.finish_update`'s; ``inflight``: prompts dispatched, not yet observed."""
     bins = update.bins
     kept = np.bincount(bins[kept_group], minlength=num_bins).astype(np.float64)
     generated = kept.copy()
@@ -255,9 +232,7 @@ def _flow_keys(num_bins: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
 
 
 def filter_note(config: Any) -> str:
-    """The mode line's part for DAPO's dynamic sampling (``algorithm.filter_groups``), empty when it
-    is off: the regime changes what a rollout costs, and whether to keep the filter with GDRO is a
-    measured question (docs/benchmarks.md, "GDRO with DAPO's dynamic sampling")."""
+    """The mode line's part for DAPO's dynamic sampling (it changes what a rollout costs); empty when off."""
     fg = config.algorithm.get("filter_groups", None)
     if fg is None or not fg.get("enable", False):
         return ""

@@ -1,10 +1,8 @@
-"""The dispatch ledger: GDRO decisions of every prompt dispatched for generation and not yet observed.
+"""The dispatch ledger: GDRO decisions of every prompt dispatched and not yet observed, by verl ``uid``.
 
-Under DAPO filtering and in the async trainers a prompt is not observed in the step that dispatched
-it (docs/integration.md, "DAPO group filtering" and "Semantics under staleness"), so the trainers
-decide at dispatch and record the decision here under verl's per-dispatch ``uid``; a group is
-observed once, consumed or removed untrained (:meth:`DispatchLedger.drop`). The ledger rides in
-``data.pt`` as a ``GDROSampler`` companion. Pure Python and numpy: no verl, no torch.
+Under DAPO filtering and in the async trainers a prompt is observed after the step that dispatched it
+(docs/integration.md, "Semantics under staleness"); each group is observed once, consumed or removed
+untrained. It rides in ``data.pt`` as a ``GDROSampler`` companion. Pure Python and numpy.
 """
 
 from __future__ import annotations
@@ -40,12 +38,13 @@ class Decision(NamedTuple):
 
 
 _WIDTH = len(Decision._fields)  # a decision table's columns, in Decision's field order
+_STATE_COLUMNS = ("stable", "bins", "rollout_n", "step", "seq")  # their keys in a saved state
 
 
 @dataclass
 class ObservedUpdate:
-    """The groups one controller update observes, in dispatch order: verl ``uids``, one :class:`Decision`
-    row per uid in ``table`` (int64 [len(uids), 5]), ``dropped``: uid -> (per-trajectory acc, reason)."""
+    """One update's groups in dispatch order: ``uids``, their :class:`Decision` rows (``table``, int64),
+    ``dropped``: uid -> (per-trajectory acc, reason)."""
 
     uids: list[str]
     table: NDArray[np.int64]
@@ -57,27 +56,12 @@ class ObservedUpdate:
         return list(map(Decision._make, self.table.tolist()))
 
     def plan_columns(self) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]:
-        """(stable ids, bins, rollout_n) as read-only views, not copies (what :meth:`GDROController.adopt`
-        copies into its plan; the copying properties below cost time on every step)."""
+        """(stable ids, bins, rollout_n) as views (:meth:`GDROController.adopt` copies them)."""
         table = self.table
         return table[:, 0], table[:, 1], table[:, 2]
 
-    @property
-    def stable_uids(self) -> NDArray[np.int64]:
-        return self.table[:, 0].copy()
-
-    @property
-    def bins(self) -> NDArray[np.int64]:
-        return self.table[:, 1].copy()
-
-    @property
-    def rollout_n(self) -> NDArray[np.int64]:
-        return self.table[:, 2].copy()
-
-    @property
-    def steps(self) -> NDArray[np.int64]:
-        """verl's ``global_steps`` at each group's dispatch."""
-        return self.table[:, 3].copy()
+    # copies of one column each; ``steps``: verl's ``global_steps`` at each group's dispatch
+    stable_uids, bins, rollout_n, steps = (property(lambda self, j=j: self.table[:, j].copy()) for j in range(4))
 
     @cached_property
     def slot(self) -> dict[str, int]:
@@ -106,12 +90,8 @@ class _Entries(Mapping[str, Decision]):
 
 
 class DispatchLedger:
-    """Decisions of dispatched prompts until their single observation; per-call dispatch counters.
-
-    A column store (one int64 row per group, a dict from verl uid to row): a call appends its rows and
-    an update gathers its groups' rows in one array operation each, no Python tuple per prompt.
-    Observed rows are compacted away once they outnumber the outstanding ones.
-    """
+    """Decisions of dispatched prompts until their single observation; per-call dispatch counters. A
+    column store (an int64 row per group, verl uid -> row), compacted when observed rows dominate."""
 
     def __init__(self) -> None:
         self._row_of: dict[str, int] = {}
@@ -132,8 +112,7 @@ class DispatchLedger:
         return self._table[rows, 0]
 
     def held_stable_uids(self) -> NDArray[np.int64]:
-        """What a sampler excludes from its next draw: the outstanding groups' prompts plus those lost
-        since the last update, so that every prompt dispatched between two updates is distinct."""
+        """What a sampler excludes: outstanding and lost prompts (those dispatched between updates are distinct)."""
         return np.concatenate([self.live_stable_uids(), np.asarray(self._lost_stable, dtype=np.int64)])
 
     @property
@@ -171,8 +150,7 @@ class DispatchLedger:
         raise RuntimeError(f"verl-gdro: prompt uid {repeated!r} was dispatched twice")
 
     def drop(self, uid: str, acc: list[float], reason: str) -> bool:
-        """A group the replay buffer removes untrained; observed at the next update. False when the
-        uid is unknown (dispatched outside this ledger) or already dropped."""
+        """A group removed untrained, observed at the next update; False for an unknown or dropped uid."""
         if reason not in DROP_REASONS:
             raise ValueError(f"unknown drop reason {reason!r}: allowed {list(DROP_REASONS)}")
         if uid not in self._row_of or uid in self.dropped:
@@ -188,8 +166,7 @@ class DispatchLedger:
         return True
 
     def begin_update(self, consumed: Iterable[str]) -> ObservedUpdate:
-        """The groups of one update: the consumed uids (every trained row's, or the distinct ones) plus
-        every dropped group, in dispatch order. Raises for a consumed uid this run did not dispatch."""
+        """The consumed uids plus every dropped group, in dispatch order; raises for a uid not dispatched."""
         # the caller's distinct uids (consume passes a dict) when nothing was dropped, else a copy
         unique = consumed if type(consumed) is dict and not self.dropped else dict.fromkeys(consumed)
         row_of = self._row_of
@@ -216,8 +193,7 @@ class DispatchLedger:
         row_of, dropped = self._row_of, self.dropped
         deque(map(row_of.pop, update.uids, repeat(None)), maxlen=0)  # row_of.pop(uid, None) per uid, C-level
         if dropped:
-            for uid in update.uids:
-                dropped.pop(uid, None)
+            deque(map(dropped.pop, update.uids, repeat(None)), maxlen=0)
         self._compact()
         calls, lost, lost_by_reason = self.calls, self.lost, self.lost_by_reason
         self.calls, self.lost, self.lost_by_reason = [], 0, dict.fromkeys(DROP_REASONS, 0)
@@ -225,9 +201,7 @@ class DispatchLedger:
         return {"calls": calls, "lost": lost, "lost_by_reason": lost_by_reason}
 
     def reconcile(self, in_flight: Iterable[str]) -> list[str]:
-        """Forget (and return) the outstanding groups not ``in_flight`` (the uids verl still holds): a run
-        resumed without TransferQueue's checkpoint never sees them again, and their decisions would be
-        held for good. Groups dropped with trajectories stay: their observation is due."""
+        """Forget (and return) the outstanding groups verl no longer holds (dropped groups stay: they are due)."""
         keep = set(in_flight)
         orphans = [uid for uid in self._row_of if uid not in keep and uid not in self.dropped]
         for uid in orphans:
@@ -248,19 +222,16 @@ class DispatchLedger:
 
     def state_dict(self) -> dict[str, Any]:
         table = self._table[np.fromiter(self._row_of.values(), dtype=np.int64, count=len(self._row_of))]
-        stable, bins, rollout_n, step, seq = (table[:, j].copy() for j in range(_WIDTH))
-        return {"version": _STATE_VERSION, "uids": list(self._row_of), "stable": stable, "bins": bins,
-                "rollout_n": rollout_n, "step": step, "seq": seq,
-                "next_seq": self._seq, "dropped": {u: (list(a), r) for u, (a, r) in self.dropped.items()},
-                "calls": list(self.calls), "lost": self.lost, "lost_by_reason": dict(self.lost_by_reason),
-                "lost_stable": list(self._lost_stable)}
+        return {"version": _STATE_VERSION, "uids": list(self._row_of),
+                **{key: table[:, j].copy() for j, key in enumerate(_STATE_COLUMNS)}, "next_seq": self._seq,
+                "dropped": {u: (list(a), r) for u, (a, r) in self.dropped.items()}, "calls": list(self.calls),
+                "lost": self.lost, "lost_by_reason": dict(self.lost_by_reason), "lost_stable": list(self._lost_stable)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if not isinstance(state, dict) or state.get("version") != _STATE_VERSION:
             raise ValueError(f"not a DispatchLedger state of version {_STATE_VERSION}")
         uids = list(state["uids"])
-        columns = [np.asarray(state[key], dtype=np.int64).reshape(-1)
-                   for key in ("stable", "bins", "rollout_n", "step", "seq")]
+        columns = [np.asarray(state[key], dtype=np.int64).reshape(-1) for key in _STATE_COLUMNS]
         if any(c.size != len(uids) for c in columns) or len(set(uids)) != len(uids):
             raise ValueError("DispatchLedger state: uids and decision columns disagree")
         self._table = np.stack(columns, axis=1) if uids else np.zeros((0, _WIDTH), dtype=np.int64)
@@ -275,8 +246,7 @@ class DispatchLedger:
 
 
 class ResumedLedger:
-    """The ledger as a ``GDROSampler`` companion: loading a state reconciles it with ``in_flight()``, the
-    uids verl holds when ``StatefulDataLoader`` applies the state (its first fetch after a resume)."""
+    """The ledger as a ``GDROSampler`` companion: a loaded state is reconciled with ``in_flight()``."""
 
     def __init__(self, ledger: DispatchLedger, in_flight: Callable[[], Iterable[str]]) -> None:
         self.ledger = ledger

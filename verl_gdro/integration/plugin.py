@@ -1,11 +1,8 @@
 """``verl.plugins`` entry point: registers the ``gdro_grpo`` estimator and the GDRO trainer modes.
 
-verl imports it on every ``import verl`` and swallows a plugin's exceptions, so it is
-
-- **lazy**: each registration runs right after verl imports the registry it belongs to (a post-import
-  hook on ``sys.meta_path``), not at import (docs/integration.md, "Plugin import cost");
-- **loud**: a failed registration is logged at WARNING and recorded in
-  :data:`~verl_gdro.integration.registry.REGISTRATION_ERRORS`, which the trainer checks at init.
+verl imports it on every ``import verl`` and swallows a plugin's exceptions, so each registration is
+lazy (right after verl imports its registry: docs/integration.md, "Plugin import cost") and loud (a
+failure is logged and recorded in :data:`~verl_gdro.integration.registry.REGISTRATION_ERRORS`).
 """
 
 from __future__ import annotations
@@ -44,8 +41,7 @@ REGISTER_AFTER: dict[str, Callable[[], None]] = {
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
-    """A post-import hook: wraps the ``exec_module`` of the spec the other finders give a named module,
-    to run a callback after it (the module loads exactly as it would without the hook)."""
+    """A post-import hook: wraps a named module's ``exec_module`` to run a callback after it."""
 
     def __init__(self, callbacks: dict[str, Callable[[], None]]) -> None:
         self.callbacks = dict(callbacks)
@@ -78,8 +74,7 @@ class _AfterImport(importlib.abc.MetaPathFinder):
 
 
 def register() -> dict[str, str]:
-    """Register now what verl has already imported, the rest right after verl imports it
-    (idempotent); install the driver-side config check. Returns the failures recorded so far."""
+    """Register what verl has imported now, the rest after it does; install the driver check; return failures."""
     pending = {}
     for module, callback in REGISTER_AFTER.items():
         if module in sys.modules:

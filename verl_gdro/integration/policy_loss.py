@@ -1,12 +1,9 @@
 """The update-time loss signal (``gdro.prompt.loss_signal=update_surrogate``), measured in the actor.
 
-The release measures Prompt-GDRO's loss inside the actor's PPO update: per response, the
-token-mean clipped surrogate on the raw advantages, after 0, 1, ... optimizer steps; at the driver
-(ratio 1) it is identically zero (docs/algorithm.md section 2). :func:`gdro_ppo_loss` wraps verl's
-``ppo_loss`` unchanged and adds each micro-batch's per-response losses and step rows to the loss
-metrics, which verl gathers over every rank and mini-batch (not rank 0's share, the release's
-defect); the trainer installs it with ``set_loss_fn`` and takes them out with
-:func:`pop_update_losses` before verl averages the metrics.
+Per response, the token-mean clipped surrogate on the raw advantages inside the PPO update (at the
+driver, ratio 1, it is zero: docs/algorithm.md section 2). :func:`gdro_ppo_loss` wraps verl's
+``ppo_loss`` and adds the per-response losses and rows to the loss metrics, which verl gathers over
+every rank (not rank 0's share, the release's defect); :func:`pop_update_losses` takes them out.
 """
 
 from __future__ import annotations
@@ -23,8 +20,7 @@ __all__ = [
 
 #: per-response raw GRPO advantage written next to verl's ``advantages`` for the actor
 RAW_ADV_FIELD = "gdro_raw_advantages"
-#: per-response row of the step (its index in the step's batch; the trainer maps it to the plan
-#: position), float64
+#: per-response row of the step's batch (the trainer maps it to the plan position), float64
 ROW_FIELD = "gdro_row"
 #: the loss metrics' keys (popped by the trainer before verl reduces the actor metrics)
 LOSS_METRIC = "gdro_update/loss"
@@ -42,9 +38,8 @@ def update_surrogate_per_response(
     clip_ratio_low: float,
     clip_ratio_high: float,
 ) -> np.ndarray:
-    """Each response's token-mean of ``max(-A r, -A clip(r, 1 - low, 1 + high))`` on the raw
-    advantages ([bs, T] or [bs]), no dual clip, KL or entropy: the release's ``per_sample_lb``
-    (0 for an empty mask). Shared by the CPU demo and the verl actor."""
+    """Each response's token-mean of ``max(-A r, -A clip(r, 1 - low, 1 + high))`` on the raw advantages
+    ([bs, T] or [bs]), no dual clip, KL or entropy: the release's ``per_sample_lb`` (0 for an empty mask)."""
     mask = response_mask.to(torch.float64)
     adv = advantages.to(torch.float64)
     if adv.dim() == 1:
@@ -58,8 +53,7 @@ def update_surrogate_per_response(
 def raw_grpo_advantages(
     token_level_rewards: torch.Tensor, index: Any, norm_adv_by_std_in_grpo: bool = True
 ) -> torch.Tensor:
-    """Per-response GRPO advantage [bs] by verl's ``compute_grpo_outcome_advantage`` (singletons 0),
-    without Prompt-GDRO's multiplier or the clip, which cannot be divided back out."""
+    """Per-response GRPO advantage [bs] (singletons 0), without the multiplier or clip (not divisible out)."""
     from verl.trainer.ppo import core_algos
 
     column = torch.ones((token_level_rewards.shape[0], 1), dtype=torch.float32)
@@ -77,9 +71,8 @@ def raw_grpo_advantages(
 
 
 def gdro_ppo_loss(config: Any, model_output: Any, data: Any, dp_group: Any = None) -> tuple[Any, dict[str, Any]]:
-    """verl's ``ppo_loss`` unchanged; a micro-batch carrying :data:`RAW_ADV_FIELD` and
-    :data:`ROW_FIELD` adds its per-response losses and rows as lists (:data:`LOSS_METRIC`,
-    :data:`ROW_METRIC`), which verl's worker concatenates."""
+    """verl's ``ppo_loss``; a micro-batch with :data:`RAW_ADV_FIELD` and :data:`ROW_FIELD` adds its
+    per-response losses and rows as lists, which verl's worker concatenates."""
     from verl.workers.utils.losses import ppo_loss
     from verl.workers.utils.padding import no_padding_2_padding
 
@@ -100,24 +93,15 @@ def gdro_ppo_loss(config: Any, model_output: Any, data: Any, dp_group: Any = Non
 
 
 def _flatten(values: Any) -> list[float]:
-    out: list[float] = []
-    stack = [values]
-    while stack:
-        v = stack.pop()
-        if isinstance(v, (list, tuple)):
-            stack.extend(reversed(v))
-        elif isinstance(v, np.ndarray):
-            stack.extend(reversed(v.tolist()))
-        elif isinstance(v, torch.Tensor):
-            stack.extend(reversed(v.reshape(-1).tolist()))
-        else:
-            out.append(float(v))
-    return out
+    if isinstance(values, (np.ndarray, torch.Tensor)):
+        values = values.reshape(-1).tolist() if isinstance(values, torch.Tensor) else values.tolist()
+    if isinstance(values, (list, tuple)):
+        return [x for v in values for x in _flatten(v)]
+    return [float(values)]
 
 
 def pop_update_losses(metrics: dict[str, Any], prefix: str = "") -> tuple[np.ndarray, np.ndarray] | None:
-    """Take (rows, losses) out of the actor's metrics (nested alike, so flattening pairs them), None
-    when verl's own loss ran; a ValueError when their lengths disagree."""
+    """Take (rows, losses) out of the actor's metrics, None when verl's own loss ran."""
     lk, rk = prefix + LOSS_METRIC, prefix + ROW_METRIC
     if lk not in metrics and rk not in metrics:
         return None

@@ -1,9 +1,8 @@
 """verl 0.9.1's V1 replay buffers, made to report every group they remove without training on it.
 
-DAPO-filtered, surplus, stale and failed groups all leave through ``ReplayBuffer._clear_groups``;
-these subclasses hand their keys to the GDRO trainer's observer first, so every generated group is
-observed once (docs/integration.md, "DAPO group filtering"). They add no state in ``__init__``: the
-trainer swaps the class of the buffer verl built, whose constructor arguments stay verl's.
+Filtered, surplus, stale and failed groups all leave through ``_clear_groups``; these subclasses hand
+them to the trainer's observer first (docs/integration.md, "DAPO group filtering"). They add no state
+in ``__init__``: the trainer swaps the class of the buffer verl built.
 """
 
 from __future__ import annotations
@@ -31,10 +30,8 @@ class GDROReplayBufferMixin:
     ) -> tuple[set[str], int, int, dict]:
         stale, dapo, failed, _counts = eviction_reasons
         # the sets may overlap (verl evicts their union once): filtered over stale over failed
-        reasons = {u: "failed" for u in failed}
-        reasons.update({u: "stale" for u in stale})
-        reasons.update({u: "filtered" for u in dapo})
-        self._gdro_reasons = reasons
+        self._gdro_reasons = {**dict.fromkeys(failed, "failed"), **dict.fromkeys(stale, "stale"),
+                              **dict.fromkeys(dapo, "filtered")}
         try:
             return super()._evict_terminal_groups(global_steps, partition_id, eviction_reasons)  # type: ignore[misc]
         finally:

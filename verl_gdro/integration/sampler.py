@@ -1,12 +1,10 @@
 """A lazy, stateful training sampler that carries all GDRO controller state in its ``state_dict``.
 
-verl saves ``StatefulDataLoader.state_dict()`` (which embeds its sampler's) to ``data.pt`` and
-restores it on resume, so the whole :class:`~verl_gdro.step.controller.GDROController` saved here
-with the sampler's cursor and generator resumes bit-identically without checkpoint code of ours.
-``resample`` (a sampling ``gdro.prompt.mode``) draws each announced generation call as one block
-with the step API's :class:`~verl_gdro.step.sampler.PromptSampler`; ``shuffle`` and ``sequential``
-keep verl's epoch order, deferring held prompts (docs/integration.md, "One draw per generation
-call"). Workers would pre-draw with stale state: ``data.dataloader_num_workers=0`` is enforced.
+verl saves the ``StatefulDataLoader``'s state (its sampler's included) to ``data.pt``, so the controller
+saved here resumes bit-identically without checkpoint code of ours. ``resample`` draws each generation
+call as one block (:class:`~verl_gdro.step.sampler.PromptSampler`); ``shuffle`` and ``sequential`` keep
+verl's epoch order, deferring held prompts (docs/integration.md, "One draw per generation call").
+Workers would pre-draw with stale state: ``data.dataloader_num_workers=0`` is enforced.
 """
 
 from __future__ import annotations
@@ -29,9 +27,8 @@ _READABLE_VERSIONS = (1, 2)
 
 
 class GDROSampler(Sampler[int]):
-    """Index sampler over the training set: ``uids`` the stable id of every row (position -> id),
-    ``controller`` the run's (saved with the sampler), ``seed`` its own generator's (``data.seed``),
-    ``batch_size`` the block ``resample`` draws when no call was announced (:meth:`begin_call`)."""
+    """Index sampler over the training set (``uids``: stable id per row), saving the ``controller``;
+    ``batch_size``: the block ``resample`` draws when no call was announced (:meth:`begin_call`)."""
 
     def __init__(self, uids: Any, controller: GDROController, mode: str = "shuffle", seed: int = 0,
                  batch_size: int = 1) -> None:
@@ -100,10 +97,8 @@ class GDROSampler(Sampler[int]):
             self._perm = self._rng.permutation(self.uids.size)
 
     def begin_call(self, size: int, held: Callable[[], Any] | Any = ()) -> None:
-        """Announce a generation call of ``size`` prompts and the stable ids it must not draw (``held``:
-        in flight or dispatched since the last update; a callable is read at the call's first draw,
-        after ``StatefulDataLoader`` has restored a resumed state). docs/integration.md, "One draw per
-        generation call", has what each mode does with them."""
+        """Announce a generation call of ``size`` prompts and the stable ids it must not draw (``held``;
+        a callable is read at the first draw, after a resumed state is restored)."""
         if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1:
             raise ValueError(f"a generation call of {size!r} prompts is invalid: must be an integer >= 1")
         if self.mode != "resample":
@@ -144,7 +139,7 @@ class GDROSampler(Sampler[int]):
         return index
 
     def _swap(self, i: int, j: int) -> None:
-        """Exchange positions i and j of the epoch's order (sequential: materialised on first use); saved."""
+        """Exchange positions i and j of the epoch's order (materialised on first use); saved."""
         if self._perm is None:
             self._perm = np.arange(self.uids.size)
         self._perm[[i, j]] = self._perm[[j, i]]
@@ -153,10 +148,13 @@ class GDROSampler(Sampler[int]):
     def _call_held_rows(self) -> set[int]:
         """The rows of the announced call's held prompts (read once per call) plus those it drew."""
         if self._held_rows is None:
-            held = self._call_held() if callable(self._call_held) else self._call_held
-            stable = np.asarray(held, dtype=np.int64).reshape(-1)
+            stable = self._held_stable()
             self._held_rows = set(self._rows_of(stable).tolist()) if stable.size else set()
         return self._held_rows
+
+    def _held_stable(self) -> np.ndarray:
+        held = self._call_held() if callable(self._call_held) else self._call_held
+        return np.asarray(held, dtype=np.int64).reshape(-1)
 
     def _rows_of(self, stable: np.ndarray) -> np.ndarray:
         """Training-set rows of the given stable ids (ids outside the set are left out)."""
@@ -170,8 +168,7 @@ class GDROSampler(Sampler[int]):
             # a new block: the announced call (held prompts excluded), else the loader's batch
             assert self._draws is not None
             size = self.batch_size if self._call_size is None else self._call_size
-            held = self._call_held() if callable(self._call_held) else self._call_held
-            rows = self._draws.evidence.rows(np.asarray(held, dtype=np.int64).reshape(-1))
+            rows = self._draws.evidence.rows(self._held_stable())
             self._block = self._draws.draw(size, exclude=rows[rows >= 0])
             self._block_pos = 0
             self._call_size, self._call_held = None, ()
@@ -229,8 +226,7 @@ class GDROSampler(Sampler[int]):
 
 
 def sampler_for(controller: GDROController, uids: Any, data_config: Any, batch_size: int) -> GDROSampler:
-    """The GDRO trainer's sampler: ``resample`` in a sampling mode of Prompt-GDRO, else verl's epoch
-    order (``shuffle``, or ``sequential`` under ``data.shuffle=false``), seeded by ``data.seed``."""
+    """The GDRO trainer's sampler: ``resample`` in a sampling mode, else verl's epoch order, seeded by ``data.seed``."""
     if controller.resamples:
         mode = "resample"
     else:
@@ -240,8 +236,7 @@ def sampler_for(controller: GDROController, uids: Any, data_config: Any, batch_s
 
 
 def step_draw_metrics(sampler: GDROSampler | None, batch_price: float | None) -> dict[str, float]:
-    """The step's metrics besides the controller's: a sampling mode's draws (``gdro/draw/*``) and, when
-    the allocator prices at plan, ``gdro/shadow_price`` of the step's own batch (not of its latest refill)."""
+    """A sampling mode's ``gdro/draw/*`` and ``gdro/shadow_price`` of the step's own batch (prices at plan)."""
     out: dict[str, float] = {}
     if sampler is not None and sampler._draws is not None:
         out.update(sampler._draws.draw_metrics())

@@ -1,18 +1,15 @@
 """The GDRO trainers: verl's V1 trainers (sync, colocate_async, separate_async) plus the GDRO controllers.
 
-One mixin, :class:`GDROTrainerMixin`, holds every line of GDRO code; each registered trainer is that
-mixin on one of verl's V1 trainer classes. It overrides narrow hooks of verl's step pipeline
-(``_build_replay_buffer``, ``_init_dataloader``, ``_next_train_batch``, ``_compute_advantage``,
-``_update_actor``), always calling ``super()``; ``fit()`` and ``step()`` stay verl's. What each hook
-does is docs/integration.md, "2. The GDRO trainer". The mixin only sequences the TransferQueue reads
-(:mod:`~verl_gdro.integration.reads`), the per-row numpy work (:mod:`~verl_gdro.integration.glue`)
-and the dispatch decisions (:mod:`~verl_gdro.integration.ledger`) around verl's stages.
+:class:`GDROTrainerMixin` on each of verl's V1 trainer classes overrides narrow hooks of verl's step
+pipeline, always calling ``super()`` (``fit()`` and ``step()`` stay verl's; docs/integration.md, "2. The
+GDRO trainer"), sequencing the reads (:mod:`.reads`), the numpy glue (:mod:`.glue`) and the ledger.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -25,6 +22,7 @@ from verl.trainer.ppo.v1.trainer_colocate_async import PPOTrainerColocateAsync
 from verl.trainer.ppo.v1.trainer_separate_async import PPOTrainerSeparateAsync
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils import tensordict_utils as tu
+from verl.utils.config import omega_conf_to_dataclass
 from verl.utils.dataset.rl_dataset import collate_fn
 
 from verl_gdro.integration.dataset import stable_prompt_uids, uid_field
@@ -64,8 +62,7 @@ ROLLOUT_N_KEY = "__rollout_n__"
 
 
 class GDROTrainerMixin:
-    """GDRO for a verl V1 trainer class: put it first in the bases (``class X(GDROTrainerMixin, PPOTrainerSync)``);
-    subclasses set :attr:`GDRO_MODE` (a key of :data:`TRAINER_MODES`) and register themselves."""
+    """GDRO for a verl V1 trainer class (first in the bases); subclasses set :attr:`GDRO_MODE` and register."""
 
     GDRO_MODE: str = TRAINER_NAME
 
@@ -77,8 +74,7 @@ class GDROTrainerMixin:
         with open_dict(config):
             # verl switches its async machinery on trainer_mode != "sync" and reads trainer.v1.<mode>
             config.trainer.v1.trainer_mode = TRAINER_MODES[self.GDRO_MODE]
-            # the resolved settings replace the group (the logged config says what ran) and are
-            # mirrored to algorithm.gdro, the only group the estimator sees
+            # the resolved settings replace the group (logged) and go to algorithm.gdro (the estimator's)
             config.gdro = OmegaConf.create(settings.to_dict())
             config.algorithm.gdro = OmegaConf.create(settings.to_dict())
         self.gdro_settings: GDROSettings = settings  # read by _build_replay_buffer, inside verl's __init__
@@ -111,7 +107,7 @@ class GDROTrainerMixin:
         return with_observer(buffer, None)
 
     def _gdro_observe_removed(self, partition_id: str, keys: dict[str, list[str]], reasons: dict[str, str]) -> None:
-        """Record the correctness of groups the replay buffer is about to delete (:func:`observe_removed`)."""
+        """Record the groups the replay buffer is about to delete (:func:`observe_removed`)."""
         t0 = time.perf_counter()
         self._gdro_warned_missing_acc = observe_removed(self.gdro_ledger, self.gdro_settings, partition_id, keys,
                                                         reasons, self._gdro_warned_missing_acc)
@@ -182,8 +178,7 @@ class GDROTrainerMixin:
         table, row_plan = consumed.estimator_inputs(multipliers)
         needs_log_probs = bool(self.gdro.token_fields)
         if not needs_log_probs:
-            # the failure-rate update reads only acc (the multipliers are taken): the same values as
-            # after verl's estimator, while the controllers are still in cache
+            # an outcome-only signal: update now (the same values as after verl's estimator), caches warm
             metrics.update(self._gdro_update(consumed, acc, {}))
         with gdro_step(table, settings=self.gdro_settings, rows=row_plan, norm_adv_by_std=self._gdro_norm_by_std):
             batch = super()._compute_advantage(batch, metrics)  # type: ignore[misc]
@@ -192,8 +187,11 @@ class GDROTrainerMixin:
             fields = token_fields(self.gdro.token_fields, batch, consumed)
             self._gdro_time += time.perf_counter() - t1
             metrics.update(self._gdro_update(consumed, acc, fields))
-        if self.gdro.wants_update_losses:
-            batch = self._gdro_put_update_fields(batch, consumed)
+        if self.gdro.wants_update_losses:  # each row's raw GRPO advantage and plan position for the actor's loss
+            t2 = time.perf_counter()
+            reward_field = "token_level_rewards" if self.config.algorithm.get("use_kl_in_reward", False) else "rm_scores"
+            batch, self._gdro_row_positions = put_update_fields(batch, consumed, reward_field, self._gdro_norm_by_std)
+            self._gdro_time += time.perf_counter() - t2
         return batch
 
     def on_init_end(self) -> None:
@@ -203,22 +201,10 @@ class GDROTrainerMixin:
         if self.config.get("distillation") is not None and self.config.distillation.get("enable", False):
             raise ValueError("gdro.prompt.loss_signal=update_surrogate is invalid with distillation: the actor's loss "
                              "is then verl's distillation loss, which verl-gdro does not wrap")
-        from functools import partial
-
-        from verl.utils.config import omega_conf_to_dataclass
-
         # verl's own actor loss with the update-time losses in its metrics, set as verl sets the critic's
         actor_cfg = omega_conf_to_dataclass(self.config.actor_rollout_ref.actor)
         self.actor_rollout_wg.set_loss_fn(partial(gdro_ppo_loss, config=actor_cfg))
         logger.info("verl-gdro: the actor's loss reports the update-time loss signal (update_surrogate)")
-
-    def _gdro_put_update_fields(self, batch: KVBatchMeta, consumed: ConsumedBatch) -> KVBatchMeta:
-        """Each row's raw GRPO advantage and plan position for the actor's loss (:func:`put_update_fields`)."""
-        t0 = time.perf_counter()
-        reward_field = "token_level_rewards" if self.config.algorithm.get("use_kl_in_reward", False) else "rm_scores"
-        batch, self._gdro_row_positions = put_update_fields(batch, consumed, reward_field, self._gdro_norm_by_std)
-        self._gdro_time += time.perf_counter() - t0
-        return batch
 
     def _update_actor(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
         if self.gdro is None or not self.gdro.wants_update_losses:

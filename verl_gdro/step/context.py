@@ -1,10 +1,8 @@
 """Process-local hand-over of the step's Prompt-GDRO multipliers to the ``gdro_grpo`` estimator.
 
-verl calls an estimator with no stable prompt id, no step and no trainer, so the GDRO trainer (and the
-CPU demo) open a :func:`gdro_step` around verl's ``compute_advantage`` with every prompt group's
-multiplier (keyed by verl's per-fetch ``uid``); the estimator reads :func:`current_step`, and runs
-standalone when none is open. It runs in the trainer process, in the calling thread (docs/integration.md),
-so a context variable suffices and a step that raises leaves no stale multipliers behind.
+verl calls an estimator with no prompt id, step or trainer, so the trainer (and the demo) open a
+:func:`gdro_step` around ``compute_advantage`` with each group's multiplier by verl ``uid``; the
+estimator runs in the calling thread, so a context variable suffices and a raising step leaves nothing.
 """
 
 from __future__ import annotations
@@ -19,15 +17,10 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-__all__ = ["GDROStep", "PADDING_UID_PREFIX", "RowPlan", "current_step", "gdro_step", "is_padding_uid", "uid_keys"]
+__all__ = ["GDROStep", "PADDING_UID_PREFIX", "RowPlan", "current_step", "gdro_step", "uid_keys"]
 
 # verl's _balance_batch pads with zero-mask rows whose uid is f"pad{uuid4().hex}" (padding_utils.py).
 PADDING_UID_PREFIX = "pad"
-
-
-def is_padding_uid(uid: object) -> bool:
-    """Whether ``uid`` is one of verl's synthetic padding groups."""
-    return str(uid).startswith(PADDING_UID_PREFIX)
 
 
 def uid_keys(index: Sequence[object]) -> list[str]:
@@ -39,13 +32,9 @@ def uid_keys(index: Sequence[object]) -> list[str]:
     return list(map(str, index))
 
 
-def _first_invalid(multipliers: np.ndarray) -> int | None:
-    """Index of the first multiplier that is not finite and >= 0 (NaN included), or None."""
-    return _check_range(multipliers)[0]
-
-
 def _check_range(multipliers: np.ndarray) -> tuple[int | None, bool]:
-    """(:func:`_first_invalid`, whether every multiplier is exactly 1) from the same two reductions."""
+    """(index of the first multiplier that is not finite and >= 0, NaN included, or None; whether every
+    multiplier is exactly 1) from the same two reductions."""
     if multipliers.size == 0:
         return None, True
     low, high = multipliers.min(), multipliers.max()
@@ -57,10 +46,8 @@ def _check_range(multipliers: np.ndarray) -> tuple[int | None, bool]:
 
 @dataclass(frozen=True)
 class RowPlan:
-    """The caller's per-row view of the very batch the estimator will see (optional): verl's ``uids`` in row
-    order, each row's multiplier, and whether its uid occurs once. When its ``index`` is exactly ``uids``
-    the estimator skips grouping the rows (benchmarks/overhead.py); otherwise it reads the per-uid table.
-    """
+    """The caller's per-row view of the batch (verl ``uids`` in row order, multipliers, whether a uid occurs
+    once): when the estimator's ``index`` is exactly ``uids`` it skips grouping the rows (benchmarks/overhead.py)."""
 
     uids: list[str]
     multipliers: np.ndarray
@@ -79,12 +66,10 @@ class RowPlan:
         bad, all_ones = _check_range(m)
         if bad is not None:
             raise ValueError(f"RowPlan: multipliers must be finite and >= 0; row {bad} has {m[bad]}")
-        object.__setattr__(self, "multipliers", m)
-        object.__setattr__(self, "singleton", s)
-        # prepared here rather than in the estimator, where cold caches made them slow (benchmarks/overhead.py)
-        object.__setattr__(self, "all_ones", all_ones)
-        object.__setattr__(self, "any_singleton", bool(s.any()))
-        object.__setattr__(self, "multipliers_f32", m.astype(np.float32))
+        # the derived fields prepared here rather than in the estimator, where cold caches made them slow
+        for name, value in (("multipliers", m), ("singleton", s), ("all_ones", all_ones),
+                            ("any_singleton", bool(s.any())), ("multipliers_f32", m.astype(np.float32))):
+            object.__setattr__(self, name, value)
 
     def matches(self, index: Sequence[object]) -> bool:
         """Whether verl's ``index`` (uid per row) is exactly these rows, in this order."""
@@ -96,8 +81,7 @@ class RowPlan:
 
 @dataclass(frozen=True)
 class GDROStep:
-    """The multiplier of every prompt group of one advantage computation, keyed by verl ``uid``;
-    ``settings``: the caller's resolved ``gdro`` settings, which the estimator uses instead of its own."""
+    """Every group's multiplier by verl ``uid``; ``settings``: the caller's, used instead of the estimator's."""
 
     multipliers: Mapping[str, float]
     settings: Any = None
@@ -106,14 +90,13 @@ class GDROStep:
     norm_adv_by_std: bool | None = None
 
     def lookup(self, index: Sequence[object]) -> np.ndarray:
-        """Per-row multipliers for verl's ``index`` (uid) array; padding groups get 1, and any other uid
-        without a multiplier raises (a prompt the trainer never planned) rather than train it unweighted."""
+        """Per-row multipliers for verl's ``index``; a non-padding uid without one (never planned) raises."""
         keys = uid_keys(index)
         values = list(map(self.multipliers.get, keys))
         if None in values:
             for i, key in enumerate(keys):
                 if values[i] is None:
-                    if not is_padding_uid(key):
+                    if not key.startswith(PADDING_UID_PREFIX):  # verl's synthetic padding groups get 1
                         raise KeyError(f"gdro_grpo: no Prompt-GDRO multiplier for uid {key!r}; the open gdro_step() "
                             "does not cover this batch (was the batch planned by the GDRO trainer?)")
                     values[i] = 1.0
@@ -143,8 +126,7 @@ def _per_uid_table(keys: list[str], vals: NDArray[np.float64]) -> dict[str, floa
 
 
 class _RowTable(Mapping[str, float]):
-    """The per-uid table of a :class:`RowPlan`, built (with the repeated-uid check) on first use: only
-    when the batch differs from the plan, e.g. after verl's batch balancing reordered or padded it."""
+    """A :class:`RowPlan`'s per-uid table, built on first use (when verl's balancing changed the batch)."""
 
     def __init__(self, rows: RowPlan) -> None:
         self._rows = rows
@@ -158,12 +140,6 @@ class _RowTable(Mapping[str, float]):
     def __getitem__(self, uid: str) -> float:
         return self._built()[uid]
 
-    def get(self, uid: str, default: Any = None) -> Any:
-        return self._built().get(uid, default)
-
-    def values(self) -> Any:
-        return self._built().values()
-
     def __iter__(self) -> Iterator[str]:
         return iter(self._built())
 
@@ -175,12 +151,10 @@ class _RowTable(Mapping[str, float]):
 def gdro_step(multipliers: Mapping[str, float] | None = None, *, uids: Sequence[object] | None = None,
               values: Sequence[float] | np.ndarray | None = None, settings: Any = None,
               rows: RowPlan | None = None, norm_adv_by_std: bool | None = None) -> Iterator[GDROStep]:
-    """Open a step: the estimator applies these per-uid multipliers instead of running standalone.
+    """Open a step (not nested): the estimator applies these multipliers instead of running standalone.
 
-    Either ``multipliers`` (uid -> multiplier), parallel ``uids`` / ``values`` (per group, or per row:
-    repeated uids must carry one value), or only ``rows`` (:class:`RowPlan`, which must agree with the
-    multipliers). ``settings`` / ``norm_adv_by_std``: what the estimator would otherwise read from its
-    config (None: it reads it). Steps do not nest.
+    ``multipliers`` (uid -> multiplier), parallel ``uids`` / ``values`` (repeated uids: one value), or
+    only ``rows``; ``settings`` / ``norm_adv_by_std``: what the estimator would read from its config.
     """
     table: Mapping[str, float]
     if multipliers is None and uids is None and values is None and rows is not None:
@@ -198,7 +172,7 @@ def gdro_step(multipliers: Mapping[str, float] | None = None, *, uids: Sequence[
         table = dict(zip(uid_keys(list(multipliers.keys())), map(float, multipliers.values())))
     if not isinstance(table, _RowTable):
         table_values = np.fromiter(table.values(), dtype=np.float64, count=len(table))
-        bad = _first_invalid(table_values)
+        bad = _check_range(table_values)[0]
         if bad is not None:
             key = list(table)[bad]
             raise ValueError(f"gdro_step: multipliers must be finite and >= 0; uid {key!r} has {table[key]}")

@@ -1,11 +1,8 @@
 """One GDRO step, shared by the verl trainer and the CPU demo: plan -> multipliers -> update -> metrics.
 
-:class:`GDROController` holds the three controllers of docs/algorithm.md (classifier, Prompt-GDRO,
-Rollout-GDRO) and turns one step's flat per-trajectory arrays into decisions, updates and the ``gdro/``
-metrics, in the order of docs/algorithm.md ("Order in step t"): ``before_generation`` (bins and the
-call's rollouts; several calls before one update accumulate), ``advantage_multipliers`` (Eq. 16, handed
-to the estimator through ``gdro_step``), ``after_advantage`` (loss signal, controller updates, metrics)
-and, with the update-time signal only, ``after_update``. numpy only at import.
+:class:`GDROController` holds the classifier, Prompt-GDRO and Rollout-GDRO and runs them in the order
+of docs/algorithm.md ("Order in step t"): ``before_generation`` (calls before one update accumulate),
+``advantage_multipliers`` (Eq. 16), ``after_advantage`` and, with the update-time signal, ``after_update``.
 """
 
 from __future__ import annotations
@@ -58,17 +55,12 @@ ROLLOUT_METRICS: tuple[str, ...] = tuple(f"rollout_skip/{r}" for r in ROLLOUT_SK
 
 
 class GDROController(StepPlanner):
-    """The classifier, Prompt-GDRO and Rollout-GDRO of one run, driven one step at a time.
+    """The classifier, Prompt-GDRO and Rollout-GDRO of one run (``settings``: the resolved ``gdro``
+    group; ``rollout_n``: verl's ``actor_rollout_ref.rollout.n``, the mean budget per prompt).
 
-    Args:
-        settings: the resolved ``gdro`` group (:func:`verl_gdro.step.config.resolve_gdro`).
-        rollout_n: verl's ``actor_rollout_ref.rollout.n``, the mean rollout budget per prompt.
-
-    With ``settings.enable`` false nothing is built: every prompt gets bin 0 and ``rollout_n``,
-    multipliers are 1 and :meth:`after_advantage` returns no metrics. With only the adversaries
-    off, the classifier still runs and the metrics are logged (GRPO with the curriculum plots).
-    The strategies (the prompt mode, the loss signal, the allocator) come from their registries;
-    the controller asks only what they declare.
+    With ``settings.enable`` false nothing is built (bin 0, ``rollout_n``, multipliers 1, no metrics);
+    with only the adversaries off the classifier still runs and the metrics are logged. The strategies
+    come from their registries; the controller asks only what they declare.
     """
 
     def __init__(self, settings: GDROSettings, rollout_n: int) -> None:
@@ -94,8 +86,7 @@ class GDROController(StepPlanner):
         self.num_steps = 0
         #: Increments after every update (saved with the state: a resumed run counts on).
         self.version = 0
-        #: Increments at every :meth:`load_state_dict` (not saved): with :attr:`version` it tells a
-        #: reader caching a function of the state (the sampler's draw probabilities) when to recompute.
+        #: Increments at every :meth:`load_state_dict` (not saved): with :attr:`version`, when a cache recomputes.
         self.restores = 0
         #: the last observed step, waiting for its update-time losses (:meth:`after_update`)
         self._awaiting: dict[str, Any] | None = None
@@ -122,19 +113,15 @@ class GDROController(StepPlanner):
 
     @property
     def wants_update_losses(self) -> bool:
-        """Whether the loss signal is measured during the actor's PPO update (``update_surrogate``):
-        the caller then hands each response's update-time loss to :meth:`after_update` after the
-        update, and Prompt-GDRO (and an allocator that learns from it) uses it for the next step."""
+        """Whether the loss signal is measured in the actor's PPO update (then fed to :meth:`after_update`)."""
         if not self.enabled or not self._signal.measured_during_update:
             return False
         return self.prompt is not None or (self.rollout is not None and self.rollout.learns_from_update_loss)
 
     @property
     def token_fields(self) -> tuple[str, ...]:
-        """The [N, T] arrays :meth:`after_advantage` needs for the loss signal at the driver
-        (``response_mask``, ``old_log_probs``, ``advantages``, ``ref_log_probs``); empty when the
-        signal reads only the outcomes or is measured during the update, so the caller may then
-        observe the step before verl's estimator."""
+        """The [N, T] arrays :meth:`after_advantage` needs for a driver-side loss signal; empty when
+        it reads only outcomes or is measured in the update (the step may then be observed before verl's estimator)."""
         return () if self.prompt is None and self.rollout is None else self._signal.needs
 
     @property
@@ -148,12 +135,11 @@ class GDROController(StepPlanner):
                         old_log_probs: ArrayLike | None = None, ref_log_probs: ArrayLike | None = None,
                         advantages: ArrayLike | None = None, log_probs: ArrayLike | None = None,
                         extra_time_s: float = 0.0) -> dict[str, float]:
-        """Update every controller with the step's trajectories and return the ``gdro/`` metrics.
+        """Update every controller with the step's trajectories; return the ``gdro/`` metrics; clear the plan.
 
-        ``group_index``: plan position of each (non-padding) trajectory's prompt; ``acc``: its binary
-        correctness (>= 0.5 counts), never the shaped score; the [N, T] arrays: what the driver-side loss
-        signals read (``log_probs`` defaults to ``old_log_probs``, the on-policy point); ``extra_time_s``:
-        the caller's controller-side time. Prompts planned without trajectories are left out. Clears the plan.
+        ``group_index``: plan position of each non-padding trajectory; ``acc``: its binary correctness
+        (>= 0.5), never the shaped score; the [N, T] arrays: what driver-side loss signals read
+        (``log_probs`` defaults to ``old_log_probs``); ``extra_time_s``: the caller's controller-side time.
         """
         t0 = time.perf_counter()
         if not self.enabled:
@@ -187,10 +173,8 @@ class GDROController(StepPlanner):
         return metrics
 
     def _update(self, out: StepOutcome, losses: NDArray[np.float64], deferred: bool) -> tuple[Any, ...]:
-        """Prompt-GDRO, the allocator, then the classifier (inside :func:`update_all_or_nothing`).
-
-        The order changes no decision: every update reads this step's plan (bins fixed before
-        generation), not the classifier's new estimates."""
+        """Prompt-GDRO, the allocator, then the classifier (inside :func:`update_all_or_nothing`); the order
+        changes no decision: every update reads this step's plan, not the classifier's new estimates."""
         bins_p, succ_p, uids_p = out.keep(self._bins), out.keep(out.successes), out.keep(self._uids)
         prompt_info: dict[str, Any] = {}
         q_used, omega_used = self._q_used, self._omega_used
@@ -210,11 +194,10 @@ class GDROController(StepPlanner):
     def after_update(self, group_index: ArrayLike, losses: ArrayLike) -> dict[str, float]:
         """Feed the update-time loss of the step :meth:`after_advantage` last observed (``update_surrogate``).
 
-        ``group_index``: plan position of each measured response's prompt (any subset, order or repeats:
-        several passes are averaged); ``losses``: each response's loss from the actor's PPO update
-        (:func:`verl_gdro.prompt_gdro.clipped_surrogate_response_loss`). Prompt-GDRO (and an allocator fed
-        the loss) updates for the next step, the release's order. Returns the per-bin ``loss`` and
-        ``score`` metrics that replace :meth:`after_advantage`'s placeholders; a ValueError changes nothing.
+        ``group_index``: plan position of each measured response (any subset; repeated passes are
+        averaged); ``losses``: each one's loss from the actor's update. Prompt-GDRO (and a loss-fed
+        allocator) update for the next step, the release's order; returns the per-bin ``loss`` and
+        ``score`` metrics replacing :meth:`after_advantage`'s placeholders. A ValueError changes nothing.
         """
         if not self.wants_update_losses:
             raise ValueError(f"after_update needs gdro.prompt.loss_signal in {list(update_time_signals())} (got "
@@ -241,8 +224,7 @@ class GDROController(StepPlanner):
         return update_time_metrics(self.num_bins, bins, mean, scores, refusal, finite)
 
     def _losses(self, g: NDArray[np.int64], out: StepOutcome, arrays: dict[str, Any]) -> NDArray[np.float64]:
-        """Per-prompt loss signal l(x) of docs/algorithm.md section 2 (NaN for prompts without
-        trajectories, and where it is measured during the update or read by nobody)."""
+        """Per-prompt loss signal l(x), docs/algorithm.md section 2 (NaN where absent or not measured here)."""
         if self.prompt is None and self.rollout is None:  # the metrics' loss: the failure rate
             return failure_rate_loss(group_mean_from_sums(out.correct_sums, out.trials))
         if not self._signal.from_outcomes and self.prompt is None and not self.rollout.logs_loss_signal:

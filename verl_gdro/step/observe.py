@@ -1,11 +1,5 @@
-"""The pieces of one observed step that :class:`~verl_gdro.step.controller.GDROController` composes.
-
-``after_advantage`` reads top to bottom as: count the step's outcomes (:func:`count_outcomes`),
-measure the loss signal, update the adversaries and then the classifier all or nothing
-(:func:`update_all_or_nothing`), assemble the metrics (:func:`observation_metrics`). ``after_update``
-turns the update-time losses into per-prompt means (:func:`update_time_losses`). Plain arrays in,
-plain arrays out; numpy only (no verl, no torch).
-"""
+"""The pieces of one observed step that :class:`~verl_gdro.step.controller.GDROController` composes
+(``after_advantage``: count, measure, update all or nothing, metrics; ``after_update``): plain arrays."""
 
 from __future__ import annotations
 
@@ -27,10 +21,8 @@ __all__ = [
     "visit_classifier"
 ]
 
-#: Why Rollout-GDRO skips a step's update, each logged as ``gdro/rollout_skip/<reason>`` (0 / 1)
-#: when Rollout-GDRO is on: ``incomplete`` (planned prompts without all their trajectories),
-#: ``mixed_arms`` (a played-arm utility saw one bin with several n), ``unknown_draw`` (under
-#: ``selection=sample`` no bin's arm comes from exactly one recorded draw).
+#: Why Rollout-GDRO skips an update (``gdro/rollout_skip/<reason>``): ``incomplete`` trajectories,
+#: ``mixed_arms`` (one bin with several n), ``unknown_draw`` (``selection=sample``: no bin's arm from one draw).
 ROLLOUT_SKIP_REASONS: tuple[str, ...] = ("incomplete", "mixed_arms", "unknown_draw")
 
 
@@ -61,12 +53,8 @@ def count_outcomes(g: NDArray[np.int64], correct: NDArray[np.float64], planned_n
 
 
 def update_all_or_nothing(adversaries: list[Any], update: Callable[[], Any]) -> Any:
-    """Run ``update`` with the adversaries' snapshots taken; any refusal restores them.
-
-    The adversaries update first from snapshots of their small (O(B x arms)) states and the
-    classifier, whose observe() validates before it mutates, goes last, so a failed step never
-    leaves the controllers out of step with one another.
-    """
+    """Run ``update`` with the adversaries' small states snapshotted; any refusal restores them. The
+    classifier, which validates before it mutates, goes last: a failed step leaves them in step."""
     snapshots = [(c, c.snapshot()) for c in adversaries if c is not None]
     try:
         return update()
@@ -78,8 +66,7 @@ def update_all_or_nothing(adversaries: list[Any], update: Callable[[], Any]) -> 
 
 def visit_classifier(classifier: Any, evidence: Any, uids_p: NDArray[np.int64], succ_p: NDArray[np.int64],
                      trials_p: NDArray[np.int64]) -> None:
-    """One classifier visit per distinct stable uid (a prompt drawn twice pools its groups), in
-    ascending uid order; distinct uids (the usual step) need no pooling, only the order."""
+    """One classifier visit per distinct stable uid (repeats pooled), in ascending uid order."""
     order = np.argsort(uids_p)
     uniq = uids_p[order]
     if uniq.size < 2 or bool((uniq[1:] != uniq[:-1]).all()):
@@ -89,8 +76,7 @@ def visit_classifier(classifier: Any, evidence: Any, uids_p: NDArray[np.int64], 
         visit_s = np.bincount(inverse, weights=succ_p, minlength=uniq.size).astype(np.int64)
         visit_t = np.bincount(inverse, weights=trials_p, minlength=uniq.size).astype(np.int64)
     if uniq.size:
-        # distinct (checked above or pooled by np.unique), int64, trials in [1, 255] (present
-        # prompts, capped by _fit_visit), successes in [0, trials] (bincounts of 0/1 acc)
+        # distinct, int64, trials in [1, 255] (present, capped by _fit_visit), successes in [0, trials]
         classifier.observe_prepared(uniq, *_fit_visit(visit_s, visit_t))
         if evidence is not None:
             evidence.observe(uniq, visit_s, visit_t)
@@ -103,8 +89,7 @@ def observation_metrics(ctrl: Any, out: StepOutcome, losses: NDArray[np.float64]
     # Prompt-GDRO's update already took this very mean (Eq. 13 over the finite losses)
     bin_losses = prompt_info["mean_losses"] if prompt_info else bin_mean(bins_p, losses, ctrl.num_bins)
     prompt, rollout = ctrl.prompt, ctrl.rollout
-    # every input built here in shape (bins validated at plan / adopt, counts from bincount,
-    # controller state finite by its own checks): the metrics skip re-validating them
+    # every input built here in shape (bins validated at plan / adopt, state finite): no re-validation
     metrics = step_metrics_prepared(
         ctrl.num_bins, bins_p, out.keep(out.successes).astype(np.float64), out.keep(out.trials).astype(np.float64),
         n_mean=float(ctrl.rollout_n),
@@ -133,8 +118,7 @@ def rollout_metrics(obs: Observation | None, incomplete: int, num_trajectories: 
 
 def update_time_metrics(num_bins: int, bins: NDArray[np.int64], mean: NDArray[np.float64], scores: Any,
                         refusal: str | None, finite: int) -> dict[str, float]:
-    """What ``after_update`` logs: per-bin ``loss`` (the bins measured) and ``score`` (S after the
-    update), replacing the placeholders ``after_advantage`` logged, and the responses measured."""
+    """What ``after_update`` logs: per-bin ``loss`` and ``score`` replacing the placeholders, responses measured."""
     in_step = np.bincount(bins, minlength=num_bins) > 0
     out: dict[str, float] = {PREFIX + "update_loss_responses": float(finite)}
     if refusal is not None:
@@ -150,12 +134,8 @@ def update_time_metrics(num_bins: int, bins: NDArray[np.int64], mean: NDArray[np
 
 def update_time_losses(waiting: Mapping[str, Any], group_index: ArrayLike, losses: ArrayLike
                        ) -> tuple[NDArray[np.bool_], NDArray[np.float64], int]:
-    """(measured present prompts, their mean update-time loss, finite losses) of a waiting step.
-
-    A response measured on several mini-batch passes is averaged; non-finite losses are dropped;
-    a group removed untrained (e.g. DAPO-filtered) reached no actor and is left out, not counted
-    as a non-finite loss. Raises ValueError for malformed input.
-    """
+    """(measured present prompts, their mean update-time loss, finite losses) of a waiting step: passes
+    averaged, non-finite losses dropped, groups removed untrained (no actor saw them) left out."""
     g = int_array("group_index", group_index)
     num_groups = int(waiting["num_groups"])
     if g.size and (g.min() < 0 or g.max() >= num_groups):
@@ -187,14 +167,11 @@ def int_array(name: str, values: ArrayLike) -> NDArray[np.int64]:
 
 
 def _integral(arr: np.ndarray) -> bool:
-    if arr.dtype == object:
-        try:
-            as_float = arr.astype(np.float64)
-        except (TypeError, ValueError):
-            return False
-    elif np.issubdtype(arr.dtype, np.floating):
-        as_float = arr
-    else:
+    if arr.dtype != object and not np.issubdtype(arr.dtype, np.floating):
+        return False
+    try:
+        as_float = arr.astype(np.float64)
+    except (TypeError, ValueError):
         return False
     return bool(np.all(np.isfinite(as_float)) and np.all(as_float == np.round(as_float)))
 
@@ -204,11 +181,9 @@ def acc_array(acc: ArrayLike, size: int) -> NDArray[np.float64]:
     a = np.asarray(acc, dtype=np.float64)
     if a.ndim != 1 or a.size != size:
         raise ValueError(f"acc must be 1-D with one value per trajectory ({size}), got shape {a.shape}")
-    if a.size and a.min() >= 0.0 and a.max() <= 1.0:  # the usual case in two reductions (a NaN fails min)
-        return (a >= 0.5).astype(np.float64)
-    if a.size and not np.all(np.isfinite(a)):
-        raise ValueError("acc must be finite for every trajectory (the reward's correctness, 0 or 1)")
-    if a.size and (a.min() < 0.0 or a.max() > 1.0):
+    if a.size and not (a.min() >= 0.0 and a.max() <= 1.0):  # the usual case passes in two reductions (NaN fails)
+        if not np.all(np.isfinite(a)):
+            raise ValueError("acc must be finite for every trajectory (the reward's correctness, 0 or 1)")
         # a shaped score (e.g. -1 / +1) under the acc key is a configuration error, not correctness
         raise ValueError(f"acc must be the binary correctness in [0, 1] (the reward's acc, never the shaped score), "
             f"got values in [{a.min()}, {a.max()}]")
@@ -216,11 +191,7 @@ def acc_array(acc: ArrayLike, size: int) -> NDArray[np.float64]:
 
 
 def _fit_visit(successes: NDArray[np.int64], trials: NDArray[np.int64]) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
-    """Scale a pooled visit down to the classifier's per-visit cap, keeping its success rate.
-
-    Only reachable when a resampling sampler draws one prompt many times in a step (e.g. 22 draws
-    x 12 rollouts > 255 trials); the window then records the rate, not every trial.
-    """
+    """Scale a pooled visit down to the classifier's per-visit cap (255 trials), keeping its success rate."""
     over = trials > MAX_TRIALS_PER_VISIT
     if not over.any():
         return successes, trials

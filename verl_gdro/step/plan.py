@@ -1,11 +1,5 @@
-"""What a GDRO step decides from the state before it: the plan, the multipliers, the draw's inputs.
-
-:class:`StepPlanner` is the half of :class:`~verl_gdro.step.controller.GDROController` that acts
-before the update: ``before_generation`` (plan now), or ``decide`` at dispatch and ``adopt`` when
-the trajectories are observed (DAPO refills, verl's async trainers), accumulating the step's plan;
-``advantage_multipliers`` (Eq. 16 from S_{t-1}); and what the sampler reads (``bins_of``,
-``attach_prompts``, ``bin_probs``). numpy only (no verl, no torch).
-"""
+"""What a GDRO step decides from the state before it: the plan, the multipliers, the draw's inputs
+(:class:`StepPlanner`, the half of :class:`~verl_gdro.step.controller.GDROController` before the update)."""
 
 from __future__ import annotations
 
@@ -25,12 +19,8 @@ __all__ = ["StepPlan", "StepPlanner"]
 
 @dataclass(frozen=True)
 class StepPlan:
-    """Decisions for the prompts of one :meth:`GDROController.before_generation` call.
-
-    ``positions`` are these prompts' indices in the step (the ``group_index`` values their
-    trajectories must carry); ``bins`` their difficulty bins; ``rollout_n`` their rollout counts
-    (``rollout_n`` of the controller for every prompt when Rollout-GDRO is off).
-    """
+    """Decisions for the prompts of one call: ``positions`` in the step (the ``group_index`` their
+    trajectories carry), stable ``uids``, difficulty ``bins`` and ``rollout_n`` per prompt."""
 
     positions: NDArray[np.int64]
     uids: NDArray[np.int64]
@@ -39,10 +29,8 @@ class StepPlan:
 
 
 class StepPlanner:
-    """The pending plan of a step, the calls that fill it and the multipliers (the controller's
-    first half). Reads the members the controller sets: ``classifier`` (None: every prompt in bin
-    0), ``rollout`` (the allocator; None: every prompt gets ``rollout_n``), ``prompt``, ...
-    """
+    """The pending plan of a step, the calls that fill it and the multipliers; reads the members the
+    controller sets (``classifier`` None: bin 0; ``rollout`` None: ``rollout_n`` for every prompt)."""
 
     classifier: Any
     rollout: Any
@@ -68,12 +56,14 @@ class StepPlanner:
         self._time = 0.0
 
     def before_generation(self, prompt_uids: ArrayLike) -> StepPlan:
-        """Classify the prompts (history up to t-1) and choose their rollouts. Accumulates until
-        :meth:`after_advantage`. ``prompt_uids`` are stable int ids; repeats are allowed (a
-        resampling sampler may draw a prompt twice: it is then two groups of the step)."""
+        """Classify the prompts (history up to t-1), choose their rollouts; a repeated id is two groups."""
+        return self._plan(prompt_uids, pending=True)
+
+    def _plan(self, prompt_uids: ArrayLike, pending: bool) -> StepPlan:
+        """One call's decisions, timed; appended to the pending plan (``pending``) or positioned -1."""
         t0 = time.perf_counter()
         uids, bins, n = self._classify_and_allocate(prompt_uids)
-        positions = self._append(uids, bins, n)
+        positions = self._append(uids, bins, n) if pending else np.full(uids.size, -1, dtype=np.int64)
         self._time += time.perf_counter() - t0
         return StepPlan(positions=positions, uids=uids.copy(), bins=bins.copy(), rollout_n=n.copy())
 
@@ -86,10 +76,9 @@ class StepPlanner:
         return np.arange(start, start + uids.size, dtype=np.int64)
 
     def _classify_and_allocate(self, prompt_uids: ArrayLike) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]:
-        """(uids, bins, rollout_n) of one call: the classifier commits the bins, the allocator
-        plans the call's exact budget. The pending plan is not touched."""
+        """(uids, bins, rollout_n) of one call: committed bins, the call's exact budget."""
         uids = int_array("prompt_uids", prompt_uids)
-        bins = np.zeros(uids.size, dtype=np.int64) if self.classifier is None else self.classifier.bins(uids)
+        bins = self.bins_of(uids)
         if self.rollout is None:
             return uids, bins, np.full(uids.size, self.rollout_n, dtype=np.int64)
         n = self.rollout.plan(uids, bins, self.classifier)
@@ -116,21 +105,12 @@ class StepPlanner:
         return np.zeros(u.size, dtype=np.int64) if self.classifier is None else self.classifier.bins(u)
 
     def decide(self, prompt_uids: ArrayLike) -> StepPlan:
-        """Classify and allocate like :meth:`before_generation`, without touching the pending plan.
-
-        For trainers whose prompts are observed later than they are dispatched (verl's async
-        trainers, DAPO filtering): the caller keeps the returned decisions (same exact budget per
-        call) and hands the observed ones back with :meth:`adopt`. ``positions`` are -1.
-        """
-        t0 = time.perf_counter()
-        uids, bins, n = self._classify_and_allocate(prompt_uids)
-        self._time += time.perf_counter() - t0
-        none = np.full(uids.size, -1, dtype=np.int64)
-        return StepPlan(positions=none, uids=uids.copy(), bins=bins.copy(), rollout_n=n.copy())
+        """:meth:`before_generation` outside the pending plan (``positions`` -1), for prompts observed
+        later than dispatched (async trainers, DAPO): the caller hands them back with :meth:`adopt`."""
+        return self._plan(prompt_uids, pending=False)
 
     def adopt(self, prompt_uids: ArrayLike, bins: ArrayLike, rollout_n: ArrayLike) -> NDArray[np.int64]:
-        """Add prompts decided earlier by :meth:`decide` to the pending plan; return their positions.
-        Their bins and rollout counts stay the dispatch-time decisions (what generation used)."""
+        """Add prompts decided by :meth:`decide` to the pending plan as decided; return their positions."""
         uids = int_array("prompt_uids", prompt_uids)
         b = int_array("bins", bins)
         n = int_array("rollout_n", rollout_n)
@@ -143,31 +123,25 @@ class StepPlanner:
         return self._append(uids, b, n)
 
     def advantage_multipliers(self, group_index: ArrayLike) -> NDArray[np.float64]:
-        """Eq. 16 multiplier of each trajectory (its prompt's bin weight from S_{t-1}).
-
-        ``mean_one`` normalises over exactly these trajectories, so pass every non-padding
-        trajectory of the step once. Exactly 1.0 everywhere when Prompt-GDRO does not reweight,
-        so the estimator then reproduces verl's ``grpo`` bit for bit.
-        """
+        """Eq. 16 multiplier of each trajectory from S_{t-1}: pass every non-padding trajectory once
+        (``mean_one`` normalises over them); exactly 1.0 without reweighting (verl's ``grpo`` bit for bit)."""
         t0 = time.perf_counter()
-        g = self._group_index(group_index)
-        if self.prompt is None:
+        try:
+            g = self._group_index(group_index)
+            if self.prompt is None:
+                return np.ones(g.size)
+            response_bins = self._bins[g]
+            self._omega_used = self.prompt.omega()
+            self._q_used = mix_probs(self._omega_used, self.prompt.gamma)  # = bin_probs(), one exp fewer
+            if not self.reweights:
+                return np.ones(g.size)
+            self._bin_weights = self.prompt.bin_multipliers(response_bins)
+            return self._bin_weights[response_bins]
+        finally:
             self._time += time.perf_counter() - t0
-            return np.ones(g.size)
-        response_bins = self._bins[g]
-        self._omega_used = self.prompt.omega()
-        self._q_used = mix_probs(self._omega_used, self.prompt.gamma)  # = bin_probs(), one exp fewer
-        if not self.reweights:
-            self._time += time.perf_counter() - t0
-            return np.ones(g.size)
-        weights = self.prompt.bin_multipliers(response_bins)
-        self._bin_weights = weights
-        self._time += time.perf_counter() - t0
-        return weights[response_bins]
 
     def attach_prompts(self, uids: ArrayLike) -> PromptEvidence:
-        """Register the training set (stable id per row) whose per-prompt evidence the sampling
-        modes read; every later update feeds it. Idempotent for the same set; another set replaces it."""
+        """Register the training set whose evidence the sampling modes read and every update feeds (idempotent)."""
         u = int_array("uids", uids)
         if self.evidence is None or not np.array_equal(self.evidence.uids, u):
             self.evidence = PromptEvidence(u, decay=self.settings.prompt.rate_decay)

@@ -1,20 +1,9 @@
-"""The data adversary's prompt draws, verl-free: one sampler for the verl trainer, the CPU study
-and anyone's own RL loop.
+"""The data adversary's prompt draws, verl-free (the verl trainer, the CPU study, anyone's own loop).
 
-:class:`PromptSampler` draws a step's batch of distinct training prompts under the controller's
-``gdro.prompt.mode`` (docs/algorithm.md, "Prompt sampling modes": ``resample`` spreads q_t's bin masses
-over each bin's prompts, the per-prompt modes read :func:`verl_gdro.evidence.sampling_priority`), with
-the exploration floor ``explore`` and without replacement, so a step has exactly ``size`` prompts. The
-probabilities are computed once per controller update (:attr:`PromptSampler.passes`); a draw may
-exclude rows (in flight, or already drawn), which is distributed like the tail of one longer draw, so
-refills draw the step's batch as one. The evidence lives in the controller; the sampler's state is its
-generator.
-
-Usage::
-
-    sampler = PromptSampler(ctrl, dataset_uids, seed=0)
-    rows = sampler.draw(batch_size)          # row positions into the training set
-    plan = ctrl.before_generation(dataset_uids[rows])
+:class:`PromptSampler` draws a step's distinct prompts under ``gdro.prompt.mode`` (docs/algorithm.md,
+"Prompt sampling modes") with the exploration floor, without replacement; probabilities once per
+update; excluded rows are drawn like the tail of one longer draw, so refills draw the batch as one.
+Usage: docs/integration.md, "GDRO outside verl: your own RL loop".
 """
 
 from __future__ import annotations
@@ -46,15 +35,8 @@ DRAW_METRICS: tuple[str, ...] = (
 
 
 class PromptSampler:
-    """Draws batches of distinct training-set rows with the controller's sampling mode.
-
-    Args:
-        controller: the run's controller, with ``gdro.prompt.mode`` a sampling mode
-            (:attr:`GDROController.resamples`); the sampler registers the training set with it
-            (:meth:`GDROController.attach_prompts`) so that its updates feed the evidence.
-        uids: the stable id of every training-set row (distinct).
-        seed: the generator's seed.
-    """
+    """Draws batches of distinct training-set rows (``uids``: their distinct stable ids) with the
+    ``controller``'s sampling mode, registering the set with it (:meth:`GDROController.attach_prompts`)."""
 
     def __init__(self, controller: GDROController, uids: ArrayLike, seed: int = 0) -> None:
         if not controller.resamples:
@@ -65,16 +47,12 @@ class PromptSampler:
         self.uids = self.evidence.uids
         self.seed = int(seed)
         self._rng = np.random.Generator(np.random.PCG64(self.seed))
-        # resample: every row's committed bin, refreshed only where a visit happened since (a
-        # prompt's estimate, hence its bin, moves only when it is visited): O(batch) per step
-        # instead of classifying the whole training set
+        # resample: every row's committed bin, refreshed only where a visit happened since: O(batch) per step
         self._bins: NDArray[np.int64] | None = None
         self._bins_visits: NDArray[np.int64] | None = None
-        #: resample: the share s of the last draw directed by q_t (1.0: all of it; lower
-        #: where the ESS floor bound, :func:`~verl_gdro.prompt_gdro.resample_bin_masses`)
+        #: resample: the share of the last draw directed by q_t (below 1 where the ESS floor bound)
         self.adversary_share = 1.0
-        # the draw probabilities of the controller state they were computed from
-        # ((version, restores) of the controller), read-only; and their coverage / ESS share
+        # the draw probabilities (read-only), the controller's (version, restores) they are of, their ESS share
         self._probs: NDArray[np.float64] | None = None
         self._probs_key: tuple[int, int] | None = None
         self._ess_share = 0.0
@@ -116,8 +94,7 @@ class PromptSampler:
         return self._bins
 
     def current_probabilities(self) -> NDArray[np.float64]:
-        """:meth:`probabilities`, computed once per controller state (read-only array): the draws
-        between two updates share one O(N) pass."""
+        """:meth:`probabilities` once per controller state (read-only): draws between updates share one pass."""
         key = (self.controller.version, self.controller.restores)
         if self._probs is None or self._probs_key != key:
             p = np.asarray(self.probabilities(), dtype=np.float64)
@@ -128,12 +105,8 @@ class PromptSampler:
         return self._probs
 
     def draw(self, size: int, exclude: ArrayLike | None = None) -> NDArray[np.int64]:
-        """``size`` distinct rows (positions into ``uids``), in draw order.
-
-        ``exclude``: rows not to draw (e.g. prompts in flight, or drawn earlier for the same step);
-        they come last, drawn only when the other rows cannot fill the batch. Repeats and rows
-        outside the set are ignored.
-        """
+        """``size`` distinct rows (positions into ``uids``) in draw order; ``exclude``d rows (in flight,
+        drawn earlier) only when the others cannot fill the batch (repeats, rows outside ignored)."""
         if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or not 0 <= size <= self.uids.size:
             raise ValueError(f"batch size {size!r} is invalid: must be an integer in [0, {self.uids.size}] (the training set)")
         p = self.current_probabilities()
@@ -159,16 +132,11 @@ class PromptSampler:
         return drawn
 
     def draw_metrics(self) -> dict[str, float]:
-        """The ``gdro/draw/*`` metrics (:data:`DRAW_METRICS`) of the draws since the last call,
-        then reset: ``coverage`` as the evidence stands now (call it after the update),
-        ``ess_share`` of the latest draw's probabilities."""
-        prompts = self._stats["prompts"]
-        out = {
-            "gdro/draw/coverage": self.evidence.num_visited / self.uids.size, "gdro/draw/ess_share": self._ess_share,
-            "gdro/draw/explore_share": self._explore_sum / prompts if prompts else 0.0,
-            "gdro/draw/prompts": float(prompts), "gdro/draw/calls": float(self._stats["calls"]),
-            "gdro/draw/excluded": float(self._stats["excluded"])
-        }
+        """The ``gdro/draw/*`` metrics since the last call, then reset (call it after the update)."""
+        stats, prompts = self._stats, self._stats["prompts"]
+        values = (self.evidence.num_visited / self.uids.size, self._ess_share,
+                  self._explore_sum / prompts if prompts else 0.0, prompts, stats["calls"], stats["excluded"])
+        out = {f"gdro/draw/{name}": float(value) for name, value in zip(DRAW_METRICS, values)}
         self._reset_draw_stats()
         return out
 
@@ -187,9 +155,7 @@ class PromptSampler:
         self.controller_restored()
 
     def controller_restored(self) -> None:
-        """Forget the cached bins: the controller's state was replaced (a resume), so a prompt's bin
-        may differ even where its visit count does not. :meth:`load_state_dict` calls it; a caller
-        that restores the controller without the sampler's state calls it itself."""
+        """Forget the caches after the controller's state was replaced (call it if restoring the controller alone)."""
         self._bins = None
         self._bins_visits = None
         self._probs = None
