@@ -165,9 +165,9 @@ def clipped_surrogate_response_loss(
     """Per-response token-mean of ``-J^CLIP`` (Eq. 7), verl's ``compute_policy_loss_vanilla``
     (clamped log-ratio, clip, dual clip for A < 0). Per-response ``advantages`` [N] (GRPO's) save
     two [N, T] products: the token loss is -A_i h(ratio) with h the clipped ratio's min/max."""
-    _check_range("clip_ratio_low", clip_ratio_low, low=0.0, high=1.0, high_open=True)
-    _check_range("clip_ratio_high", clip_ratio_high, low=0.0)
-    _check_range("clip_ratio_c", clip_ratio_c, low=1.0, low_open=True)
+    _check_range("clip_ratio_low", clip_ratio_low, "[0.0, 1.0)")
+    _check_range("clip_ratio_high", clip_ratio_high, ">= 0.0")
+    _check_range("clip_ratio_c", clip_ratio_c, "> 1.0")
     mask, arr = _token_arrays(response_mask, log_prob=log_prob, old_log_prob=old_log_prob, advantages=advantages)
     adv = arr["advantages"]
     if arr["log_prob"] is arr["old_log_prob"] or np.array_equal(arr["log_prob"], arr["old_log_prob"]):
@@ -474,12 +474,11 @@ def _checked_settings(
     """Check :class:`PromptGDRO`'s arguments (a ValueError naming the first bad one); the share floor."""
     if isinstance(num_bins, bool) or not isinstance(num_bins, (int, np.integer)) or num_bins < 1:
         raise ValueError(f"num_bins must be an integer >= 1, got {num_bins!r}")
-    _check_range("eta", eta, low=0.0, low_open=True)
-    _check_range("beta", beta, low=0.0, high=1.0, low_open=True)
-    _check_range("gamma", gamma, low=0.0, high=1.0, high_open=True)
-    _check_range("max_weight", max_weight, low=0.0, low_open=True)
+    for name, value, allowed in (("eta", eta, "> 0.0"), ("beta", beta, "(0.0, 1.0]"), ("gamma", gamma, "[0.0, 1.0)"),
+                                 ("max_weight", max_weight, "> 0.0")):
+        _check_range(name, value, allowed)
     if not (isinstance(score_clip, (int, float)) and math.isinf(score_clip) and score_clip > 0):
-        _check_range("score_clip", score_clip, low=0.0, low_open=True)
+        _check_range("score_clip", score_clip, "> 0.0")
     if math.isfinite(score_clip) and eta * score_clip > _MAX_EXPONENT:
         raise ValueError(
             f"eta * score_clip must be <= {_MAX_EXPONENT} so that exp(eta * S) is finite, "
@@ -487,12 +486,12 @@ def _checked_settings(
         )
     if share_floor is None:
         share_floor = 1.0 / (2 * int(num_bins))
-    _check_range("share_floor", share_floor, low=0.0, high=1.0, low_open=True)
+    _check_range("share_floor", share_floor, "(0.0, 1.0]")
     if weight_normalization not in WEIGHT_NORMALIZATIONS:
         raise ValueError(
             f"weight_normalization={weight_normalization!r} is unknown; allowed: {list(WEIGHT_NORMALIZATIONS)}"
         )
-    _check_range("min_ess", min_ess, low=0.0, high=1.0, high_open=True)
+    _check_range("min_ess", min_ess, "[0.0, 1.0)")
     if min_ess > 0 and str(weight_normalization) != "mean_one":
         raise ValueError("min_ess needs weight_normalization='mean_one' (the floor is on normalised multipliers)")
     if mix_support not in ("all", "present"):
@@ -682,22 +681,18 @@ class PromptGDRO:
         return f"PromptGDRO({args})"
 
 
-def _check_range(
-    name: str, value: float, low: float | None = None, high: float | None = None, low_open: bool = False,
-    high_open: bool = False,
-) -> None:
-    """Raise a ValueError naming ``name`` and the allowed interval if ``value`` is outside it."""
-    lo = "" if low is None else ("(" if low_open else "[") + f"{low}"
-    hi = "" if high is None else f"{high}" + (")" if high_open else "]")
-    allowed = f"{lo}, {hi}" if low is not None and high is not None else (f"> {low}" if low_open else f">= {low}")
+def _check_range(name: str, value: Any, allowed: str) -> None:
+    """Raise a ValueError naming ``name`` unless ``value`` is a finite number in ``allowed``, an
+    interval ("(0.0, 1.0]") or a bound ("> 0.0", ">= 0.0") as the message states it."""
     try:
         v = float(value)
     except (TypeError, ValueError):
         raise ValueError(f"{name} must be a number in {allowed}, got {value!r}") from None
-    ok = np.isfinite(v)
-    if low is not None:
-        ok = ok and (v > low if low_open else v >= low)
-    if high is not None:
-        ok = ok and (v < high if high_open else v <= high)
-    if not ok:
+    if allowed[0] in "([":
+        low, high = (float(x) for x in allowed[1:-1].split(", "))
+        ok = (v > low if allowed[0] == "(" else v >= low) and (v < high if allowed[-1] == ")" else v <= high)
+    else:
+        op, low = allowed.split()
+        ok = v > float(low) if op == ">" else v >= float(low)
+    if not (math.isfinite(v) and ok):
         raise ValueError(f"{name} must be in {allowed}, got {value!r}")

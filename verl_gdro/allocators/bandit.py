@@ -13,10 +13,10 @@ import numpy as np
 
 from verl_gdro.allocators.base import RolloutGDRO, StepStats
 from verl_gdro.allocators.registry import register_allocator
+from verl_gdro.classifier import int_array
 from verl_gdro.evidence import FULL_INFORMATION_UTILITIES
 from verl_gdro.rollout_gdro import (
     MAX_RECORDED_DRAWS,
-    _as_int_array,
     _partition,
     argmax_toward,
     arm_utility_values,
@@ -106,7 +106,7 @@ class BinBandit(RolloutGDRO):
         if self.arm_utility in FULL_INFORMATION_UTILITIES:
             return None
         b = self._validate_bins(bins)
-        n_a = _as_int_array(n, "n")
+        n_a = int_array("n", n, integral_floats=True)
         if b.size == 0 or n_a.shape != b.shape:
             return None  # update() names the problem
         lo = np.full(self.num_bins, np.iinfo(np.int64).max)

@@ -18,12 +18,12 @@ from numpy.typing import NDArray
 
 from verl_gdro.allocators.protocol import Observation, ObservedStep
 from verl_gdro.allocators.registry import ALLOCATOR_REGISTRY, get_allocator
+from verl_gdro.classifier import int_array
 from verl_gdro.evidence import FULL_INFORMATION_UTILITIES, PER_PROMPT_UTILITIES
 from verl_gdro.rollout_gdro import (
     ARM_UTILITIES,
     MAX_RECORDED_DRAWS,
     SELECTIONS,
-    _as_int_array,
     exp_weights_arm_probs,
 )
 
@@ -186,7 +186,7 @@ class RolloutGDRO:
         return exp_weights_arm_probs(self._scores, self.eta, self.gamma)
 
     def _validate_bins(self, bins: Any) -> np.ndarray:
-        b = _as_int_array(bins, "bins")
+        b = int_array("bins", bins, integral_floats=True)
         if b.size and (b.min() < 0 or b.max() >= self.num_bins):
             raise ValueError(f"bins must lie in [0, {self.num_bins - 1}], got values in [{b.min()}, {b.max()}]")
         return b
@@ -232,8 +232,8 @@ class RolloutGDRO:
 
     def _stats(self, bins: Any, n: Any, successes: Any, losses: Any) -> StepStats:
         b = self._validate_bins(bins)
-        n_a = _as_int_array(n, "n")
-        s_a = _as_int_array(successes, "successes")
+        n_a = int_array("n", n, integral_floats=True)
+        s_a = int_array("successes", successes, integral_floats=True)
         if b.size == 0:
             raise ValueError("bins must hold at least one prompt for update")
         if n_a.shape != b.shape or s_a.shape != b.shape:
