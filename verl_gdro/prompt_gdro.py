@@ -349,14 +349,16 @@ def ess_floor_multipliers(
             return fast >= min_ess
         return effective_sample_size(weights_at(scale)[bins]) >= min_ess
 
-    scale = _largest_scale(meets_floor, iterations)
-    return weights_at(scale), scale
+    return _at_largest_scale(weights_at, meets_floor, iterations)
 
 
-def _largest_scale(holds: Callable[[float], bool], iterations: int) -> float:
-    """The largest s in [0, 1] where the monotone ``holds`` is true, by bisection (1.0 if it holds there)."""
+def _at_largest_scale(
+    at: Callable[[float], NDArray[np.float64]], holds: Callable[[float], bool], iterations: int
+) -> tuple[NDArray[np.float64], float]:
+    """(at(s), s) for the largest s in [0, 1] where the monotone ``holds`` is true, by bisection (1.0
+    if it holds there)."""
     if holds(1.0):
-        return 1.0
+        return at(1.0), 1.0
     lo, hi = 0.0, 1.0
     for _ in range(iterations):
         mid = 0.5 * (lo + hi)
@@ -364,7 +366,7 @@ def _largest_scale(holds: Callable[[float], bool], iterations: int) -> float:
             lo = mid
         else:
             hi = mid
-    return lo
+    return at(lo), lo
 
 
 #: Relative distance from the ESS floor beyond which the per-bin share decides a bisection step: it
@@ -453,13 +455,10 @@ def resample_bin_masses(
     def masses_at(s: float) -> NDArray[np.float64]:
         return cap_bin_masses((1.0 - s) * uniform + s * q, size, max_weight)
 
-    def share(m: NDArray[np.float64]) -> float:
-        return 1.0 / (n * float(np.sum(m[held] ** 2 / size[held])))
+    def meets_floor(s: float) -> bool:  # the draw's ESS share, 1 / (N sum_b m^2 / |b|)
+        return min_ess <= 0.0 or 1.0 / (n * float(np.sum(masses_at(s)[held] ** 2 / size[held]))) >= min_ess
 
-    if min_ess <= 0.0:
-        return masses_at(1.0), 1.0
-    scale = _largest_scale(lambda s: share(masses_at(s)) >= min_ess, iterations)
-    return masses_at(scale), scale
+    return _at_largest_scale(masses_at, meets_floor, iterations)
 
 
 # --------------------------------------------------------------------------------------------
@@ -602,11 +601,8 @@ class PromptGDRO:
 
         with np.errstate(over="ignore", invalid="ignore"):  # overflow is detected below
             lbar, counts = bin_mean_losses(b, loss, self.num_bins)
-            if self.normalize_by_share:
-                normalized, shares = share_normalize(lbar, counts, self.share_floor)
-            else:
-                total = counts.sum()
-                shares = counts / total if total > 0 else np.zeros(self.num_bins)
+            normalized, shares = share_normalize(lbar, counts, self.share_floor)
+            if not self.normalize_by_share:
                 normalized = lbar
             scores, observed = ema_scores(self._scores, self._observed, normalized, counts > 0, self.beta)
         if not np.all(np.isfinite(scores)):
@@ -671,10 +667,7 @@ class PromptGDRO:
             )
         if not np.all(np.isfinite(scores)):
             raise ValueError("PromptGDRO state holds non-finite scores")
-        self._scores = scores
-        self._observed = observed
-        self.num_updates = int(state["num_updates"])
-        self.dropped_nonfinite = int(state["dropped_nonfinite"])
+        self.restore((scores, observed, int(state["num_updates"]), int(state["dropped_nonfinite"])))
 
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.config().items())

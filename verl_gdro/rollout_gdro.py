@@ -132,19 +132,14 @@ class _Workspace(threading.local):
     """Per-thread scratch buffers for the DP, reused across calls: a fresh [arms, budget] temporary is
     over glibc's mmap threshold and would page-fault on every call."""
 
-    def __init__(self) -> None:
-        self.fbuf = np.empty((0, 0))
-        self.ibuf = np.empty((0, 0), dtype=np.int64)
-        self.mask = np.empty((0, 0), dtype=bool)
+    shape = (-1, -1)  # nothing allocated yet
 
-    def get(self, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def get(self, rows: int, cols: int) -> tuple[np.ndarray, ...]:
         """Float, int64 and bool buffers of shape (rows, cols) (views into persistent memory)."""
-        if self.fbuf.shape[0] < rows or self.fbuf.shape[1] < cols:
-            shape = (max(rows, self.fbuf.shape[0]), max(cols, self.fbuf.shape[1]))
-            self.fbuf = np.empty(shape)
-            self.ibuf = np.empty(shape, dtype=np.int64)
-            self.mask = np.empty(shape, dtype=bool)
-        return self.fbuf[:rows, :cols], self.ibuf[:rows, :cols], self.mask[:rows, :cols]
+        if self.shape[0] < rows or self.shape[1] < cols:
+            self.shape = (max(rows, self.shape[0]), max(cols, self.shape[1]))
+            self.bufs = tuple(np.empty(self.shape, dtype=dtype) for dtype in (np.float64, np.int64, bool))
+        return tuple(buf[:rows, :cols] for buf in self.bufs)
 
 
 _WORKSPACE = _Workspace()

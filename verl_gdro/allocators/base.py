@@ -307,10 +307,10 @@ class RolloutGDRO:
 
     def restore(self, snapshot: tuple[Any, ...]) -> None:
         """Return to a :meth:`snapshot` of this controller (as ``load_state_dict`` of its state would)."""
-        scores, self._mu, pass_rate, variance, rng_state, self._steps, draws = snapshot
+        scores, mu, pass_rate, variance, rng_state, steps, draws = snapshot
+        self._rng.bit_generator.state = rng_state  # first: a malformed saved state raises before any change
         self._scores, self._pass_rate, self._variance = scores.copy(), pass_rate.copy(), variance.copy()
-        self._rng.bit_generator.state = rng_state
-        self._draws = list(draws)
+        self._mu, self._steps, self._draws = mu, steps, list(draws)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` output; rejects state of a differently configured controller."""
@@ -329,13 +329,7 @@ class RolloutGDRO:
         if scores.shape != shape or pass_rate.shape != (self.num_bins,) or variance.shape != (self.num_bins,):
             raise ValueError("RolloutGDRO state arrays do not match num_bins / arm range")
         draws = _load_draws(state.get("draws", ()), self.num_bins)
-        rng = np.random.Generator(np.random.PCG64())
-        rng.bit_generator.state = deepcopy(state["rng"])
-        self._draws = draws
-        self._scores, self._pass_rate, self._variance = scores, pass_rate, variance
-        self._mu = float(state["mu"])
-        self._rng = rng
-        self._steps = int(state["steps"])
+        self.restore((scores, float(state["mu"]), pass_rate, variance, state["rng"], int(state["steps"]), draws))
 
 
 def _warn_skip(reason: str, arm_utility: str, incomplete: int) -> None:
