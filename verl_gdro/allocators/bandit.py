@@ -45,11 +45,8 @@ class BinBandit(RolloutGDRO):
     def learns_from_update_loss(self) -> bool:
         return self.arm_utility == "loss"
 
-    def allocate(self, bins: Any, rates: Any = None, counts: Any = None) -> np.ndarray:
+    def _allocate(self, b: np.ndarray, rates: Any, counts: Any) -> np.ndarray:
         """Every prompt of a bin gets its bin's n; ``sample`` advances the allocator's own generator."""
-        b = self._validate_bins(bins)
-        if b.size == 0:
-            return np.zeros(0, dtype=np.int64)
         present, counts_b, inverse, budget = self._step_problem(b)
         logp = exp_weights_arm_log_probs(self._scores[present], self.eta, self.gamma)
         if self.effective_selection == "map":
@@ -59,7 +56,7 @@ class BinBandit(RolloutGDRO):
             per_bin, marg = sample_exact_budget(logp, counts_b, self._arms, budget, rng)
             self._rng = rng
             self._record_draw(present, per_bin, marg)
-        return self._checked(per_bin[inverse], budget)
+        return per_bin[inverse]
 
     # ---- the draws behind the importance weights ------------------------------------------------
 

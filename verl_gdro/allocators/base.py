@@ -206,13 +206,18 @@ class RolloutGDRO:
 
     def allocate(self, bins: Any, rates: Any = None, counts: Any = None) -> np.ndarray:
         """Rollouts per prompt for the step's bins (ints in [n_min, n_max], sum == n_mean * len)."""
-        raise NotImplementedError
-
-    def _checked(self, n: np.ndarray, budget: int) -> np.ndarray:
+        b = self._validate_bins(bins)
+        if b.size == 0:
+            return np.zeros(0, dtype=np.int64)
+        n, budget = self._allocate(b, rates, counts), self.n_mean * int(b.size)
         # The spec's invariant, checked even under python -O: compute neutrality is the contract.
         if int(n.sum()) != budget or n.min() < self.n_min or n.max() > self.n_max:
             raise AssertionError(f"allocation violates the exact budget {budget} or the arm range")
         return n
+
+    def _allocate(self, b: np.ndarray, rates: Any, counts: Any) -> np.ndarray:
+        """Rollouts per prompt of the (checked, non-empty) bins ``b``."""
+        raise NotImplementedError
 
     # ---- update -------------------------------------------------------------------------
 
