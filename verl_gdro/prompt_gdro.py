@@ -571,12 +571,12 @@ class PromptGDRO:
                 self._scores, b, self.eta, self.score_clip, self.gamma, self.max_weight, self.min_ess
             )
             return w
+        omega = self.omega()
         if self.mix_support == "present":
-            present = np.zeros(self.num_bins, dtype=bool)
-            present[b] = True
-            q = mix_probs_present(self.omega(), self.gamma, present)
-            return advantage_multipliers(q, self.omega(), b, self.max_weight, self.weight_normalization)
-        return advantage_multipliers(self.bin_probs(), self.omega(), b, self.max_weight, self.weight_normalization)
+            q = mix_probs_present(omega, self.gamma, np.bincount(b, minlength=self.num_bins) > 0)
+        else:
+            q = mix_probs(omega, self.gamma)
+        return advantage_multipliers(q, omega, b, self.max_weight, self.weight_normalization)
 
     def multipliers(self, bins: ArrayLike) -> NDArray[np.float64]:
         """Eq. 16 multiplier of each given element (pass every response's bin for ``mean_one``)."""

@@ -105,7 +105,6 @@ class RolloutGDRO:
     logs_loss_signal: ClassVar[bool] = True
     #: whether the allocation reads each prompt's own evidence (``counts``) instead of its bin
     per_prompt_evidence: ClassVar[bool] = False
-    #: whether ``mu`` is the price of the latest planned call (set by ``plan``, not by the update)
     prices_at_plan: ClassVar[bool] = False
 
     def __new__(cls, *args: Any, **kwargs: Any) -> RolloutGDRO:
@@ -186,10 +185,7 @@ class RolloutGDRO:
         return exp_weights_arm_probs(self._scores, self.eta, self.gamma)
 
     def _validate_bins(self, bins: Any) -> np.ndarray:
-        b = int_array("bins", bins, integral_floats=True)
-        if b.size and (b.min() < 0 or b.max() >= self.num_bins):
-            raise ValueError(f"bins must lie in [0, {self.num_bins - 1}], got values in [{b.min()}, {b.max()}]")
-        return b
+        return int_array("bins", bins, integral_floats=True, num_bins=self.num_bins)
 
     def _step_problem(self, bins: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
         """Present bins, their counts, inverse index per prompt, and the exact budget."""
