@@ -42,9 +42,7 @@ _LOG_RATIO_CLAMP = 20.0
 _LOW_VAR_KL_CLAMP = 10.0
 
 
-# --------------------------------------------------------------------------------------------
-# Loss signals l(x) (docs/algorithm.md section 2, `loss_signal`)
-# --------------------------------------------------------------------------------------------
+# ---- Loss signals l(x) (docs/algorithm.md section 2, `loss_signal`) ----
 
 
 def _group_index(group_index: ArrayLike, num_responses: int, num_groups: int | None) -> tuple[NDArray[np.int64], int]:
@@ -237,9 +235,7 @@ def surrogate_kl_loss(
     return group_mean(surrogate + kl_coef * kl, group_index, num_groups)
 
 
-# --------------------------------------------------------------------------------------------
-# Eqs. 12-16
-# --------------------------------------------------------------------------------------------
+# ---- Eqs. 12-16 ----
 
 
 def bin_mean_losses(
@@ -461,9 +457,7 @@ def resample_bin_masses(
     return _at_largest_scale(masses_at, meets_floor, iterations)
 
 
-# --------------------------------------------------------------------------------------------
-# The controller
-# --------------------------------------------------------------------------------------------
+# ---- The controller ----
 
 
 def _checked_settings(
@@ -473,8 +467,11 @@ def _checked_settings(
     """Check :class:`PromptGDRO`'s arguments (a ValueError naming the first bad one); the share floor."""
     if isinstance(num_bins, bool) or not isinstance(num_bins, (int, np.integer)) or num_bins < 1:
         raise ValueError(f"num_bins must be an integer >= 1, got {num_bins!r}")
+    if share_floor is None:
+        share_floor = 1.0 / (2 * int(num_bins))
     for name, value, allowed in (("eta", eta, "> 0.0"), ("beta", beta, "(0.0, 1.0]"), ("gamma", gamma, "[0.0, 1.0)"),
-                                 ("max_weight", max_weight, "> 0.0")):
+                                 ("max_weight", max_weight, "> 0.0"), ("share_floor", share_floor, "(0.0, 1.0]"),
+                                 ("min_ess", min_ess, "[0.0, 1.0)")):
         _check_range(name, value, allowed)
     if not (isinstance(score_clip, (int, float)) and math.isinf(score_clip) and score_clip > 0):
         _check_range("score_clip", score_clip, "> 0.0")
@@ -483,14 +480,10 @@ def _checked_settings(
             f"eta * score_clip must be <= {_MAX_EXPONENT} so that exp(eta * S) is finite, "
             f"got eta={eta} * score_clip={score_clip} = {eta * score_clip}"
         )
-    if share_floor is None:
-        share_floor = 1.0 / (2 * int(num_bins))
-    _check_range("share_floor", share_floor, "(0.0, 1.0]")
     if weight_normalization not in WEIGHT_NORMALIZATIONS:
         raise ValueError(
             f"weight_normalization={weight_normalization!r} is unknown; allowed: {list(WEIGHT_NORMALIZATIONS)}"
         )
-    _check_range("min_ess", min_ess, "[0.0, 1.0)")
     if min_ess > 0 and str(weight_normalization) != "mean_one":
         raise ValueError("min_ess needs weight_normalization='mean_one' (the floor is on normalised multipliers)")
     if mix_support not in ("all", "present"):
@@ -651,9 +644,8 @@ class PromptGDRO:
             raise ValueError(f"PromptGDRO state is missing keys {sorted(missing)}")
         if state.get("version", _STATE_VERSION) != _STATE_VERSION:
             raise ValueError(f"PromptGDRO state version {state.get('version')!r} is not {_STATE_VERSION}")
-        saved, mine = dict(state["config"]), self.config()
-        saved.setdefault("min_ess", 0.0)  # saved before the ESS floor existed, which meant none
-        saved.setdefault("mix_support", "all")  # saved before mix_support existed, which meant all bins
+        # a state saved before the ESS floor and mix_support existed meant none and all bins
+        saved, mine = {"min_ess": 0.0, "mix_support": "all", **state["config"]}, self.config()
         diff = [k for k in mine if saved.get(k) != mine[k]]
         if diff:
             details = ", ".join(f"{k}: saved {saved.get(k)!r} vs configured {mine[k]!r}" for k in diff)

@@ -11,19 +11,17 @@ resolver ask only :func:`get_prompt_mode` and these attributes. numpy only.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar
 
 import numpy as np
 
-from verl_gdro.allocators.registry import lookup, registrar
+from verl_gdro.allocators.registry import T, lookup, registrar
 from verl_gdro.evidence import sampling_priority
 
 __all__ = ["PROMPT_MODE_REGISTRY", "PromptMode", "get_prompt_mode", "register_prompt_mode", "sampling_modes"]
 
 #: name -> prompt mode class
 PROMPT_MODE_REGISTRY: dict[str, type[PromptMode]] = {}
-
-T = TypeVar("T", bound=type)
 
 #: Prompt-GDRO's learner (Eqs. 13-15: the scores and q_t, logged in every mode)
 LEARNER_KEYS = ("prompt.eta", "prompt.beta", "prompt.gamma", "prompt.score_clip", "prompt.normalize_by_share",

@@ -37,23 +37,16 @@ def lexicographic_exact_arms(counts: ArrayLike, arms: ArrayLike, budget: int) ->
     reach = [np.zeros(budget + 1, dtype=bool) for _ in range(k + 1)]
     reach[k][0] = True
     for j in range(k - 1, -1, -1):
-        nxt = reach[j + 1]
-        cur = reach[j]
-        for arm in a:
-            step = int(arm * c[j])
+        for step in (int(arm * c[j]) for arm in a):
             if step <= budget:
-                cur[step:] |= nxt[: budget + 1 - step]
+                reach[j][step:] |= reach[j + 1][: budget + 1 - step]
     if budget < 0 or not reach[0][budget]:
         raise ValueError(f"no arm tuple from {a.tolist()} gives classes {c.tolist()} exactly {budget} rollouts")
     out = np.zeros(k, dtype=np.int64)
     rest = budget
-    for j in range(k):
-        for arm in a:
-            step = int(arm * c[j])
-            if step <= rest and reach[j + 1][rest - step]:
-                out[j] = arm
-                rest -= step
-                break
+    for j in range(k):  # the smallest arm from which classes j+1.. can still make up the rest
+        out[j] = next(arm for arm in a if int(arm * c[j]) <= rest and reach[j + 1][rest - int(arm * c[j])])
+        rest -= int(out[j] * c[j])
     return out
 
 
