@@ -82,7 +82,7 @@ class BinBandit(RolloutGDRO):
         out[hits != 1] = np.nan
         return out
 
-    def _played_marginals(self, b: np.ndarray, n_a: np.ndarray, present: np.ndarray, played: np.ndarray) -> np.ndarray:
+    def _played_marginals(self, b: np.ndarray, present: np.ndarray, played: np.ndarray) -> np.ndarray:
         """The importance-weight denominators of the present bins' played arms (NaN: unknown)."""
         if self._draws:
             return self._drawn_marginals(present, played)
@@ -114,7 +114,7 @@ class BinBandit(RolloutGDRO):
             return "mixed_arms"
         if self.effective_selection == "sample":
             present = np.unique(b)
-            if not np.isfinite(self._played_marginals(b, n_a, present, hi[present])).any():
+            if not np.isfinite(self._played_marginals(b, present, hi[present])).any():
                 return "unknown_draw"
         return None
 
@@ -189,18 +189,18 @@ class BinBandit(RolloutGDRO):
             u_played = np.where(has, lsum / np.maximum(lcnt, 1), np.nan)
         g_played = gain_with_shadow_price(u_played, played, self._mu, self.n_mean)
         if self.effective_selection == "sample":
-            has, g_played = self._importance_weighted(b, n_a, present, played, has, g_played, info)
+            has, g_played = self._importance_weighted(b, present, played, has, g_played, info)
         rows, cols = present[has], (played - self.n_min)[has]
         utility[rows, cols] = u_played[has]
         gain[rows, cols] = g_played[has]
         scores[rows, cols] = score_ema(scores[rows, cols], g_played[has], self.score_ema)
         return dropped
 
-    def _importance_weighted(self, b: np.ndarray, n_a: np.ndarray, present: np.ndarray, played: np.ndarray,
+    def _importance_weighted(self, b: np.ndarray, present: np.ndarray, played: np.ndarray,
                              has: np.ndarray, g_played: np.ndarray, info: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
         """EXP3: each bin's gain over the marginal of the draw that chose its arm; a bin whose draw is
         unknown (or ambiguous) is left out of this update and counted (``unweighted_bins``)."""
-        marg_played = self._played_marginals(b, n_a, present, played)
+        marg_played = self._played_marginals(b, present, played)
         known = np.isfinite(marg_played)
         if not known.any():
             raise ValueError("n matches no recorded draw under selection='sample' (the importance weight is the "
