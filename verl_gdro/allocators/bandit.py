@@ -120,12 +120,10 @@ class BinBandit(RolloutGDRO):
 
     # ---- update -------------------------------------------------------------------------
 
-    def _check_losses(self, losses: np.ndarray | None) -> None:
-        if self.arm_utility == "loss" and losses is None:
-            raise ValueError("losses are required for arm_utility='loss'")
-
     def _learn(self, stats: StepStats, info: dict[str, Any]) -> None:
         """Utilities -> gains with the current mu -> arm-score EMA -> nhat -> mu (spec, "Order inside one update")."""
+        if self.arm_utility == "loss" and stats.losses is None:
+            raise ValueError("losses are required for arm_utility='loss'")
         utility = np.full((self.num_bins, self._arms.size), np.nan)
         gain = np.full((self.num_bins, self._arms.size), np.nan)
         scores = self._scores.copy()

@@ -1,6 +1,6 @@
 """The per-bin allocators' shared configuration, state and checks: :class:`RolloutGDRO` (docs/algorithm.md,
 section 3). The bin bandit, Neyman and per-prompt share ``gdro.rollout.*``, one ``state_dict`` format
-and :meth:`RolloutGDRO.observe`; each overrides ``allocate`` and ``_learn``, and the math they share is
+and :meth:`RolloutGDRO.observe`; each overrides ``_allocate`` and ``_learn``, and the math they share is
 in :mod:`verl_gdro.rollout_gdro`. ``RolloutGDRO(num_bins, allocator=name, ...)`` builds the registered
 class of that name. numpy only.
 """
@@ -249,17 +249,13 @@ class RolloutGDRO:
             loss_a = np.asarray(losses, dtype=np.float64)
             if loss_a.shape != b.shape:
                 raise ValueError(f"losses must have length {b.size}, got shape {loss_a.shape}")
-        self._check_losses(loss_a)
         present, counts, inverse, budget = self._step_problem(b)
         succ_bin = np.bincount(inverse, weights=s_a, minlength=present.size)
         trials_bin = np.bincount(inverse, weights=n_a, minlength=present.size)
         return StepStats(b, n_a, s_a, loss_a, present, counts, inverse, budget, succ_bin / trials_bin)
 
-    def _check_losses(self, losses: np.ndarray | None) -> None:
-        """Refuse a step without the losses the allocator needs (before anything changes)."""
-
     def _learn(self, stats: StepStats, info: dict[str, Any]) -> None:
-        """Update the allocator's state from one step (state untouched when it raises)."""
+        """Update the allocator's state from one step (state untouched when it raises, e.g. for missing losses)."""
         raise NotImplementedError
 
     def update_refusal(self, bins: Any, n: Any) -> str | None:
