@@ -244,11 +244,9 @@ class RolloutGDRO:
                 f"n must lie in the arm range [{self.n_min}, {self.n_max}], got values in [{n_a.min()}, {n_a.max()}]")
         if s_a.min() < 0 or np.any(s_a > n_a):
             raise ValueError("successes must lie in [0, n] per prompt")
-        loss_a: np.ndarray | None = None
-        if losses is not None:
-            loss_a = np.asarray(losses, dtype=np.float64)
-            if loss_a.shape != b.shape:
-                raise ValueError(f"losses must have length {b.size}, got shape {loss_a.shape}")
+        loss_a = None if losses is None else np.asarray(losses, dtype=np.float64)
+        if loss_a is not None and loss_a.shape != b.shape:
+            raise ValueError(f"losses must have length {b.size}, got shape {loss_a.shape}")
         present, counts, inverse, budget = self._step_problem(b)
         succ_bin = np.bincount(inverse, weights=s_a, minlength=present.size)
         trials_bin = np.bincount(inverse, weights=n_a, minlength=present.size)
