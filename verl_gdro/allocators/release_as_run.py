@@ -1,8 +1,5 @@
-"""The release's Rollout-GDRO as its runs ran it (``gdro.rollout.allocator=release_as_run``).
-
-Frozen uniform arms, the DP's lexicographic tie-break, the previous step's classes read as the
-release read them (every ``rollout.n``-th response of its expanded batch) and applied by position
-(the math and the release's code it reproduces: :mod:`verl_gdro.release_as_run`). numpy only.
+"""The release's Rollout-GDRO as its runs ran it (``gdro.rollout.allocator=release_as_run``); the math
+it applies, and what of the release's code it reproduces: :mod:`verl_gdro.release_as_run`. numpy only.
 """
 
 from __future__ import annotations
