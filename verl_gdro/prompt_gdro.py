@@ -42,9 +42,7 @@ _LOG_RATIO_CLAMP = 20.0
 _LOW_VAR_KL_CLAMP = 10.0
 
 
-# --------------------------------------------------------------------------------------------
-# Loss signals l(x) (docs/algorithm.md section 2, `loss_signal`)
-# --------------------------------------------------------------------------------------------
+# ---- Loss signals l(x) (docs/algorithm.md section 2, `loss_signal`) ----
 
 
 def _group_index(group_index: ArrayLike, num_responses: int, num_groups: int | None) -> tuple[NDArray[np.int64], int]:
@@ -165,9 +163,9 @@ def clipped_surrogate_response_loss(
     """Per-response token-mean of ``-J^CLIP`` (Eq. 7), verl's ``compute_policy_loss_vanilla``
     (clamped log-ratio, clip, dual clip for A < 0). Per-response ``advantages`` [N] (GRPO's) save
     two [N, T] products: the token loss is -A_i h(ratio) with h the clipped ratio's min/max."""
-    _check_range("clip_ratio_low", clip_ratio_low, low=0.0, high=1.0, high_open=True)
-    _check_range("clip_ratio_high", clip_ratio_high, low=0.0)
-    _check_range("clip_ratio_c", clip_ratio_c, low=1.0, low_open=True)
+    _check_range("clip_ratio_low", clip_ratio_low, "[0.0, 1.0)")
+    _check_range("clip_ratio_high", clip_ratio_high, ">= 0.0")
+    _check_range("clip_ratio_c", clip_ratio_c, "> 1.0")
     mask, arr = _token_arrays(response_mask, log_prob=log_prob, old_log_prob=old_log_prob, advantages=advantages)
     adv = arr["advantages"]
     if arr["log_prob"] is arr["old_log_prob"] or np.array_equal(arr["log_prob"], arr["old_log_prob"]):
@@ -237,9 +235,7 @@ def surrogate_kl_loss(
     return group_mean(surrogate + kl_coef * kl, group_index, num_groups)
 
 
-# --------------------------------------------------------------------------------------------
-# Eqs. 12-16
-# --------------------------------------------------------------------------------------------
+# ---- Eqs. 12-16 ----
 
 
 def bin_mean_losses(
@@ -349,14 +345,16 @@ def ess_floor_multipliers(
             return fast >= min_ess
         return effective_sample_size(weights_at(scale)[bins]) >= min_ess
 
-    scale = _largest_scale(meets_floor, iterations)
-    return weights_at(scale), scale
+    return _at_largest_scale(weights_at, meets_floor, iterations)
 
 
-def _largest_scale(holds: Callable[[float], bool], iterations: int) -> float:
-    """The largest s in [0, 1] where the monotone ``holds`` is true, by bisection (1.0 if it holds there)."""
+def _at_largest_scale(
+    at: Callable[[float], NDArray[np.float64]], holds: Callable[[float], bool], iterations: int
+) -> tuple[NDArray[np.float64], float]:
+    """(at(s), s) for the largest s in [0, 1] where the monotone ``holds`` is true, by bisection (1.0
+    if it holds there)."""
     if holds(1.0):
-        return 1.0
+        return at(1.0), 1.0
     lo, hi = 0.0, 1.0
     for _ in range(iterations):
         mid = 0.5 * (lo + hi)
@@ -364,7 +362,7 @@ def _largest_scale(holds: Callable[[float], bool], iterations: int) -> float:
             lo = mid
         else:
             hi = mid
-    return lo
+    return at(lo), lo
 
 
 #: Relative distance from the ESS floor beyond which the per-bin share decides a bisection step: it
@@ -453,18 +451,13 @@ def resample_bin_masses(
     def masses_at(s: float) -> NDArray[np.float64]:
         return cap_bin_masses((1.0 - s) * uniform + s * q, size, max_weight)
 
-    def share(m: NDArray[np.float64]) -> float:
-        return 1.0 / (n * float(np.sum(m[held] ** 2 / size[held])))
+    def meets_floor(s: float) -> bool:  # the draw's ESS share, 1 / (N sum_b m^2 / |b|)
+        return min_ess <= 0.0 or 1.0 / (n * float(np.sum(masses_at(s)[held] ** 2 / size[held]))) >= min_ess
 
-    if min_ess <= 0.0:
-        return masses_at(1.0), 1.0
-    scale = _largest_scale(lambda s: share(masses_at(s)) >= min_ess, iterations)
-    return masses_at(scale), scale
+    return _at_largest_scale(masses_at, meets_floor, iterations)
 
 
-# --------------------------------------------------------------------------------------------
-# The controller
-# --------------------------------------------------------------------------------------------
+# ---- The controller ----
 
 
 def _checked_settings(
@@ -474,25 +467,23 @@ def _checked_settings(
     """Check :class:`PromptGDRO`'s arguments (a ValueError naming the first bad one); the share floor."""
     if isinstance(num_bins, bool) or not isinstance(num_bins, (int, np.integer)) or num_bins < 1:
         raise ValueError(f"num_bins must be an integer >= 1, got {num_bins!r}")
-    _check_range("eta", eta, low=0.0, low_open=True)
-    _check_range("beta", beta, low=0.0, high=1.0, low_open=True)
-    _check_range("gamma", gamma, low=0.0, high=1.0, high_open=True)
-    _check_range("max_weight", max_weight, low=0.0, low_open=True)
+    if share_floor is None:
+        share_floor = 1.0 / (2 * int(num_bins))
+    for name, value, allowed in (("eta", eta, "> 0.0"), ("beta", beta, "(0.0, 1.0]"), ("gamma", gamma, "[0.0, 1.0)"),
+                                 ("max_weight", max_weight, "> 0.0"), ("share_floor", share_floor, "(0.0, 1.0]"),
+                                 ("min_ess", min_ess, "[0.0, 1.0)")):
+        _check_range(name, value, allowed)
     if not (isinstance(score_clip, (int, float)) and math.isinf(score_clip) and score_clip > 0):
-        _check_range("score_clip", score_clip, low=0.0, low_open=True)
+        _check_range("score_clip", score_clip, "> 0.0")
     if math.isfinite(score_clip) and eta * score_clip > _MAX_EXPONENT:
         raise ValueError(
             f"eta * score_clip must be <= {_MAX_EXPONENT} so that exp(eta * S) is finite, "
             f"got eta={eta} * score_clip={score_clip} = {eta * score_clip}"
         )
-    if share_floor is None:
-        share_floor = 1.0 / (2 * int(num_bins))
-    _check_range("share_floor", share_floor, low=0.0, high=1.0, low_open=True)
     if weight_normalization not in WEIGHT_NORMALIZATIONS:
         raise ValueError(
             f"weight_normalization={weight_normalization!r} is unknown; allowed: {list(WEIGHT_NORMALIZATIONS)}"
         )
-    _check_range("min_ess", min_ess, low=0.0, high=1.0, high_open=True)
     if min_ess > 0 and str(weight_normalization) != "mean_one":
         raise ValueError("min_ess needs weight_normalization='mean_one' (the floor is on normalised multipliers)")
     if mix_support not in ("all", "present"):
@@ -573,12 +564,12 @@ class PromptGDRO:
                 self._scores, b, self.eta, self.score_clip, self.gamma, self.max_weight, self.min_ess
             )
             return w
+        omega = self.omega()
         if self.mix_support == "present":
-            present = np.zeros(self.num_bins, dtype=bool)
-            present[b] = True
-            q = mix_probs_present(self.omega(), self.gamma, present)
-            return advantage_multipliers(q, self.omega(), b, self.max_weight, self.weight_normalization)
-        return advantage_multipliers(self.bin_probs(), self.omega(), b, self.max_weight, self.weight_normalization)
+            q = mix_probs_present(omega, self.gamma, np.bincount(b, minlength=self.num_bins) > 0)
+        else:
+            q = mix_probs(omega, self.gamma)
+        return advantage_multipliers(q, omega, b, self.max_weight, self.weight_normalization)
 
     def multipliers(self, bins: ArrayLike) -> NDArray[np.float64]:
         """Eq. 16 multiplier of each given element (pass every response's bin for ``mean_one``)."""
@@ -603,11 +594,8 @@ class PromptGDRO:
 
         with np.errstate(over="ignore", invalid="ignore"):  # overflow is detected below
             lbar, counts = bin_mean_losses(b, loss, self.num_bins)
-            if self.normalize_by_share:
-                normalized, shares = share_normalize(lbar, counts, self.share_floor)
-            else:
-                total = counts.sum()
-                shares = counts / total if total > 0 else np.zeros(self.num_bins)
+            normalized, shares = share_normalize(lbar, counts, self.share_floor)
+            if not self.normalize_by_share:
                 normalized = lbar
             scores, observed = ema_scores(self._scores, self._observed, normalized, counts > 0, self.beta)
         if not np.all(np.isfinite(scores)):
@@ -656,9 +644,8 @@ class PromptGDRO:
             raise ValueError(f"PromptGDRO state is missing keys {sorted(missing)}")
         if state.get("version", _STATE_VERSION) != _STATE_VERSION:
             raise ValueError(f"PromptGDRO state version {state.get('version')!r} is not {_STATE_VERSION}")
-        saved, mine = dict(state["config"]), self.config()
-        saved.setdefault("min_ess", 0.0)  # saved before the ESS floor existed, which meant none
-        saved.setdefault("mix_support", "all")  # saved before mix_support existed, which meant all bins
+        # a state saved before the ESS floor and mix_support existed meant none and all bins
+        saved, mine = {"min_ess": 0.0, "mix_support": "all", **state["config"]}, self.config()
         diff = [k for k in mine if saved.get(k) != mine[k]]
         if diff:
             details = ", ".join(f"{k}: saved {saved.get(k)!r} vs configured {mine[k]!r}" for k in diff)
@@ -672,32 +659,25 @@ class PromptGDRO:
             )
         if not np.all(np.isfinite(scores)):
             raise ValueError("PromptGDRO state holds non-finite scores")
-        self._scores = scores
-        self._observed = observed
-        self.num_updates = int(state["num_updates"])
-        self.dropped_nonfinite = int(state["dropped_nonfinite"])
+        self.restore((scores, observed, int(state["num_updates"]), int(state["dropped_nonfinite"])))
 
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.config().items())
         return f"PromptGDRO({args})"
 
 
-def _check_range(
-    name: str, value: float, low: float | None = None, high: float | None = None, low_open: bool = False,
-    high_open: bool = False,
-) -> None:
-    """Raise a ValueError naming ``name`` and the allowed interval if ``value`` is outside it."""
-    lo = "" if low is None else ("(" if low_open else "[") + f"{low}"
-    hi = "" if high is None else f"{high}" + (")" if high_open else "]")
-    allowed = f"{lo}, {hi}" if low is not None and high is not None else (f"> {low}" if low_open else f">= {low}")
+def _check_range(name: str, value: Any, allowed: str) -> None:
+    """Raise a ValueError naming ``name`` unless ``value`` is a finite number in ``allowed``, an
+    interval ("(0.0, 1.0]") or a bound ("> 0.0", ">= 0.0") as the message states it."""
     try:
         v = float(value)
     except (TypeError, ValueError):
         raise ValueError(f"{name} must be a number in {allowed}, got {value!r}") from None
-    ok = np.isfinite(v)
-    if low is not None:
-        ok = ok and (v > low if low_open else v >= low)
-    if high is not None:
-        ok = ok and (v < high if high_open else v <= high)
-    if not ok:
+    if allowed[0] in "([":
+        low, high = (float(x) for x in allowed[1:-1].split(", "))
+        ok = (v > low if allowed[0] == "(" else v >= low) and (v < high if allowed[-1] == ")" else v <= high)
+    else:
+        op, low = allowed.split()
+        ok = v > float(low) if op == ">" else v >= float(low)
+    if not (math.isfinite(v) and ok):
         raise ValueError(f"{name} must be in {allowed}, got {value!r}")

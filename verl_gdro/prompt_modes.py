@@ -11,19 +11,17 @@ resolver ask only :func:`get_prompt_mode` and these attributes. numpy only.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar
 
 import numpy as np
 
-from verl_gdro.allocators.registry import lookup, registrar
+from verl_gdro.allocators.registry import T, lookup, registrar
 from verl_gdro.evidence import sampling_priority
 
 __all__ = ["PROMPT_MODE_REGISTRY", "PromptMode", "get_prompt_mode", "register_prompt_mode", "sampling_modes"]
 
 #: name -> prompt mode class
 PROMPT_MODE_REGISTRY: dict[str, type[PromptMode]] = {}
-
-T = TypeVar("T", bound=type)
 
 #: Prompt-GDRO's learner (Eqs. 13-15: the scores and q_t, logged in every mode)
 LEARNER_KEYS = ("prompt.eta", "prompt.beta", "prompt.gamma", "prompt.score_clip", "prompt.normalize_by_share",
@@ -89,10 +87,12 @@ class Resample(PromptMode):
 
 class _PerPromptPriority(PromptMode):
     draws_prompts = True
+    #: (label, settings field) of each value the mode line shows
+    shown: ClassVar[tuple[tuple[str, str], ...]] = (("decay", "rate_decay"), ("explore", "explore"))
 
     @classmethod
     def describe(cls, prompt: Any) -> str:
-        return f"prompt: {cls.name} sampling (decay {prompt.rate_decay:g}, explore {prompt.explore:g})"
+        return f"prompt: {cls.name} sampling ({', '.join(f'{label} {getattr(prompt, f):g}' for label, f in cls.shown)})"
 
     @classmethod
     def priority(cls, prompt: Any, successes: np.ndarray, trials: np.ndarray, streak: np.ndarray, n: int) -> np.ndarray:
@@ -111,10 +111,7 @@ class Greso(_PerPromptPriority):
     """GRESO: a prompt after z zero-variance visits in a row is kept with revisit^z."""
 
     reads = (*LEARNER_KEYS, *_DRAW_KEYS, "prompt.revisit")
-
-    @classmethod
-    def describe(cls, prompt: Any) -> str:
-        return f"prompt: greso sampling (revisit {prompt.revisit:g}, explore {prompt.explore:g})"
+    shown = (("revisit", "revisit"), ("explore", "explore"))
 
 
 @register_prompt_mode("band")
@@ -122,7 +119,4 @@ class Band(_PerPromptPriority):
     """A Gaussian band around p = 1/2 of the decayed rate."""
 
     reads = (*LEARNER_KEYS, *_DRAW_KEYS, "prompt.band_width")
-
-    @classmethod
-    def describe(cls, prompt: Any) -> str:
-        return f"prompt: band sampling (decay {prompt.rate_decay:g}, width {prompt.band_width:g}, explore {prompt.explore:g})"
+    shown = (("decay", "rate_decay"), ("width", "band_width"), ("explore", "explore"))

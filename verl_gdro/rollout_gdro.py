@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from verl_gdro.classifier import int_array
+
 # re-exported from the math floor, where both adversaries read them
 from verl_gdro.evidence import (
     FULL_INFORMATION_UTILITIES,
@@ -67,31 +69,15 @@ class _BudgetProblem:
     arms: np.ndarray  # [A] int64 strictly increasing >= 1
     budget: int
     cost: np.ndarray  # [B, A] int64, reduced
-    target: int  # reduced budget (meaningful only when feasible_range)
+    target: int  # reduced budget
     lo: np.ndarray  # [B + 1] suffix-cost window, lower ends
     hi: np.ndarray  # [B + 1] suffix-cost window, upper ends
     pad: int  # largest reduced cost: tables carry this many fill columns in front
-    feasible_range: bool  # False: provably infeasible (divisibility or empty window)
-
-
-def _as_int_array(x: Any, name: str, ndim: int = 1) -> np.ndarray:
-    """Convert to int64, rejecting non-integral values (a float count is a caller bug)."""
-    arr = np.asarray(x)
-    if arr.ndim != ndim:
-        raise ValueError(f"{name} must be a {ndim}-D integer array, got shape {arr.shape}")
-    if arr.size == 0:
-        return arr.astype(np.int64)
-    if arr.dtype == bool:
-        raise ValueError(f"{name} must hold integers, got booleans")
-    if not np.issubdtype(arr.dtype, np.integer) and (not np.issubdtype(arr.dtype, np.floating)
-                                                     or not np.all(np.isfinite(arr)) or np.any(arr != np.round(arr))):
-        raise ValueError(f"{name} must hold integers, got dtype {arr.dtype}")
-    return arr.astype(np.int64)
 
 
 def _validate_problem(log_probs: Any, counts: Any, arms: Any, budget: Any) -> _BudgetProblem:
-    counts_a = _as_int_array(counts, "counts")
-    arms_a = _as_int_array(arms, "arms")
+    counts_a = int_array("counts", counts, integral_floats=True)
+    arms_a = int_array("arms", arms, integral_floats=True)
     lp = np.asarray(log_probs, dtype=np.float64)
     if lp.ndim != 2 or lp.shape != (counts_a.size, arms_a.size):
         raise ValueError(f"log_probs must have shape (len(counts), len(arms)) = ({counts_a.size}, {arms_a.size}),"
@@ -126,20 +112,19 @@ def _validate_problem(log_probs: Any, counts: Any, arms: Any, budget: Any) -> _B
         lo = np.maximum(suf_lo, target - (suf_hi[0] - suf_hi))
         hi = np.minimum(suf_hi, target - (suf_lo[0] - suf_lo))
         feasible = bool(np.all(lo <= hi)) and lo[0] == target == hi[0]
-    else:
-        lo, hi = suf_lo, suf_lo
+    if not feasible:  # provably infeasible: divisibility, a bin without an allowed arm or an empty window
+        raise _infeasible(counts_a, arms_a, budget_i)
     return _BudgetProblem(
         log_probs=lp, counts=counts_a, arms=arms_a, budget=budget_i, cost=cost, target=target, lo=lo, hi=hi,
-        pad=int(cost.max()) if cost.size else 0, feasible_range=feasible
+        pad=int(cost.max()) if cost.size else 0
     )
 
 
-def _infeasible(problem: _BudgetProblem) -> InfeasibleBudgetError:
-    lo = int(np.sum(problem.counts * problem.arms[0]))
-    hi = int(np.sum(problem.counts * problem.arms[-1]))
+def _infeasible(counts: np.ndarray, arms: np.ndarray, budget: int) -> InfeasibleBudgetError:
+    lo, hi = int(np.sum(counts * arms[0])), int(np.sum(counts * arms[-1]))
     return InfeasibleBudgetError(
-        f"budget={problem.budget} cannot be met exactly with counts={problem.counts.tolist()} and "
-        f"arms={problem.arms.tolist()} (one allowed arm per bin, -inf log_probs excluded; "
+        f"budget={budget} cannot be met exactly with counts={counts.tolist()} and "
+        f"arms={arms.tolist()} (one allowed arm per bin, -inf log_probs excluded; "
         f"the unconstrained range of totals is [{lo}, {hi}])")
 
 
@@ -147,19 +132,14 @@ class _Workspace(threading.local):
     """Per-thread scratch buffers for the DP, reused across calls: a fresh [arms, budget] temporary is
     over glibc's mmap threshold and would page-fault on every call."""
 
-    def __init__(self) -> None:
-        self.fbuf = np.empty((0, 0))
-        self.ibuf = np.empty((0, 0), dtype=np.int64)
-        self.mask = np.empty((0, 0), dtype=bool)
+    shape = (-1, -1)  # nothing allocated yet
 
-    def get(self, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def get(self, rows: int, cols: int) -> tuple[np.ndarray, ...]:
         """Float, int64 and bool buffers of shape (rows, cols) (views into persistent memory)."""
-        if self.fbuf.shape[0] < rows or self.fbuf.shape[1] < cols:
-            shape = (max(rows, self.fbuf.shape[0]), max(cols, self.fbuf.shape[1]))
-            self.fbuf = np.empty(shape)
-            self.ibuf = np.empty(shape, dtype=np.int64)
-            self.mask = np.empty(shape, dtype=bool)
-        return self.fbuf[:rows, :cols], self.ibuf[:rows, :cols], self.mask[:rows, :cols]
+        if self.shape[0] < rows or self.shape[1] < cols:
+            self.shape = (max(rows, self.shape[0]), max(cols, self.shape[1]))
+            self.bufs = tuple(np.empty(self.shape, dtype=dtype) for dtype in (np.float64, np.int64, bool))
+        return tuple(buf[:rows, :cols] for buf in self.bufs)
 
 
 _WORKSPACE = _Workspace()
@@ -207,13 +187,6 @@ def solve_exact_budget(log_probs: Any, counts: Any, arms: Any, budget: int) -> n
     :class:`InfeasibleBudgetError` (naming the budget) or ValueError for malformed inputs.
     """
     pb = _validate_problem(log_probs, counts, arms, budget)
-    num_bins = pb.counts.size
-    if num_bins == 0:
-        if pb.budget == 0:
-            return np.zeros(0, dtype=np.int64)
-        raise _infeasible(pb)
-    if not pb.feasible_range:
-        raise _infeasible(pb)
     # Integer deviation of each arm scaled by sum(counts): |n * total - budget| is exact.
     dev = np.abs(pb.arms * int(pb.counts.sum()) - pb.budget).astype(np.int64)
     value, devs = _suffix_tables(pb, dev)
@@ -252,7 +225,7 @@ def _reconstruct(pb: _BudgetProblem, dev: np.ndarray, value: list[np.ndarray], d
     num_bins, pad, lp = pb.counts.size, pb.pad, pb.log_probs
     c = pb.target
     if not np.isfinite(value[0][pad + c]):
-        raise _infeasible(pb)
+        raise _infeasible(pb.counts, pb.arms, pb.budget)
     chosen = np.empty(num_bins, dtype=np.int64)
     for b in range(num_bins):
         k = pb.cost[b]
@@ -352,11 +325,9 @@ class _Partition:
 
 def _partition(log_probs: Any, counts: Any, arms: Any, budget: int) -> _Partition:
     pb = _validate_problem(log_probs, counts, arms, budget)
-    if (pb.counts.size == 0 and pb.budget != 0) or not pb.feasible_range:
-        raise _infeasible(pb)
     part = _Partition(pb)
     if not np.isfinite(part.log_z):
-        raise _infeasible(pb)
+        raise _infeasible(pb.counts, pb.arms, pb.budget)
     return part
 
 

@@ -10,20 +10,18 @@ only :func:`get_loss_signal` and these attributes. numpy only.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from verl_gdro.allocators.registry import lookup, registrar
+from verl_gdro.allocators.registry import T, lookup, registrar
 from verl_gdro.prompt_gdro import failure_rate_loss, group_mean_from_sums, surrogate_kl_loss, surrogate_loss
 
 __all__ = ["LOSS_SIGNAL_REGISTRY", "LossSignal", "get_loss_signal", "register_loss_signal", "update_time_signals"]
 
 #: name -> loss signal class (``gdro.prompt.loss_signal``)
 LOSS_SIGNAL_REGISTRY: dict[str, type[LossSignal]] = {}
-
-T = TypeVar("T", bound=type)
 
 _CLIP_KEYS = ("prompt.clip_ratio_low", "prompt.clip_ratio_high", "prompt.clip_ratio_c")
 
@@ -89,16 +87,16 @@ class Surrogate(LossSignal):
             raise ValueError(f"gdro.prompt.loss_signal={cls.name} needs {missing} per trajectory (the reference "
                 "policy's log-probs come from actor_rollout_ref.actor.use_kl_loss=true)")
         current = arrays["old_log_probs"] if arrays.get("log_probs") is None else arrays["log_probs"]
-        common = {"clip_ratio_low": prompt.clip_ratio_low, "clip_ratio_high": prompt.clip_ratio_high,
-                  "clip_ratio_c": prompt.clip_ratio_c}
-        losses = cls._measure(prompt, current, arrays, g, num_groups, common)
+        losses = cls._measure(
+            prompt, arrays, log_prob=current, old_log_prob=arrays["old_log_probs"], advantages=arrays["advantages"],
+            response_mask=arrays["response_mask"], group_index=g, num_groups=num_groups,
+            clip_ratio_low=prompt.clip_ratio_low, clip_ratio_high=prompt.clip_ratio_high, clip_ratio_c=prompt.clip_ratio_c,
+        )
         return unmeasured_to_nan(losses, arrays["response_mask"], g, num_groups)
 
     @classmethod
-    def _measure(cls, prompt: Any, current: Any, arrays: Mapping[str, Any], g: NDArray[np.int64], num_groups: int,
-                 common: dict[str, float]) -> NDArray[np.float64]:
-        return surrogate_loss(current, arrays["old_log_probs"], arrays["advantages"], arrays["response_mask"], g,
-                              num_groups, **common)
+    def _measure(cls, prompt: Any, arrays: Mapping[str, Any], **common: Any) -> NDArray[np.float64]:
+        return surrogate_loss(**common)
 
 
 @register_loss_signal("surrogate_kl")
@@ -109,10 +107,8 @@ class SurrogateKL(Surrogate):
     needs = ("response_mask", "old_log_probs", "advantages", "ref_log_probs")
 
     @classmethod
-    def _measure(cls, prompt: Any, current: Any, arrays: Mapping[str, Any], g: NDArray[np.int64], num_groups: int,
-                 common: dict[str, float]) -> NDArray[np.float64]:
-        return surrogate_kl_loss(current, arrays["old_log_probs"], arrays["ref_log_probs"], arrays["advantages"],
-                                 arrays["response_mask"], g, num_groups, kl_coef=prompt.kl_coef, **common)
+    def _measure(cls, prompt: Any, arrays: Mapping[str, Any], **common: Any) -> NDArray[np.float64]:
+        return surrogate_kl_loss(ref_log_prob=arrays["ref_log_probs"], kl_coef=prompt.kl_coef, **common)
 
 
 register_loss_signal("surrogate")(Surrogate)  # registered after surrogate_kl: the documented order

@@ -13,10 +13,10 @@ import numpy as np
 
 from verl_gdro.allocators.base import RolloutGDRO, StepStats
 from verl_gdro.allocators.registry import register_allocator
+from verl_gdro.classifier import int_array
 from verl_gdro.evidence import FULL_INFORMATION_UTILITIES
 from verl_gdro.rollout_gdro import (
     MAX_RECORDED_DRAWS,
-    _as_int_array,
     _partition,
     argmax_toward,
     arm_utility_values,
@@ -45,11 +45,8 @@ class BinBandit(RolloutGDRO):
     def learns_from_update_loss(self) -> bool:
         return self.arm_utility == "loss"
 
-    def allocate(self, bins: Any, rates: Any = None, counts: Any = None) -> np.ndarray:
+    def _allocate(self, b: np.ndarray, rates: Any, counts: Any) -> np.ndarray:
         """Every prompt of a bin gets its bin's n; ``sample`` advances the allocator's own generator."""
-        b = self._validate_bins(bins)
-        if b.size == 0:
-            return np.zeros(0, dtype=np.int64)
         present, counts_b, inverse, budget = self._step_problem(b)
         logp = exp_weights_arm_log_probs(self._scores[present], self.eta, self.gamma)
         if self.effective_selection == "map":
@@ -59,7 +56,7 @@ class BinBandit(RolloutGDRO):
             per_bin, marg = sample_exact_budget(logp, counts_b, self._arms, budget, rng)
             self._rng = rng
             self._record_draw(present, per_bin, marg)
-        return self._checked(per_bin[inverse], budget)
+        return per_bin[inverse]
 
     # ---- the draws behind the importance weights ------------------------------------------------
 
@@ -85,7 +82,7 @@ class BinBandit(RolloutGDRO):
         out[hits != 1] = np.nan
         return out
 
-    def _played_marginals(self, b: np.ndarray, n_a: np.ndarray, present: np.ndarray, played: np.ndarray) -> np.ndarray:
+    def _played_marginals(self, b: np.ndarray, present: np.ndarray, played: np.ndarray) -> np.ndarray:
         """The importance-weight denominators of the present bins' played arms (NaN: unknown)."""
         if self._draws:
             return self._drawn_marginals(present, played)
@@ -106,7 +103,7 @@ class BinBandit(RolloutGDRO):
         if self.arm_utility in FULL_INFORMATION_UTILITIES:
             return None
         b = self._validate_bins(bins)
-        n_a = _as_int_array(n, "n")
+        n_a = int_array("n", n, integral_floats=True)
         if b.size == 0 or n_a.shape != b.shape:
             return None  # update() names the problem
         lo = np.full(self.num_bins, np.iinfo(np.int64).max)
@@ -117,18 +114,16 @@ class BinBandit(RolloutGDRO):
             return "mixed_arms"
         if self.effective_selection == "sample":
             present = np.unique(b)
-            if not np.isfinite(self._played_marginals(b, n_a, present, hi[present])).any():
+            if not np.isfinite(self._played_marginals(b, present, hi[present])).any():
                 return "unknown_draw"
         return None
 
     # ---- update -------------------------------------------------------------------------
 
-    def _check_losses(self, losses: np.ndarray | None) -> None:
-        if self.arm_utility == "loss" and losses is None:
-            raise ValueError("losses are required for arm_utility='loss'")
-
     def _learn(self, stats: StepStats, info: dict[str, Any]) -> None:
         """Utilities -> gains with the current mu -> arm-score EMA -> nhat -> mu (spec, "Order inside one update")."""
+        if self.arm_utility == "loss" and stats.losses is None:
+            raise ValueError("losses are required for arm_utility='loss'")
         utility = np.full((self.num_bins, self._arms.size), np.nan)
         gain = np.full((self.num_bins, self._arms.size), np.nan)
         scores = self._scores.copy()
@@ -192,18 +187,18 @@ class BinBandit(RolloutGDRO):
             u_played = np.where(has, lsum / np.maximum(lcnt, 1), np.nan)
         g_played = gain_with_shadow_price(u_played, played, self._mu, self.n_mean)
         if self.effective_selection == "sample":
-            has, g_played = self._importance_weighted(b, n_a, present, played, has, g_played, info)
+            has, g_played = self._importance_weighted(b, present, played, has, g_played, info)
         rows, cols = present[has], (played - self.n_min)[has]
         utility[rows, cols] = u_played[has]
         gain[rows, cols] = g_played[has]
         scores[rows, cols] = score_ema(scores[rows, cols], g_played[has], self.score_ema)
         return dropped
 
-    def _importance_weighted(self, b: np.ndarray, n_a: np.ndarray, present: np.ndarray, played: np.ndarray,
+    def _importance_weighted(self, b: np.ndarray, present: np.ndarray, played: np.ndarray,
                              has: np.ndarray, g_played: np.ndarray, info: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
         """EXP3: each bin's gain over the marginal of the draw that chose its arm; a bin whose draw is
         unknown (or ambiguous) is left out of this update and counted (``unweighted_bins``)."""
-        marg_played = self._played_marginals(b, n_a, present, played)
+        marg_played = self._played_marginals(b, present, played)
         known = np.isfinite(marg_played)
         if not known.any():
             raise ValueError("n matches no recorded draw under selection='sample' (the importance weight is the "

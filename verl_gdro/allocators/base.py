@@ -1,6 +1,6 @@
 """The per-bin allocators' shared configuration, state and checks: :class:`RolloutGDRO` (docs/algorithm.md,
 section 3). The bin bandit, Neyman and per-prompt share ``gdro.rollout.*``, one ``state_dict`` format
-and :meth:`RolloutGDRO.observe`; each overrides ``allocate`` and ``_learn``, and the math they share is
+and :meth:`RolloutGDRO.observe`; each overrides ``_allocate`` and ``_learn``, and the math they share is
 in :mod:`verl_gdro.rollout_gdro`. ``RolloutGDRO(num_bins, allocator=name, ...)`` builds the registered
 class of that name. numpy only.
 """
@@ -18,12 +18,12 @@ from numpy.typing import NDArray
 
 from verl_gdro.allocators.protocol import Observation, ObservedStep
 from verl_gdro.allocators.registry import ALLOCATOR_REGISTRY, get_allocator
+from verl_gdro.classifier import int_array
 from verl_gdro.evidence import FULL_INFORMATION_UTILITIES, PER_PROMPT_UTILITIES
 from verl_gdro.rollout_gdro import (
     ARM_UTILITIES,
     MAX_RECORDED_DRAWS,
     SELECTIONS,
-    _as_int_array,
     exp_weights_arm_probs,
 )
 
@@ -105,7 +105,6 @@ class RolloutGDRO:
     logs_loss_signal: ClassVar[bool] = True
     #: whether the allocation reads each prompt's own evidence (``counts``) instead of its bin
     per_prompt_evidence: ClassVar[bool] = False
-    #: whether ``mu`` is the price of the latest planned call (set by ``plan``, not by the update)
     prices_at_plan: ClassVar[bool] = False
 
     def __new__(cls, *args: Any, **kwargs: Any) -> RolloutGDRO:
@@ -186,10 +185,7 @@ class RolloutGDRO:
         return exp_weights_arm_probs(self._scores, self.eta, self.gamma)
 
     def _validate_bins(self, bins: Any) -> np.ndarray:
-        b = _as_int_array(bins, "bins")
-        if b.size and (b.min() < 0 or b.max() >= self.num_bins):
-            raise ValueError(f"bins must lie in [0, {self.num_bins - 1}], got values in [{b.min()}, {b.max()}]")
-        return b
+        return int_array("bins", bins, integral_floats=True, num_bins=self.num_bins)
 
     def _step_problem(self, bins: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
         """Present bins, their counts, inverse index per prompt, and the exact budget."""
@@ -206,13 +202,18 @@ class RolloutGDRO:
 
     def allocate(self, bins: Any, rates: Any = None, counts: Any = None) -> np.ndarray:
         """Rollouts per prompt for the step's bins (ints in [n_min, n_max], sum == n_mean * len)."""
-        raise NotImplementedError
-
-    def _checked(self, n: np.ndarray, budget: int) -> np.ndarray:
+        b = self._validate_bins(bins)
+        if b.size == 0:
+            return np.zeros(0, dtype=np.int64)
+        n, budget = self._allocate(b, rates, counts), self.n_mean * int(b.size)
         # The spec's invariant, checked even under python -O: compute neutrality is the contract.
         if int(n.sum()) != budget or n.min() < self.n_min or n.max() > self.n_max:
             raise AssertionError(f"allocation violates the exact budget {budget} or the arm range")
         return n
+
+    def _allocate(self, b: np.ndarray, rates: Any, counts: Any) -> np.ndarray:
+        """Rollouts per prompt of the (checked, non-empty) bins ``b``."""
+        raise NotImplementedError
 
     # ---- update -------------------------------------------------------------------------
 
@@ -232,8 +233,8 @@ class RolloutGDRO:
 
     def _stats(self, bins: Any, n: Any, successes: Any, losses: Any) -> StepStats:
         b = self._validate_bins(bins)
-        n_a = _as_int_array(n, "n")
-        s_a = _as_int_array(successes, "successes")
+        n_a = int_array("n", n, integral_floats=True)
+        s_a = int_array("successes", successes, integral_floats=True)
         if b.size == 0:
             raise ValueError("bins must hold at least one prompt for update")
         if n_a.shape != b.shape or s_a.shape != b.shape:
@@ -243,22 +244,16 @@ class RolloutGDRO:
                 f"n must lie in the arm range [{self.n_min}, {self.n_max}], got values in [{n_a.min()}, {n_a.max()}]")
         if s_a.min() < 0 or np.any(s_a > n_a):
             raise ValueError("successes must lie in [0, n] per prompt")
-        loss_a: np.ndarray | None = None
-        if losses is not None:
-            loss_a = np.asarray(losses, dtype=np.float64)
-            if loss_a.shape != b.shape:
-                raise ValueError(f"losses must have length {b.size}, got shape {loss_a.shape}")
-        self._check_losses(loss_a)
+        loss_a = None if losses is None else np.asarray(losses, dtype=np.float64)
+        if loss_a is not None and loss_a.shape != b.shape:
+            raise ValueError(f"losses must have length {b.size}, got shape {loss_a.shape}")
         present, counts, inverse, budget = self._step_problem(b)
         succ_bin = np.bincount(inverse, weights=s_a, minlength=present.size)
         trials_bin = np.bincount(inverse, weights=n_a, minlength=present.size)
         return StepStats(b, n_a, s_a, loss_a, present, counts, inverse, budget, succ_bin / trials_bin)
 
-    def _check_losses(self, losses: np.ndarray | None) -> None:
-        """Refuse a step without the losses the allocator needs (before anything changes)."""
-
     def _learn(self, stats: StepStats, info: dict[str, Any]) -> None:
-        """Update the allocator's state from one step (state untouched when it raises)."""
+        """Update the allocator's state from one step (state untouched when it raises, e.g. for missing losses)."""
         raise NotImplementedError
 
     def update_refusal(self, bins: Any, n: Any) -> str | None:
@@ -307,10 +302,10 @@ class RolloutGDRO:
 
     def restore(self, snapshot: tuple[Any, ...]) -> None:
         """Return to a :meth:`snapshot` of this controller (as ``load_state_dict`` of its state would)."""
-        scores, self._mu, pass_rate, variance, rng_state, self._steps, draws = snapshot
+        scores, mu, pass_rate, variance, rng_state, steps, draws = snapshot
+        self._rng.bit_generator.state = rng_state  # first: a malformed saved state raises before any change
         self._scores, self._pass_rate, self._variance = scores.copy(), pass_rate.copy(), variance.copy()
-        self._rng.bit_generator.state = rng_state
-        self._draws = list(draws)
+        self._mu, self._steps, self._draws = mu, steps, list(draws)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` output; rejects state of a differently configured controller."""
@@ -329,13 +324,7 @@ class RolloutGDRO:
         if scores.shape != shape or pass_rate.shape != (self.num_bins,) or variance.shape != (self.num_bins,):
             raise ValueError("RolloutGDRO state arrays do not match num_bins / arm range")
         draws = _load_draws(state.get("draws", ()), self.num_bins)
-        rng = np.random.Generator(np.random.PCG64())
-        rng.bit_generator.state = deepcopy(state["rng"])
-        self._draws = draws
-        self._scores, self._pass_rate, self._variance = scores, pass_rate, variance
-        self._mu = float(state["mu"])
-        self._rng = rng
-        self._steps = int(state["steps"])
+        self.restore((scores, float(state["mu"]), pass_rate, variance, state["rng"], int(state["steps"]), draws))
 
 
 def _warn_skip(reason: str, arm_utility: str, incomplete: int) -> None:

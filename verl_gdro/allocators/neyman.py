@@ -28,14 +28,10 @@ class Neyman(RolloutGDRO):
     def describe(cls, rollout: Any) -> str:
         return "neyman (variance EMA)"
 
-    def allocate(self, bins: Any, rates: Any = None, counts: Any = None) -> np.ndarray:
-        b = self._validate_bins(bins)
-        if b.size == 0:
-            return np.zeros(0, dtype=np.int64)
+    def _allocate(self, b: np.ndarray, rates: Any, counts: Any) -> np.ndarray:
         present, counts_b, inverse, budget = self._step_problem(b)
         scores = neyman_scores(counts_b, self._variance[present], self._arms)
-        per_bin = solve_exact_budget(scores, counts_b, self._arms, budget)
-        return self._checked(per_bin[inverse], budget)
+        return solve_exact_budget(scores, counts_b, self._arms, budget)[inverse]
 
     def _learn(self, stats: StepStats, info: dict[str, Any]) -> None:
         present, rate = stats.present, stats.rate

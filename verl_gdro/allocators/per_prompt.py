@@ -46,15 +46,11 @@ class PerPrompt(RolloutGDRO):
         counts = classifier.window_counts(uids) if decay is None else classifier.decayed_counts(uids, decay)
         return np.asarray(self.allocate(bins, counts=counts), dtype=np.int64)
 
-    def allocate(self, bins: Any, rates: Any = None, counts: Any = None) -> np.ndarray:
+    def _allocate(self, b: np.ndarray, rates: Any, counts: Any) -> np.ndarray:
         """``counts`` = (successes, trials) per prompt (may be fractional, e.g. decayed), or a success
         rate per prompt in ``rates`` (not for ``hit``)."""
-        b = self._validate_bins(bins)
-        if b.size == 0:
-            return np.zeros(0, dtype=np.int64)
-        budget = self.n_mean * int(b.size)
-        n, self._mu = per_prompt_allocation(self._table(b, rates, counts), self.n_min, budget)
-        return self._checked(n, budget)
+        n, self._mu = per_prompt_allocation(self._table(b, rates, counts), self.n_min, self.n_mean * int(b.size))
+        return n
 
     def _table(self, b: np.ndarray, rates: Any, counts: Any) -> np.ndarray:
         """The [prompts, arms] utility table, inputs checked."""

@@ -1,8 +1,5 @@
-"""The release's Rollout-GDRO as its runs ran it (``gdro.rollout.allocator=release_as_run``).
-
-Frozen uniform arms, the DP's lexicographic tie-break, the previous step's classes read as the
-release read them (every ``rollout.n``-th response of its expanded batch) and applied by position
-(the math and the release's code it reproduces: :mod:`verl_gdro.release_as_run`). numpy only.
+"""The release's Rollout-GDRO as its runs ran it (``gdro.rollout.allocator=release_as_run``); the math
+it applies, and what of the release's code it reproduces: :mod:`verl_gdro.release_as_run`. numpy only.
 """
 
 from __future__ import annotations
@@ -26,19 +23,9 @@ _STATE_VERSION = 1
 class ReleaseAsRunAllocator:
     """Frozen uniform arms, the DP's lexicographic tie-break, the previous step's classes as the release read them.
 
-    Args:
-        num_bins: the classifier's B (class ``B`` is ``excl``).
-        n_min, n_max: the arms ``n_min..n_max`` (the release: 2..3 x n).
-        n_mean: the mean budget (``actor_rollout_ref.rollout.n``).
-
-    :meth:`allocate` gives a call's prompts their n from the classes :meth:`observe_classes` recorded for
-    the previous step, position by position; a step's later calls (DAPO refills, async top-ups)
-    continue the positions, which start over past the previous step's prompts (the release never
-    refilled; before any step, every prompt gets ``n_mean``, the release's warm-up). :meth:`observe_classes` takes
-    the step's per-prompt classes (:func:`release_classes`) and n in plan order and keeps what the
-    release read from them: ``class_ids[i * n_mean]`` of the expanded batch (:func:`release_read_classes`,
-    a resample of the classes when the n differ). Nothing else is learnt:
-    ``mu`` stays 0 (the release's dual step never ran) and :meth:`update` is a no-op.
+    ``num_bins`` is the classifier's B (class ``B`` is ``excl``), ``n_min..n_max`` the arms and
+    ``n_mean`` the mean budget (``rollout.n``). Nothing is learnt: ``mu`` stays 0 (the release's
+    dual step never ran) and :meth:`update` is a no-op (docs/algorithm.md, "The release preset").
     """
 
     allocator = "release_as_run"
@@ -81,7 +68,8 @@ class ReleaseAsRunAllocator:
         return self.allocate(uids.size)
 
     def allocate(self, num_prompts: int) -> NDArray[np.int64]:
-        """Rollouts per prompt for a call of ``num_prompts`` prompts (sum == n_mean * num_prompts)."""
+        """Rollouts per prompt for a call of ``num_prompts`` prompts (sum == n_mean * num_prompts); before
+        any step, ``n_mean`` each (the release's warm-up)."""
         num_prompts = int(num_prompts)
         if self._prev is None or self._prev.size == 0 or num_prompts == 0:
             self.last_class_arms = {}  # the release's warm-up: rollout.n for every prompt
@@ -100,11 +88,8 @@ class ReleaseAsRunAllocator:
         return lookup[prev]
 
     def observe_classes(self, classes: ArrayLike, n: ArrayLike | None = None) -> None:
-        """Record what the next step reads from this step's per-prompt classes (plan order), as the
-        release read them: ``class_ids[i * rollout.n]`` of the expanded batch, each prompt's ``n``
-        responses together (:func:`release_read_classes`; ``n`` None: every prompt had
-        ``rollout.n``, and the reading is ``classes`` itself). A response count that is not a
-        multiple of ``rollout.n`` keeps the classes recorded before, as the release did."""
+        """Record what the next step reads from this step's per-prompt classes and n (plan order; ``n``
+        None: ``rollout.n`` each), as the release read them (:func:`release_read_classes`)."""
         c = np.asarray(classes, dtype=np.int64).copy()
         if c.ndim != 1 or (c.size and (c.min() < 0 or c.max() > self.num_bins)):
             raise ValueError(f"classes must be 1-D in [0, {self.num_bins}], got {c!r}")
