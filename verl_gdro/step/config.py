@@ -12,7 +12,7 @@ from __future__ import annotations
 import inspect
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, replace
 from functools import lru_cache
 from importlib import resources
@@ -289,10 +289,36 @@ def _float(key: str, value: Any, low: float | None = None, high: float | None = 
     return v
 
 
-def _choice(key: str, value: Any, allowed: tuple[str, ...]) -> str:
+def _choice(key: str, value: Any, allowed: Iterable[str]) -> str:
+    allowed = tuple(allowed)  # a registry is read when the key is checked
     if value not in allowed:
         raise ValueError(f"{key}={value!r} is invalid: allowed values are {list(allowed)}")
     return str(value)
+
+
+#: the ranges the keys share: > 0, (0, 1], [0, 1)
+_POSITIVE, _UNIT_OPEN_LOW, _UNIT_OPEN_HIGH = (0.0, None, True), (0.0, 1.0, True), (0.0, 1.0, False, True)
+
+#: Per section, the keys checked alone: ``(key, check, *range)`` in the order they are checked, after
+#: the section's keys that are checked together (a config with two errors names the same one first).
+_ALONE: dict[str, tuple[tuple[Any, ...], ...]] = {
+    "classifier": (("window", _int, 1), ("k", _int, 1), ("passk_estimator", _choice, PASSK_ESTIMATORS)),
+    "prompt": (
+        ("enable", _bool), ("mode", _choice, PROMPT_MODE_REGISTRY), ("loss_signal", _choice, LOSS_SIGNAL_REGISTRY),
+        ("beta", _float, *_UNIT_OPEN_LOW), ("gamma", _float, *_UNIT_OPEN_HIGH), ("max_weight", _float, *_POSITIVE),
+        ("normalize_by_share", _bool), ("kl_coef", _float, 0.0), ("clip_ratio_c", _float, 1.0, None, True),
+        *((key, _float, *_UNIT_OPEN_LOW) for key in ("explore", "rate_decay", "revisit")),
+        ("band_width", _float, *_POSITIVE),
+    ),
+    "rollout": (("enable", _bool), ("eta", _float, *_POSITIVE), ("gamma", _float, *_UNIT_OPEN_HIGH),
+                ("score_ema", _float, *_UNIT_OPEN_LOW), ("dual_lr", _float, 0.0), ("selection", _choice, SELECTIONS),
+                ("seed", _int, 0)),
+}
+
+
+def _alone(section: str, c: Mapping[str, Any]) -> dict[str, Any]:
+    """The keys of ``_ALONE[section]`` in ``c``, checked."""
+    return {key: check(f"gdro.{section}.{key}", c[key], *args) for key, check, *args in _ALONE[section]}
 
 
 # ---- the gdro group alone ----
@@ -326,12 +352,8 @@ def _resolve_classifier(c: dict[str, Any]) -> ClassifierSettings:
     if hysteresis >= narrowest:
         raise ValueError(f"{p}.hysteresis={c['hysteresis']!r} is invalid: must be >= 0 and smaller than the narrowest "
             f"bin ({narrowest:.6g}), or a prompt could never leave its bin")
-    return ClassifierSettings(
-        num_bins=num_bins, bin_edges=edges, window=_int(f"{p}.window", c["window"], low=1), hysteresis=hysteresis,
-        k=_int(f"{p}.k", c["k"], low=1),
-        passk_estimator=_choice(f"{p}.passk_estimator", c["passk_estimator"], PASSK_ESTIMATORS),
-        unseen_bin=_int(f"{p}.unseen_bin", c["unseen_bin"], low=0, high=num_bins - 1)
-    )
+    return ClassifierSettings(**_alone("classifier", c), num_bins=num_bins, bin_edges=edges, hysteresis=hysteresis,
+                              unseen_bin=_int(f"{p}.unseen_bin", c["unseen_bin"], low=0, high=num_bins - 1))
 
 
 #: The loss signals' coefficients when no actor config gives them (the step API, the CPU demo):
@@ -345,22 +367,21 @@ ACTOR_SIGNAL_KEYS: dict[str, str] = {
 }
 
 
-def _resolve_prompt(c: dict[str, Any], preset: str, num_bins: int) -> PromptSettings:
+def _resolve_prompt(c: dict[str, Any]) -> PromptSettings:
     p = "gdro.prompt"
-    loss_signal = c["loss_signal"]
-    eta = _float(f"{p}.eta", c["eta"], low=0.0, low_open=True)
+    c = {**c, **{k: default if c[k] is None else c[k] for k, default in SIGNAL_DEFAULTS.items()}}
+    eta = _float(f"{p}.eta", c["eta"], *_POSITIVE)
     raw_clip = c["score_clip"]
     if isinstance(raw_clip, (int, float)) and not isinstance(raw_clip, bool) and math.isinf(raw_clip) and raw_clip > 0:
         score_clip = math.inf  # no clip (the release): exp is taken of eta * (S - max S)
     else:
-        score_clip = _float(f"{p}.score_clip", raw_clip, low=0.0, low_open=True)
+        score_clip = _float(f"{p}.score_clip", raw_clip, *_POSITIVE)
     if math.isfinite(score_clip) and eta * score_clip > _MAX_EXPONENT:
         raise ValueError(f"{p}.eta={c['eta']!r} is invalid with {p}.score_clip={c['score_clip']!r}: eta * score_clip "
             f"must be <= {_MAX_EXPONENT} so that exp(eta * S) stays finite")
-    share_floor = c["share_floor"]
-    if share_floor is not None:
-        share_floor = _float(f"{p}.share_floor", share_floor, 0.0, 1.0, low_open=True)
-    min_ess = _float(f"{p}.min_ess", c["min_ess"], 0.0, 1.0, high_open=True)
+    floor = c["share_floor"]
+    share_floor = None if floor is None else _float(f"{p}.share_floor", floor, *_UNIT_OPEN_LOW)
+    min_ess = _float(f"{p}.min_ess", c["min_ess"], *_UNIT_OPEN_HIGH)
     weight_normalization = _choice(f"{p}.weight_normalization", c["weight_normalization"], WEIGHT_NORMALIZATIONS)
     if min_ess > 0 and weight_normalization != "mean_one":
         raise ValueError(f"{p}.min_ess={min_ess} is invalid with {p}.weight_normalization={weight_normalization!r}: "
@@ -371,27 +392,14 @@ def _resolve_prompt(c: dict[str, Any], preset: str, num_bins: int) -> PromptSett
             f"invalid with {p}.min_ess={min_ess} / {p}.weight_normalization={weight_normalization!r}: without a clip "
             "omega is only known up to a common factor, and the present-bins mixture is defined for mean_one "
             "multipliers without an ESS floor only")
-    signal = {k: SIGNAL_DEFAULTS[k] if c[k] is None else c[k] for k in SIGNAL_DEFAULTS}
-    low = _float(f"{p}.clip_ratio_low", signal["clip_ratio_low"], 0.0, 1.0, high_open=True)
-    high = _float(f"{p}.clip_ratio_high", signal["clip_ratio_high"], low=0.0)
-    return PromptSettings(
-        enable=_bool(f"{p}.enable", c["enable"]), mode=_choice(f"{p}.mode", c["mode"], tuple(PROMPT_MODE_REGISTRY)),
-        loss_signal=_choice(f"{p}.loss_signal", loss_signal, tuple(LOSS_SIGNAL_REGISTRY)), eta=eta,
-        beta=_float(f"{p}.beta", c["beta"], 0.0, 1.0, low_open=True),
-        gamma=_float(f"{p}.gamma", c["gamma"], 0.0, 1.0, high_open=True),
-        max_weight=_float(f"{p}.max_weight", c["max_weight"], low=0.0, low_open=True), score_clip=score_clip,
-        normalize_by_share=_bool(f"{p}.normalize_by_share", c["normalize_by_share"]), share_floor=share_floor,
-        weight_normalization=weight_normalization, min_ess=min_ess,
-        kl_coef=_float(f"{p}.kl_coef", signal["kl_coef"], low=0.0), clip_ratio_low=low, clip_ratio_high=high,
-        clip_ratio_c=_float(f"{p}.clip_ratio_c", signal["clip_ratio_c"], low=1.0, low_open=True),
-        explore=_float(f"{p}.explore", c["explore"], 0.0, 1.0, low_open=True),
-        rate_decay=_float(f"{p}.rate_decay", c["rate_decay"], 0.0, 1.0, low_open=True),
-        revisit=_float(f"{p}.revisit", c["revisit"], 0.0, 1.0, low_open=True),
-        band_width=_float(f"{p}.band_width", c["band_width"], low=0.0, low_open=True), mix_support=mix_support
-    )
+    low = _float(f"{p}.clip_ratio_low", c["clip_ratio_low"], *_UNIT_OPEN_HIGH)
+    high = _float(f"{p}.clip_ratio_high", c["clip_ratio_high"], 0.0)
+    return PromptSettings(**_alone("prompt", c), eta=eta, score_clip=score_clip, share_floor=share_floor,
+                          weight_normalization=weight_normalization, min_ess=min_ess, clip_ratio_low=low,
+                          clip_ratio_high=high, mix_support=mix_support)
 
 
-def _resolve_rollout(c: dict[str, Any], preset: str) -> RolloutSettings:
+def _resolve_rollout(c: dict[str, Any]) -> RolloutSettings:
     p = "gdro.rollout"
     n_min = _int(f"{p}.n_min", c["n_min"])
     if n_min < 2:
@@ -403,7 +411,6 @@ def _resolve_rollout(c: dict[str, Any], preset: str) -> RolloutSettings:
     # unknown names first, so that they get the plain "allowed values" message
     allocator = _choice(f"{p}.allocator", c["allocator"], allocator_names())
     arm_utility = _choice(f"{p}.arm_utility", c["arm_utility"], ARM_UTILITIES)
-    selection = c["selection"]
     cls = get_allocator(allocator)
     per_prompt = getattr(cls, "per_prompt_evidence", False)
     if per_prompt and arm_utility not in PER_PROMPT_UTILITIES:
@@ -414,20 +421,12 @@ def _resolve_rollout(c: dict[str, Any], preset: str) -> RolloutSettings:
             f"needs each prompt's own counts, set {p}.allocator=per_prompt")
     rate_decay = c.get("rate_decay")
     if rate_decay is not None:
-        rate_decay = _float(f"{p}.rate_decay", rate_decay, 0.0, 1.0, low_open=True)
+        rate_decay = _float(f"{p}.rate_decay", rate_decay, *_UNIT_OPEN_LOW)
         if "rollout.rate_decay" not in cls.reads:
             raise ValueError(f"{p}.rate_decay={rate_decay} is invalid with {p}.allocator={c['allocator']!r}: it "
                 f"decays the per_prompt allocator's evidence; set {p}.allocator=per_prompt or leave it null")
-    seed = c["seed"]
-    return RolloutSettings(
-        enable=_bool(f"{p}.enable", c["enable"]), n_min=n_min, n_max=n_max,
-        eta=_float(f"{p}.eta", c["eta"], low=0.0, low_open=True),
-        gamma=_float(f"{p}.gamma", c["gamma"], 0.0, 1.0, high_open=True),
-        score_ema=_float(f"{p}.score_ema", c["score_ema"], 0.0, 1.0, low_open=True),
-        dual_lr=_float(f"{p}.dual_lr", c["dual_lr"], low=0.0), allocator=allocator, arm_utility=arm_utility,
-        selection=_choice(f"{p}.selection", selection, SELECTIONS), seed=_int(f"{p}.seed", seed, low=0),
-        rate_decay=rate_decay
-    )
+    return RolloutSettings(**_alone("rollout", c), n_min=n_min, n_max=n_max, allocator=allocator,
+                           arm_utility=arm_utility, rate_decay=rate_decay)
 
 
 def resolve_gdro(group: Any = None, standalone: bool = False) -> GDROSettings:
@@ -470,8 +469,8 @@ def resolve_gdro(group: Any = None, standalone: bool = False) -> GDROSettings:
         advantage_clip = _float("gdro.advantage_clip", advantage_clip, low=0.0, low_open=True)
     settings = GDROSettings(
         enable=_bool("gdro.enable", c["enable"]), preset=str(preset), uid_key=uid_key, acc_key=acc_key,
-        classifier=classifier, prompt=_resolve_prompt(c["prompt"], preset, classifier.num_bins),
-        rollout=_resolve_rollout(c["rollout"], preset), advantage_clip=advantage_clip,
+        classifier=classifier, prompt=_resolve_prompt(c["prompt"]), rollout=_resolve_rollout(c["rollout"]),
+        advantage_clip=advantage_clip,
         correct_threshold=_float("gdro.correct_threshold", c["correct_threshold"])
     )
     _refuse_unread(given, settings, standalone)
