@@ -23,7 +23,9 @@ from verl_gdro.step.config import (
     GDROSettings,
     default_gdro_group,
     estimator_settings,
+    leaves,
     read_key,
+    read_path,
     to_plain,
 )
 
@@ -49,18 +51,10 @@ ESTIMATOR_READS: tuple[str, ...] = (
 )
 
 
-def _leaves(group: Mapping[str, Any], prefix: str = "") -> list[str]:
-    out: list[str] = []
-    for key, value in group.items():
-        name = f"{prefix}{key}"
-        out += _leaves(value, f"{name}.") if isinstance(value, Mapping) and value else [name]
-    return out
-
-
 @lru_cache(maxsize=1)
 def _known_keys() -> frozenset[str]:
     """Every leaf key of the package YAML's ``gdro`` group (read once: the estimator checks every step)."""
-    return frozenset(_leaves(default_gdro_group()))
+    return frozenset(leaves(default_gdro_group()))
 
 
 def check_estimator_keys(group: Any, prefix: str = "algorithm.gdro") -> None:
@@ -72,7 +66,7 @@ def check_estimator_keys(group: Any, prefix: str = "algorithm.gdro") -> None:
         return  # the resolution names the malformed group
     if given.get("enable", True) is False:
         return
-    for key in _leaves(given):
+    for key in leaves(given):
         if key in ESTIMATOR_READS or key not in _known_keys():
             continue
         raise ValueError(
@@ -80,19 +74,6 @@ def check_estimator_keys(group: Any, prefix: str = "algorithm.gdro") -> None:
             f"classifier, actor-side loss signal, sampler or Rollout-GDRO); the GDRO trainer does: remove it, or "
             f"set trainer.v1.trainer_mode={TRAINER_NAME} and gdro.{key} on the package config"
         )
-
-
-def read_path(config: Any, path: str) -> Any:
-    """The value at a dotted ``path`` of a config, or None where it is missing or does not resolve."""
-    node = config
-    for part in path.split("."):
-        try:
-            node = node.get(part, None)
-        except Exception:  # not a mapping, or an interpolation that does not resolve
-            return None
-        if node is None:
-            return None
-    return node
 
 
 def estimator_path_settings(algorithm: Any) -> GDROSettings:

@@ -32,7 +32,7 @@ __all__ = [
     "ALLOCATORS", "ARM_UTILITIES", "ESTIMATOR_NAME", "PASSK_ESTIMATORS", "PROMPT_MODES", "SAMPLING_MODES",
     "ROW_INDEX_FIELD", "SELECTIONS", "TRAINER_MODES", "TRAINER_NAME", "UID_KEYS", "WEIGHT_NORMALIZATIONS",
     "ClassifierSettings", "GDROSettings", "PromptSettings", "RolloutSettings", "default_gdro_group",
-    "estimator_settings", "keys_read", "read_key", "resolve_gdro", "to_plain", "validate_gdro_config",
+    "estimator_settings", "keys_read", "leaves", "read_key", "read_path", "resolve_gdro", "to_plain", "validate_gdro_config",
 ]
 
 ESTIMATOR_NAME = "gdro_grpo"
@@ -513,12 +513,13 @@ def keys_read(settings: GDROSettings) -> frozenset[str]:
     return frozenset(keys)
 
 
-def _leaves(given: Any, prefix: str = "") -> dict[str, Any]:
+def leaves(given: Any, prefix: str = "") -> dict[str, Any]:
+    """The leaf values of a nested group by dotted key (an empty group has none)."""
     out: dict[str, Any] = {}
     if isinstance(given, Mapping):
         for key, value in given.items():
             if isinstance(value, Mapping):
-                out.update(_leaves(value, f"{prefix}{key}."))
+                out.update(leaves(value, f"{prefix}{key}."))
             else:
                 out[f"{prefix}{key}"] = value
     return out
@@ -540,9 +541,9 @@ def unread_keys(given: Any, settings: GDROSettings, standalone: bool = False) ->
     if not settings.enable or not isinstance(given, Mapping):
         return {}
     read = keys_read(settings)
-    defaults = _leaves(default_gdro_group())
+    defaults = leaves(default_gdro_group())
     candidates = {
-        key: value for key, value in _leaves(given).items()
+        key: value for key, value in leaves(given).items()
         if key.split(".")[0] in ("prompt", "rollout") and key.count(".") == 1 and key not in read
         and value != defaults.get(key)
         and getattr(settings, key.split(".")[0]).enable and key.split(".")[1] not in ACTOR_SIGNAL_KEYS
@@ -592,18 +593,14 @@ def estimator_settings(algorithm: Any) -> GDROSettings:
 
 # ---- the gdro group against the rest of the verl config ----
 
-def _select(cfg: Any, path: str, default: Any = None) -> Any:
+def read_path(cfg: Any, path: str, default: Any = None) -> Any:
+    """The value at a dotted ``path`` of a config, or ``default`` where it is missing or does not resolve."""
     node = cfg
     for part in path.split("."):
-        if node is None:
-            return default
         try:
-            if isinstance(node, Mapping) or hasattr(node, "keys"):
-                if part not in node:
-                    return default
-                node = node[part]
-            else:
+            if not (isinstance(node, Mapping) or hasattr(node, "keys")) or part not in node:
                 return default
+            node = node[part]
         except Exception:  # an interpolation that cannot resolve, a missing value (???)
             return default
     return node
@@ -613,7 +610,7 @@ def validate_gdro_config(cfg: Any) -> GDROSettings:
     """Validate a whole verl config (DictConfig or nested dict) that uses verl-gdro; return the settings.
     One namespace per path (:func:`_path_settings`), then the settings against the rest of the config;
     a ValueError names the offending key."""
-    trainer_mode = _select(cfg, "trainer.v1.trainer_mode")
+    trainer_mode = read_path(cfg, "trainer.v1.trainer_mode")
     settings = _path_settings(cfg, trainer_mode)
     if trainer_mode in TRAINER_MODES:
         _check_trainer(cfg, trainer_mode, settings)
@@ -625,8 +622,8 @@ def _path_settings(cfg: Any, trainer_mode: Any) -> GDROSettings:
     """The settings of the path's own namespace: ``gdro`` under the GDRO trainer (an ``algorithm.gdro`` that
     differs is refused), ``algorithm.gdro`` for the estimator alone (a top-level ``gdro`` is refused)."""
     gdro_trainer = trainer_mode in TRAINER_MODES
-    top = _select(cfg, "gdro")
-    algo_group = _select(cfg, "algorithm.gdro")
+    top = read_path(cfg, "gdro")
+    algo_group = read_path(cfg, "algorithm.gdro")
     if gdro_trainer:
         if top is None and algo_group is not None:
             raise ValueError(f"algorithm.gdro is invalid with trainer.v1.trainer_mode={trainer_mode}: the GDRO "
@@ -642,12 +639,12 @@ def _path_settings(cfg: Any, trainer_mode: Any) -> GDROSettings:
                 f"group is read only by the GDRO trainer ({'|'.join(TRAINER_MODES)}); the {ESTIMATOR_NAME} estimator "
                 "in verl's own trainer reads algorithm.gdro: set +algorithm.gdro.<key>=... on verl's ppo_trainer "
                 f"config instead, or set trainer.v1.trainer_mode={TRAINER_NAME}")
-        adv = _select(cfg, "algorithm.adv_estimator")
+        adv = read_path(cfg, "algorithm.adv_estimator")
         if algo_group is not None and adv != ESTIMATOR_NAME:
             raise ValueError(f"algorithm.gdro is invalid with algorithm.adv_estimator={adv}: only the {ESTIMATOR_NAME} "
                 f"estimator reads it, so nothing would; set algorithm.adv_estimator={ESTIMATOR_NAME}, or remove "
                 "algorithm.gdro")
-        return estimator_settings(_select(cfg, "algorithm"))
+        return estimator_settings(read_path(cfg, "algorithm"))
 
 
 def _check_trainer(cfg: Any, trainer_mode: str, settings: GDROSettings) -> None:
@@ -668,7 +665,7 @@ def _check_trainer(cfg: Any, trainer_mode: str, settings: GDROSettings) -> None:
          "did not plan (no dispatch-time bin or rollout count); set skip.rollout_tq.enable=false, or gdro.enable=false"),
     )
     for key, default, refused, why in checks:
-        value = _select(cfg, key, default)
+        value = read_path(cfg, key, default)
         if refused(value):
             raise ValueError(f"{key}={value!r} is invalid with trainer.v1.trainer_mode={trainer_mode}: {why}")
 
@@ -676,9 +673,9 @@ def _check_trainer(cfg: Any, trainer_mode: str, settings: GDROSettings) -> None:
 def _check_budget(cfg: Any, trainer_mode: Any, settings: GDROSettings) -> None:
     """verl's ``rollout.n``: a group (>= 2) and, under Rollout-GDRO, a mean budget within its arms."""
     gdro_trainer = trainer_mode in TRAINER_MODES
-    adv = _select(cfg, "algorithm.adv_estimator")
+    adv = read_path(cfg, "algorithm.adv_estimator")
     gdro_estimator = adv == ESTIMATOR_NAME
-    n = _select(cfg, "actor_rollout_ref.rollout.n")
+    n = read_path(cfg, "actor_rollout_ref.rollout.n")
 
     if gdro_trainer or gdro_estimator:
         if not isinstance(n, int) or isinstance(n, bool) or n < 2:
@@ -701,7 +698,7 @@ def _check_strategies(cfg: Any, trainer_mode: Any, settings: GDROSettings) -> GD
     """What the strategies need from the path and the rest of the config; the signals' coefficients
     taken from the actor (the settings returned)."""
     gdro_trainer = trainer_mode in TRAINER_MODES
-    top = _select(cfg, "gdro")
+    top = read_path(cfg, "gdro")
     if settings.resamples and not gdro_trainer:
         raise ValueError(f"algorithm.gdro.prompt.mode={settings.prompt.mode} is invalid with trainer.v1.trainer_mode="
             f"{trainer_mode!r}: only the GDRO trainer's sampler can draw the prompts; set trainer.v1.trainer_mode="
@@ -709,8 +706,8 @@ def _check_strategies(cfg: Any, trainer_mode: Any, settings: GDROSettings) -> GD
 
     needs_ref = "ref_log_probs" in get_loss_signal(settings.prompt.loss_signal).needs
     if gdro_trainer and settings.enable and settings.prompt.enable and needs_ref:
-        use_kl_loss = bool(_select(cfg, "actor_rollout_ref.actor.use_kl_loss", False))
-        kl_in_reward = bool(_select(cfg, "algorithm.use_kl_in_reward", False))
+        use_kl_loss = bool(read_path(cfg, "actor_rollout_ref.actor.use_kl_loss", False))
+        kl_in_reward = bool(read_path(cfg, "algorithm.use_kl_in_reward", False))
         if not (use_kl_loss or kl_in_reward):
             raise ValueError(f"gdro.prompt.loss_signal={settings.prompt.loss_signal} is invalid without a reference "
                 "policy: it needs ref_log_prob; set actor_rollout_ref.actor.use_kl_loss=true (the paper's KL loss) or "
@@ -720,7 +717,7 @@ def _check_strategies(cfg: Any, trainer_mode: Any, settings: GDROSettings) -> GD
         settings = _signals_follow_actor(cfg, settings, top)
 
     if gdro_trainer and settings.enable and settings.uid_key == "row_index":
-        custom = _select(cfg, "data.custom_cls.path")
+        custom = read_path(cfg, "data.custom_cls.path")
         if not custom:
             raise ValueError("gdro.uid_key=row_index is invalid without data.custom_cls: the row index comes from the "
                 "GDRO dataset class; set data.custom_cls.path=pkg://verl_gdro.integration.dataset "
@@ -734,15 +731,15 @@ def _actor_value(cfg: Any, key: str) -> float | None:
     the KL coefficient of the KL the actor optimises: its KL loss, else the in-reward KL's)."""
     actor = "actor_rollout_ref.actor"
     if key in ("clip_ratio_low", "clip_ratio_high"):
-        value = _select(cfg, f"{actor}.{key}")
-        return _select(cfg, f"{actor}.clip_ratio") if value is None else value
+        value = read_path(cfg, f"{actor}.{key}")
+        return read_path(cfg, f"{actor}.clip_ratio") if value is None else value
     if key == "kl_coef":
-        if bool(_select(cfg, f"{actor}.use_kl_loss", False)):
-            return _select(cfg, f"{actor}.kl_loss_coef")
-        if bool(_select(cfg, "algorithm.use_kl_in_reward", False)):
-            return _select(cfg, "algorithm.kl_ctrl.kl_coef")
-        return _select(cfg, f"{actor}.kl_loss_coef")
-    return _select(cfg, f"{actor}.{key}")
+        if bool(read_path(cfg, f"{actor}.use_kl_loss", False)):
+            return read_path(cfg, f"{actor}.kl_loss_coef")
+        if bool(read_path(cfg, "algorithm.use_kl_in_reward", False)):
+            return read_path(cfg, "algorithm.kl_ctrl.kl_coef")
+        return read_path(cfg, f"{actor}.kl_loss_coef")
+    return read_path(cfg, f"{actor}.{key}")
 
 
 def _signals_follow_actor(cfg: Any, settings: GDROSettings, group: Any) -> GDROSettings:
