@@ -45,17 +45,16 @@ QUIET_WARNINGS: tuple[str, ...] = tuple(
 QUIET_LOG_PREFIXES: tuple[str, ...] = ("No supported accelerator detected", "Platform '")
 
 
-class _QuietCpuPlatform(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.levelno == logging.WARNING and str(record.msg).startswith(QUIET_LOG_PREFIXES))
+def _quiet_cpu_platform(record: logging.LogRecord) -> bool:
+    return not (record.levelno == logging.WARNING and str(record.msg).startswith(QUIET_LOG_PREFIXES))
 
 
 def quiet_third_party_warnings() -> None:
     """Ignore :data:`QUIET_WARNINGS` in this process and in the worker processes it starts, and
     verl's CPU-platform log lines (:data:`QUIET_LOG_PREFIXES`) in this process."""
     platform_logger = logging.getLogger("verl.plugin.platform.platform_manager")
-    if not any(isinstance(f, _QuietCpuPlatform) for f in platform_logger.filters):
-        platform_logger.addFilter(_QuietCpuPlatform())
+    if _quiet_cpu_platform not in platform_logger.filters:
+        platform_logger.addFilter(_quiet_cpu_platform)
     for message in QUIET_WARNINGS:
         warnings.filterwarnings("ignore", message=message, category=UserWarning)
     # worker processes (study --jobs) inherit the environment, not the filters

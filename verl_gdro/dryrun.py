@@ -115,7 +115,7 @@ _NOT_OVERRIDABLE = re.compile(r"Could not override '([^']+)'")
 def unknown_gdro_key(hydra_message: str, overrides: list[str]) -> str | None:
     """The group's own message (the known keys) for a ``gdro`` / ``algorithm.gdro`` key Hydra cannot
     override because it is unknown (Hydra's answer invites appending the typo with ``+``); None else."""
-    from verl_gdro.step.config import estimator_settings, resolve_gdro
+    from verl_gdro.step.config import estimator_settings, nest, resolve_gdro
 
     match = _NOT_OVERRIDABLE.search(hydra_message)
     if match is None:
@@ -124,14 +124,8 @@ def unknown_gdro_key(hydra_message: str, overrides: list[str]) -> str | None:
     for prefix, resolve in (("gdro.", resolve_gdro), ("algorithm.gdro.", lambda g: estimator_settings({"gdro": g}))):
         if not key.startswith(prefix):
             continue
-        group: dict[str, Any] = {}
-        node = group
-        *parents, leaf = key[len(prefix) :].split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = None
         try:
-            resolve(group)
+            resolve(nest({key[len(prefix) :]: None}))
         except ValueError as e:
             if "is not a known key" in str(e) or "must be a group of keys" in str(e):
                 return str(e)

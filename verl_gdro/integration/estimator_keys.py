@@ -24,6 +24,7 @@ from verl_gdro.step.config import (
     default_gdro_group,
     estimator_settings,
     leaves,
+    nest,
     read_key,
     read_path,
     to_plain,
@@ -88,15 +89,8 @@ def estimator_path_settings(algorithm: Any) -> GDROSettings:
 def honoured_group(settings: GDROSettings) -> dict[str, Any]:
     """The keys of :data:`ESTIMATOR_READS` with their resolved values, as a nested ``gdro`` group (what
     the logged config says ran; it resolves to the same settings again)."""
-    full = settings.to_dict()
-    out: dict[str, Any] = {}
-    for key in ESTIMATOR_READS:
-        *parents, leaf = key.split(".")
-        src, dst = full, out
-        for part in parents:
-            src, dst = src[part], dst.setdefault(part, {})
-        dst[leaf] = src[leaf]
-    return out
+    full = leaves(settings.to_dict())
+    return nest({key: full[key] for key in ESTIMATOR_READS})
 
 
 def runs_estimator_alone(cfg: Any) -> bool:

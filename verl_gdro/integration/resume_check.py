@@ -38,21 +38,11 @@ def resume_folder(config: Any) -> str | None:
 
 def saved_controller_state(node: Any, depth: int = 0) -> Mapping[str, Any] | None:
     """The GDRO controller's state anywhere inside verl's dataloader state (depth-first), or None."""
-    if isinstance(node, Mapping):
-        if _CONTROLLER_KEYS <= set(node):
-            return node
-        children = node.values()
-    elif isinstance(node, (list, tuple)):
-        children = node
-    else:
-        return None
-    if depth > 8:
-        return None
-    for child in children:
-        found = saved_controller_state(child, depth + 1)
-        if found is not None:
-            return found
-    return None
+    if isinstance(node, Mapping) and _CONTROLLER_KEYS <= set(node):
+        return node
+    children = node.values() if isinstance(node, Mapping) else node if isinstance(node, (list, tuple)) else ()
+    found = (saved_controller_state(child, depth + 1) for child in (children if depth <= 8 else ()))
+    return next((state for state in found if state is not None), None)
 
 
 def check_resume_folder(config: Any, settings: Any) -> None:

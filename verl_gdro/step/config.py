@@ -1,14 +1,13 @@
-"""The ``gdro`` config group: resolution (presets), validation, and the cross-checks with verl's keys.
+"""The ``gdro`` config group: resolution (YAML defaults, presets), validation, cross-checks with verl's keys.
 
 Importable without verl, Ray or torch, so a launch mistake surfaces in a second. Every error is a
 ``ValueError`` starting with the offending key (``gdro.rollout.n_min=1 is invalid: ...``), each listed
-in docs/configuration.md. :func:`resolve_gdro` resolves the ``gdro`` group alone (YAML defaults, the
-preset's ``null`` keys, range checks); :func:`estimator_settings` applies it to ``algorithm.gdro``;
-:func:`validate_gdro_config` also checks the group against the rest of the verl config.
+in docs/configuration.md.
 """
 
 from __future__ import annotations
 
+import copy
 import inspect
 import math
 import re
@@ -32,7 +31,7 @@ __all__ = [
     "ALLOCATORS", "ARM_UTILITIES", "ESTIMATOR_NAME", "PASSK_ESTIMATORS", "PROMPT_MODES", "SAMPLING_MODES",
     "ROW_INDEX_FIELD", "SELECTIONS", "TRAINER_MODES", "TRAINER_NAME", "UID_KEYS", "WEIGHT_NORMALIZATIONS",
     "ClassifierSettings", "GDROSettings", "PromptSettings", "RolloutSettings", "default_gdro_group",
-    "estimator_settings", "keys_read", "leaves", "read_key", "read_path", "resolve_gdro", "to_plain", "validate_gdro_config",
+    "estimator_settings", "keys_read", "leaves", "nest", "read_key", "read_path", "resolve_gdro", "to_plain", "validate_gdro_config",
 ]
 
 ESTIMATOR_NAME = "gdro_grpo"
@@ -197,12 +196,9 @@ class GDROSettings:
 
 
 def to_plain(cfg: Any) -> Any:
-    """A DictConfig/ListConfig (resolved) or mapping as plain Python containers; None stays None
-    (omegaconf is imported only for its own containers)."""
-    if cfg is None:
-        return None
-    mod = type(cfg).__module__
-    if mod.startswith("omegaconf"):
+    """A DictConfig/ListConfig (resolved) or mapping as plain Python containers (omegaconf is imported
+    only for its own containers)."""
+    if type(cfg).__module__.startswith("omegaconf"):
         from omegaconf import OmegaConf
 
         return OmegaConf.to_container(cfg, resolve=True)
@@ -225,8 +221,6 @@ def _yaml_defaults() -> dict[str, Any]:
 
 def default_gdro_group() -> dict[str, Any]:
     """The ``gdro`` group's defaults, read from the package YAML (the one source of defaults)."""
-    import copy
-
     return copy.deepcopy(_yaml_defaults())
 
 
@@ -473,7 +467,8 @@ def resolve_gdro(group: Any = None, standalone: bool = False) -> GDROSettings:
         advantage_clip=advantage_clip,
         correct_threshold=_float("gdro.correct_threshold", c["correct_threshold"])
     )
-    _refuse_unread(given, settings, standalone)
+    for key, value in unread_keys(given, settings, standalone).items():
+        raise ValueError(_unread_message(key, value, settings))  # the first, naming it
     return settings
 
 
@@ -525,11 +520,15 @@ def leaves(given: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def _without(given: Mapping[str, Any], keys: list[str]) -> dict[str, Any]:
-    out = {k: dict(v) if isinstance(v, Mapping) else v for k, v in given.items()}
-    for key in keys:
-        section, leaf = key.split(".")
-        out[section].pop(leaf, None)
+def nest(flat: Mapping[str, Any]) -> dict[str, Any]:
+    """The nested group of dotted keys (the inverse of :func:`leaves`)."""
+    out: dict[str, Any] = {}
+    for key, value in flat.items():
+        *parents, leaf = key.split(".")
+        node = out
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
     return out
 
 
@@ -551,7 +550,8 @@ def unread_keys(given: Any, settings: GDROSettings, standalone: bool = False) ->
     }
     if not candidates:
         return {}
-    baseline = resolve_gdro(_without(given, list(candidates)), standalone=standalone).to_dict()
+    others = {k: v for k, v in leaves(given).items() if k not in candidates}
+    baseline = resolve_gdro(nest(others), standalone=standalone).to_dict()
     return {k: v for k, v in candidates.items() if v != baseline[k.split(".")[0]][k.split(".")[1]]}
 
 
@@ -560,12 +560,6 @@ def _unread_message(key: str, value: Any, settings: GDROSettings) -> str:
              if key.startswith("prompt.") else f"gdro.rollout.allocator={settings.rollout.allocator}")
     return (f"gdro.{key}={value!r} is set but nothing reads it under {owner}: remove it (the keys each strategy "
             "reads are listed in docs/configuration.md)")
-
-
-def _refuse_unread(given: Any, settings: GDROSettings, standalone: bool) -> None:
-    """Refuse the first of :func:`unread_keys`, naming it."""
-    for key, value in unread_keys(given, settings, standalone).items():
-        raise ValueError(_unread_message(key, value, settings))
 
 
 def read_key(config: Any, key: str, default: Any = None) -> Any:
@@ -754,16 +748,16 @@ def _signals_follow_actor(cfg: Any, settings: GDROSettings, group: Any) -> GDROS
         if isinstance(actor, bool) or not isinstance(actor, (int, float)):
             continue  # no actor config (a bare gdro group): the step API's defaults stand
         explicit = prompt_given.get(key) if isinstance(prompt_given, Mapping) else None
-        reads = f"prompt.{key}" in get_loss_signal(settings.prompt.loss_signal).reads
-        if explicit is not None and float(explicit) != float(actor) and settings.enable and settings.prompt.enable \
-                and f"prompt.{key}" not in keys_read(settings):
+        if explicit is None:
+            follow[key] = float(actor)
+        elif float(explicit) == float(actor):
+            continue
+        elif settings.enable and settings.prompt.enable and f"prompt.{key}" not in keys_read(settings):
             raise ValueError(_unread_message(f"prompt.{key}", explicit, settings))
-        if explicit is not None and reads and float(explicit) != float(actor):
+        elif f"prompt.{key}" in get_loss_signal(settings.prompt.loss_signal).reads:
             raise ValueError(f"gdro.prompt.{key}={explicit!r} disagrees with {actor_key}={actor!r}: the loss signal "
                 f"({settings.prompt.loss_signal}) must measure what the actor optimises; leave gdro.prompt.{key} "
                 "unset (it follows the actor) or make them equal")
-        if explicit is None:
-            follow[key] = float(actor)
     if not follow:
         return settings
     checked = {k: _float(f"{ACTOR_SIGNAL_KEYS[k]}", v, low=0.0) for k, v in follow.items()}

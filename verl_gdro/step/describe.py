@@ -67,17 +67,16 @@ def describe_mode(settings: GDROSettings, rollout_n: int | None = None) -> str:
 def upgrade_saved_settings(saved: Any, current: Mapping[str, Any]) -> Any:
     """The saved ``settings`` of an older controller state, with the keys added since filled in
     with the values that describe what such a run did."""
-    if isinstance(saved, Mapping) and "advantage_clip" not in saved:
-        # Saved before gdro.advantage_clip existed (verl-gdro 0.1.0 pre-release), which meant no clip.
-        saved = {**saved, "advantage_clip": None}
-    if isinstance(saved, Mapping) and isinstance(saved.get("prompt"), Mapping):
-        # Saved before the sampling modes' keys existed: they only act in a sampling mode, which
-        # such a run could not use, so the current values describe it.
+    if not isinstance(saved, Mapping):
+        return saved
+    # Saved before gdro.advantage_clip existed (verl-gdro 0.1.0 pre-release), which meant no clip.
+    saved = {"advantage_clip": None, **saved}
+    if isinstance(saved.get("prompt"), Mapping):
+        # Saved before the sampling modes' keys existed: they only act in a sampling mode, which such a
+        # run could not use, so the current values describe it; before gdro.prompt.mix_support: Eq. 15
+        # over all bins.
         new_keys = {k: v for k, v in current["prompt"].items() if k in _SAMPLING_KEYS}
-        saved = {**saved, "prompt": {**new_keys, **saved["prompt"]}}
-    if isinstance(saved, Mapping) and isinstance(saved.get("prompt"), Mapping) and "mix_support" not in saved["prompt"]:
-        # saved before gdro.prompt.mix_support existed, which meant Eq. 15 over all bins
-        saved = {**saved, "prompt": {**saved["prompt"], "mix_support": "all"}}
+        saved["prompt"] = {**new_keys, "mix_support": "all", **saved["prompt"]}
     return saved
 
 
