@@ -40,26 +40,19 @@ def parse_hydra_argv(argv: list[str]) -> HydraArgs:
     names = {"--config-path": "config_path", "-cp": "config_path", "--config-name": "config_name",
              "-cn": "config_name", "--config-dir": "config_dirs", "-cd": "config_dirs"}
     overrides: list[str] = []
-    i = 0
-    while i < len(argv):
-        arg = argv[i]
-        key, value = (arg.split("=", 1) + [None])[:2] if arg.startswith("-") else (arg, None)
-        if key in names:
-            if value is None:
-                if i + 1 >= len(argv):
-                    raise DryRunError(f"{key} needs a value")
-                value = argv[i + 1]
-                i += 1
-            dest = names[key]
-            if dest == "config_dirs":
-                opts[dest].append(value)
-            else:
-                opts[dest] = value
-        elif arg.startswith("-"):
-            raise DryRunError(f"unsupported option {arg!r} (only Hydra's --config-path/--config-name/--config-dir)")
-        else:
+    args = iter(argv)
+    for arg in args:
+        key, eq, value = arg.partition("=")
+        if not arg.startswith("-"):
             overrides.append(arg)
-        i += 1
+        elif key not in names:
+            raise DryRunError(f"unsupported option {arg!r} (only Hydra's --config-path/--config-name/--config-dir)")
+        elif not eq and (value := next(args, None)) is None:
+            raise DryRunError(f"{key} needs a value")
+        elif names[key] == "config_dirs":
+            opts["config_dirs"].append(value)
+        else:
+            opts[names[key]] = value
     if not opts["config_path"] or not opts["config_name"]:
         raise DryRunError("--config-path and --config-name are required (as for verl.trainer.main_ppo)")
     return HydraArgs(opts["config_path"], opts["config_name"], opts["config_dirs"], overrides)
@@ -134,21 +127,19 @@ def unknown_gdro_key(hydra_message: str, overrides: list[str]) -> str | None:
 
 def verl_checks(cfg) -> list[str]:
     """Run verl's GPU-free config checks; return what was checked. Raises DryRunError naming the part."""
+    from omegaconf import OmegaConf
     from verl.trainer.ppo.reward import get_custom_reward_fn
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import omega_conf_to_dataclass, validate_config
 
     # verl's own function, not the driver's wrapper (which refuses data files the dry run only notes)
     validate_config = getattr(validate_config, "__wrapped__", validate_config)
-    done = []
     try:
         validate_config(config=cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
     except Exception as e:  # verl raises ValueError, AssertionError, ...
         raise DryRunError(f"verl validate_config: {type(e).__name__}: {e}") from e
-    done.append("verl.utils.config.validate_config")
+    done = ["verl.utils.config.validate_config"]
     for key in ("actor_rollout_ref.rollout", "actor_rollout_ref.rollout.checkpoint_engine"):
-        from omegaconf import OmegaConf
-
         node = OmegaConf.select(cfg, key)
         try:
             omega_conf_to_dataclass(node)
@@ -212,29 +203,18 @@ def separate_async_checks(cfg) -> list[str]:
 
 
 def gdro_checks(cfg):
-    """Our validation of the ``gdro`` group against the rest of the config. Fails loudly if missing."""
-    try:
-        from verl_gdro.step.config import validate_gdro_config
-    except ImportError as e:
-        raise DryRunError(f"verl_gdro.step.config.validate_gdro_config is not importable: {e}") from e
+    """Our validation of the ``gdro`` group against the rest of the config; the settings the run uses (the
+    estimator alone: :func:`estimator_path_settings`, which refuses every key that path does not read)."""
     from verl_gdro.integration.driver import check_launch_keys
+    from verl_gdro.integration.estimator_keys import estimator_path_settings, runs_estimator_alone
+    from verl_gdro.step.config import validate_gdro_config
 
     try:
         check_launch_keys(cfg)
         settings = validate_gdro_config(cfg)
-        return estimator_alone_settings(cfg, settings)
+        return estimator_path_settings(cfg.algorithm) if runs_estimator_alone(cfg) else settings
     except ValueError as e:
         raise DryRunError(str(e)) from e
-
-
-def estimator_alone_settings(cfg, settings):
-    """The estimator alone: the settings it runs with (:func:`estimator_path_settings`, which
-    refuses every ``algorithm.gdro`` key the path does not read); other paths: ``settings``."""
-    from verl_gdro.integration.estimator_keys import estimator_path_settings, runs_estimator_alone
-
-    if settings is None or not runs_estimator_alone(cfg):
-        return settings
-    return estimator_path_settings(cfg.algorithm)
 
 
 #: the ``verl.plugins`` entry point that registers verl-gdro (pyproject.toml)
@@ -291,17 +271,19 @@ def row_index_checks(cfg) -> list[str]:
     return [f"gdro.uid_key=row_index: data.custom_cls is {dataset_cls.__name__} (a GDRODataset)"]
 
 
-def data_checks(cfg, settings: Any = None, require: bool = False) -> tuple[list[str], int | None]:
+def data_checks(cfg, settings: Any, require: bool = False) -> tuple[list[str], int | None]:
     """The launch's data checks on the parquet files present here: every row's template is the config's,
-    and, where the GDRO trainer reads them, the stable prompt ids (:func:`index_checks`,
-    :func:`row_index_checks`). Returns notes and the training row count (None unless every file is here)."""
+    and, where the GDRO trainer reads them, the stable prompt ids (``gdro.uid_key=index``: the trainer's
+    own check of the training rows; :func:`row_index_checks`). Returns notes and the training row count
+    (None unless every file is here)."""
     import pyarrow.parquet as pq
     from omegaconf import OmegaConf
 
+    from verl_gdro.integration.dataset import stable_ids_from_extra_info
     from verl_gdro.step.config import TRAINER_MODES
 
     template = cfg.get("prompt_template", {}).get("name") if "prompt_template" in cfg else None
-    ids = settings is not None and settings.enable and OmegaConf.select(cfg, "trainer.v1.trainer_mode") in TRAINER_MODES
+    ids = settings.enable and OmegaConf.select(cfg, "trainer.v1.trainer_mode") in TRAINER_MODES
     notes: list[str] = row_index_checks(cfg) if ids and settings.uid_key == "row_index" else []
     train_column: list[Any] | None = []
     for key in ("data.train_files", "data.val_files"):
@@ -328,23 +310,16 @@ def data_checks(cfg, settings: Any = None, require: bool = False) -> tuple[list[
                 train_column += table
     train_rows = None if train_column is None else len(train_column)
     if ids and settings.uid_key == "index" and train_column:
-        notes.append(index_checks(train_column))
+        try:
+            stable_ids_from_extra_info(train_column)
+        except ValueError as e:
+            raise DryRunError(f"data.train_files: {e}") from e
+        notes.append(f"gdro.uid_key=index: {len(train_column)} training rows, unique extra_info.index")
     if train_rows is not None:
         cap = OmegaConf.select(cfg, "data.train_max_samples", default=-1)
         if isinstance(cap, int) and 0 < cap < train_rows:
             train_rows = cap  # verl keeps the first train_max_samples rows
     return notes, train_rows
-
-
-def index_checks(train_column: list[Any]) -> str:
-    """``gdro.uid_key=index``: the GDRO trainer's own check of the training rows' ids."""
-    from verl_gdro.integration.dataset import stable_ids_from_extra_info
-
-    try:
-        stable_ids_from_extra_info(train_column)
-    except ValueError as e:
-        raise DryRunError(f"data.train_files: {e}") from e
-    return f"gdro.uid_key=index: {len(train_column)} training rows, unique extra_info.index"
 
 
 def _prepare_hint(cfg, path: str) -> str:
@@ -395,22 +370,21 @@ def derived_quantities(cfg, settings: Any, train_rows: int | None) -> dict[str, 
             unknown if train_rows is None else round(int(steps) * bs / train_rows, 2) if steps and train_rows else None,
         "validation samples per prompt": int(cfg.actor_rollout_ref.rollout.val_kwargs.n),
     }
-    if settings is not None:
-        out["gdro preset"] = settings.preset
-        out["Prompt-GDRO"] = (f"on ({settings.prompt.mode}, loss_signal={settings.prompt.loss_signal})"
-                              if settings.prompt.enable and settings.enable else "off")
-        if settings.enable and settings.rollout.enable:
-            from verl_gdro.allocators import get_allocator
+    out["gdro preset"] = settings.preset
+    out["Prompt-GDRO"] = (f"on ({settings.prompt.mode}, loss_signal={settings.prompt.loss_signal})"
+                          if settings.prompt.enable and settings.enable else "off")
+    if settings.allocates:
+        from verl_gdro.allocators import get_allocator
 
-            r = settings.rollout
-            reads = get_allocator(r.allocator).reads  # the keys the allocator reads, as it declares them
-            detail = ", ".join([f"allocator={r.allocator}"] + [
-                f"{k}={getattr(r, k)}" for k in ("arm_utility", "selection", "rate_decay") if f"rollout.{k}" in reads])
-            out["Rollout-GDRO"] = f"on ({detail})"
-            out["rollout arms per prompt"] = f"[{r.n_min}, {r.n_max}], mean exactly {n}"
-        else:
-            out["Rollout-GDRO"] = f"off (every prompt gets n={n})"
-        out["bins"] = settings.num_bins
+        r = settings.rollout
+        reads = get_allocator(r.allocator).reads  # the keys the allocator reads, as it declares them
+        detail = ", ".join([f"allocator={r.allocator}"] + [
+            f"{k}={getattr(r, k)}" for k in ("arm_utility", "selection", "rate_decay") if f"rollout.{k}" in reads])
+        out["Rollout-GDRO"] = f"on ({detail})"
+        out["rollout arms per prompt"] = f"[{r.n_min}, {r.n_max}], mean exactly {n}"
+    else:
+        out["Rollout-GDRO"] = f"off (every prompt gets n={n})"
+    out["bins"] = settings.num_bins
     if "prompt_template" in cfg:
         out["prompt template / scorer"] = f"{cfg.prompt_template.name} / {cfg.prompt_template.scorer}"
     return out
@@ -437,8 +411,6 @@ def settled_config(resolved: dict[str, Any], cfg, settings: Any) -> dict[str, An
     alone, ``algorithm.gdro`` with the keys that path reads (what the driver hands it)."""
     from verl_gdro.integration.estimator_keys import honoured_group, runs_estimator_alone
 
-    if settings is None:
-        return resolved
     if runs_estimator_alone(cfg):
         resolved["algorithm"]["gdro"] = honoured_group(settings)
     elif isinstance(resolved.get("gdro"), dict):
