@@ -413,7 +413,7 @@ def _resolve_rollout(c: dict[str, Any]) -> RolloutSettings:
     if arm_utility == "hit" and not per_prompt:
         raise ValueError(f"{p}.arm_utility='hit' is invalid with {p}.allocator={c['allocator']!r}: HORA's hit utility "
             f"needs each prompt's own counts, set {p}.allocator=per_prompt")
-    rate_decay = c.get("rate_decay")
+    rate_decay = c["rate_decay"]
     if rate_decay is not None:
         rate_decay = _float(f"{p}.rate_decay", rate_decay, *_UNIT_OPEN_LOW)
         if "rollout.rate_decay" not in cls.reads:
@@ -458,9 +458,8 @@ def resolve_gdro(group: Any = None, standalone: bool = False) -> GDROSettings:
     if not isinstance(acc_key, str) or not acc_key:
         raise ValueError(f"gdro.acc_key={acc_key!r} is invalid: must be the non-empty name of the reward's correctness key")
     classifier = _resolve_classifier(c["classifier"])
-    advantage_clip = c["advantage_clip"]
-    if advantage_clip is not None:
-        advantage_clip = _float("gdro.advantage_clip", advantage_clip, low=0.0, low_open=True)
+    clip = c["advantage_clip"]
+    advantage_clip = None if clip is None else _float("gdro.advantage_clip", clip, *_POSITIVE)
     settings = GDROSettings(
         enable=_bool("gdro.enable", c["enable"]), preset=str(preset), uid_key=uid_key, acc_key=acc_key,
         classifier=classifier, prompt=_resolve_prompt(c["prompt"]), rollout=_resolve_rollout(c["rollout"]),
@@ -511,12 +510,8 @@ def keys_read(settings: GDROSettings) -> frozenset[str]:
 def leaves(given: Any, prefix: str = "") -> dict[str, Any]:
     """The leaf values of a nested group by dotted key (an empty group has none)."""
     out: dict[str, Any] = {}
-    if isinstance(given, Mapping):
-        for key, value in given.items():
-            if isinstance(value, Mapping):
-                out.update(leaves(value, f"{prefix}{key}."))
-            else:
-                out[f"{prefix}{key}"] = value
+    for key, value in given.items() if isinstance(given, Mapping) else ():
+        out.update(leaves(value, f"{prefix}{key}.") if isinstance(value, Mapping) else {f"{prefix}{key}": value})
     return out
 
 
@@ -691,32 +686,23 @@ def _check_budget(cfg: Any, trainer_mode: Any, settings: GDROSettings) -> None:
 def _check_strategies(cfg: Any, trainer_mode: Any, settings: GDROSettings) -> GDROSettings:
     """What the strategies need from the path and the rest of the config; the signals' coefficients
     taken from the actor (the settings returned)."""
-    gdro_trainer = trainer_mode in TRAINER_MODES
-    top = read_path(cfg, "gdro")
-    if settings.resamples and not gdro_trainer:
-        raise ValueError(f"algorithm.gdro.prompt.mode={settings.prompt.mode} is invalid with trainer.v1.trainer_mode="
-            f"{trainer_mode!r}: only the GDRO trainer's sampler can draw the prompts; set trainer.v1.trainer_mode="
-            f"{TRAINER_NAME} or algorithm.gdro.prompt.mode=reweight")
-
+    if trainer_mode not in TRAINER_MODES:
+        if settings.resamples:
+            raise ValueError(f"algorithm.gdro.prompt.mode={settings.prompt.mode} is invalid with trainer.v1."
+                f"trainer_mode={trainer_mode!r}: only the GDRO trainer's sampler can draw the prompts; set "
+                f"trainer.v1.trainer_mode={TRAINER_NAME} or algorithm.gdro.prompt.mode=reweight")
+        return settings  # the loss signals and the row index are the GDRO trainer's only
     needs_ref = "ref_log_probs" in get_loss_signal(settings.prompt.loss_signal).needs
-    if gdro_trainer and settings.enable and settings.prompt.enable and needs_ref:
-        use_kl_loss = bool(read_path(cfg, "actor_rollout_ref.actor.use_kl_loss", False))
-        kl_in_reward = bool(read_path(cfg, "algorithm.use_kl_in_reward", False))
-        if not (use_kl_loss or kl_in_reward):
-            raise ValueError(f"gdro.prompt.loss_signal={settings.prompt.loss_signal} is invalid without a reference "
-                "policy: it needs ref_log_prob; set actor_rollout_ref.actor.use_kl_loss=true (the paper's KL loss) or "
-                "choose gdro.prompt.loss_signal=failure_rate")
-
-    if gdro_trainer:  # the loss signals are computed by the GDRO trainer only
-        settings = _signals_follow_actor(cfg, settings, top)
-
-    if gdro_trainer and settings.enable and settings.uid_key == "row_index":
-        custom = read_path(cfg, "data.custom_cls.path")
-        if not custom:
-            raise ValueError("gdro.uid_key=row_index is invalid without data.custom_cls: the row index comes from the "
-                "GDRO dataset class; set data.custom_cls.path=pkg://verl_gdro.integration.dataset "
-                "data.custom_cls.name=GDRODataset, or use gdro.uid_key=index")
-
+    has_ref = read_path(cfg, "actor_rollout_ref.actor.use_kl_loss", False) or read_path(cfg, "algorithm.use_kl_in_reward")
+    if settings.enable and settings.prompt.enable and needs_ref and not has_ref:
+        raise ValueError(f"gdro.prompt.loss_signal={settings.prompt.loss_signal} is invalid without a reference "
+            "policy: it needs ref_log_prob; set actor_rollout_ref.actor.use_kl_loss=true (the paper's KL loss) or "
+            "choose gdro.prompt.loss_signal=failure_rate")
+    settings = _signals_follow_actor(cfg, settings, read_path(cfg, "gdro"))
+    if settings.enable and settings.uid_key == "row_index" and not read_path(cfg, "data.custom_cls.path"):
+        raise ValueError("gdro.uid_key=row_index is invalid without data.custom_cls: the row index comes from the "
+            "GDRO dataset class; set data.custom_cls.path=pkg://verl_gdro.integration.dataset "
+            "data.custom_cls.name=GDRODataset, or use gdro.uid_key=index")
     return settings
 
 
@@ -728,11 +714,8 @@ def _actor_value(cfg: Any, key: str) -> float | None:
         value = read_path(cfg, f"{actor}.{key}")
         return read_path(cfg, f"{actor}.clip_ratio") if value is None else value
     if key == "kl_coef":
-        if bool(read_path(cfg, f"{actor}.use_kl_loss", False)):
-            return read_path(cfg, f"{actor}.kl_loss_coef")
-        if bool(read_path(cfg, "algorithm.use_kl_in_reward", False)):
-            return read_path(cfg, "algorithm.kl_ctrl.kl_coef")
-        return read_path(cfg, f"{actor}.kl_loss_coef")
+        in_reward = read_path(cfg, "algorithm.use_kl_in_reward") and not read_path(cfg, f"{actor}.use_kl_loss")
+        return read_path(cfg, "algorithm.kl_ctrl.kl_coef" if in_reward else f"{actor}.kl_loss_coef")
     return read_path(cfg, f"{actor}.{key}")
 
 
