@@ -1,9 +1,8 @@
 """The ``verl-gdro`` command: ``demo``, ``study``, ``decide``, ``plot``, ``simulate``, ``eval`` and ``dry-run``.
 
-Each subcommand's module exposes ``add_arguments(parser)`` and ``main(args) -> int`` and is imported
-lazily (``plot`` does not pay for torch). A :class:`verl_gdro.errors.UsageError` is one line and exit
-status 2, as argparse answers a bad flag (docs/development.md, "CLI input errors"); any other
-exception keeps its traceback.
+Each subcommand's module exposes ``add_arguments(parser)`` and ``main(args) -> int``, imported lazily
+(``plot`` does not pay for torch). A :class:`verl_gdro.errors.UsageError` is one line and exit status 2
+(docs/development.md, "CLI input errors"); any other exception keeps its traceback.
 """
 
 from __future__ import annotations
@@ -81,19 +80,15 @@ def _plain_parser(parser: argparse.ArgumentParser) -> None:
             _plain_parser(sub)
 
 
-def package_version() -> str:
-    """The installed distribution's version (pyproject.toml), or ``unknown`` from a bare checkout."""
+def build_parser() -> argparse.ArgumentParser:
     from importlib.metadata import PackageNotFoundError, version
 
     try:
-        return version("verl-gdro")
-    except PackageNotFoundError:
-        return "unknown"
-
-
-def build_parser() -> argparse.ArgumentParser:
+        package_version = version("verl-gdro")  # pyproject.toml's
+    except PackageNotFoundError:  # a bare checkout
+        package_version = "unknown"
     parser = argparse.ArgumentParser(prog="verl-gdro", description=__doc__.splitlines()[0])
-    parser.add_argument("--version", action="version", version=f"verl-gdro {package_version()}")
+    parser.add_argument("--version", action="version", version=f"verl-gdro {package_version}")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (module, help_text) in SUBCOMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)

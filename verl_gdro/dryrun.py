@@ -1,12 +1,9 @@
 """Dry run of a training launch: compose, validate, print, exit; no Ray, no GPU, no model.
 
-``DRY_RUN=1 bash recipes/NAME.sh`` runs ``python -m verl_gdro.dryrun`` with exactly the arguments the
-recipe would give ``verl.trainer.main_ppo``, so what is checked is what would be launched: the Hydra
-config composed as main_ppo composes it; verl's GPU-free checks (:func:`verl_checks`); ours (the plugin's
-registration, :func:`verl_gdro.integration.driver.check_launch_keys`, ``validate_gdro_config``, the
-estimator alone's keys, ``gdro_separate_async``'s start-up checks); the data files present here
-(:func:`data_checks`, :func:`epoch_checks`); then the resolved config and the derived quantities are
-printed. Exit 0 when valid, else 2 with one ``DRY RUN FAILED: <reason>`` line on stderr (docs/cli.md).
+``DRY_RUN=1 bash recipes/NAME.sh`` runs it with exactly the arguments the recipe would give
+``verl.trainer.main_ppo``, so what is checked is what would be launched: the config composed as main_ppo
+composes it, verl's GPU-free checks, ours (the driver's and the trainer's start-up checks), the data
+files present here. Exit 0 when valid, else 2 with one ``DRY RUN FAILED: <reason>`` line on stderr.
 """
 
 from __future__ import annotations
@@ -226,18 +223,16 @@ def registration_checks(cfg) -> list[str]:
     (``auto``, ``none`` or a list of names) leaves it out or it is not installed: refuse that here."""
     from importlib.metadata import entry_points
 
-    from omegaconf import OmegaConf
+    from verl_gdro.step.config import ESTIMATOR_NAME, TRAINER_MODES, read_path
 
-    from verl_gdro.step.config import ESTIMATOR_NAME, TRAINER_MODES
-
-    mode = OmegaConf.select(cfg, "trainer.v1.trainer_mode")
-    adv = OmegaConf.select(cfg, "algorithm.adv_estimator")
+    mode = read_path(cfg, "trainer.v1.trainer_mode")
+    adv = read_path(cfg, "algorithm.adv_estimator")
     if mode not in TRAINER_MODES and adv != ESTIMATOR_NAME:
         return []
     policy = os.getenv("VERL_USE_EXTERNAL_PLUGINS", "auto").strip().lower()
     allowed = policy == "auto" or PLUGIN_ENTRY_POINT in {p.strip() for p in policy.split(",")}
     installed = any(ep.name == PLUGIN_ENTRY_POINT for ep in entry_points(group="verl.plugins"))
-    if policy == "none" or not allowed or not installed:
+    if not (allowed and installed):  # "none" names no entry point
         why = f"VERL_USE_EXTERNAL_PLUGINS={policy}" if installed else "the verl.plugins entry point is not installed"
         raise DryRunError(f"verl-gdro is not registered with verl ({why}): verl would refuse "
             f"{mode if mode in TRAINER_MODES else ESTIMATOR_NAME!r} after Ray starts; install the package "
@@ -246,11 +241,7 @@ def registration_checks(cfg) -> list[str]:
 
 
 def _as_list(v: Any) -> list[str]:
-    if v is None:
-        return []
-    if isinstance(v, str):
-        return [v]
-    return [str(x) for x in v]
+    return [] if v is None else [v] if isinstance(v, str) else [str(x) for x in v]
 
 
 def row_index_checks(cfg) -> list[str]:
@@ -277,17 +268,16 @@ def data_checks(cfg, settings: Any, require: bool = False) -> tuple[list[str], i
     own check of the training rows; :func:`row_index_checks`). Returns notes and the training row count
     (None unless every file is here)."""
     import pyarrow.parquet as pq
-    from omegaconf import OmegaConf
 
     from verl_gdro.integration.dataset import stable_ids_from_extra_info
-    from verl_gdro.step.config import TRAINER_MODES
+    from verl_gdro.step.config import TRAINER_MODES, read_path
 
-    template = cfg.get("prompt_template", {}).get("name") if "prompt_template" in cfg else None
-    ids = settings.enable and OmegaConf.select(cfg, "trainer.v1.trainer_mode") in TRAINER_MODES
+    template = read_path(cfg, "prompt_template.name")
+    ids = settings.enable and read_path(cfg, "trainer.v1.trainer_mode") in TRAINER_MODES
     notes: list[str] = row_index_checks(cfg) if ids and settings.uid_key == "row_index" else []
     train_column: list[Any] | None = []
     for key in ("data.train_files", "data.val_files"):
-        for f in _as_list(OmegaConf.select(cfg, key)):
+        for f in _as_list(read_path(cfg, key)):
             p = Path(os.path.expanduser(f))
             if not p.is_file():
                 if require:
@@ -316,7 +306,7 @@ def data_checks(cfg, settings: Any, require: bool = False) -> tuple[list[str], i
             raise DryRunError(f"data.train_files: {e}") from e
         notes.append(f"gdro.uid_key=index: {len(train_column)} training rows, unique extra_info.index")
     if train_rows is not None:
-        cap = OmegaConf.select(cfg, "data.train_max_samples", default=-1)
+        cap = read_path(cfg, "data.train_max_samples", -1)
         if isinstance(cap, int) and 0 < cap < train_rows:
             train_rows = cap  # verl keeps the first train_max_samples rows
     return notes, train_rows
@@ -325,9 +315,9 @@ def data_checks(cfg, settings: Any, require: bool = False) -> tuple[list[str], i
 def _prepare_hint(cfg, path: str) -> str:
     """How to make a missing file: ``scripts/prepare_data.sh`` for the package's own data (a file
     under ``paths.data_dir``), nothing to suggest for one's own."""
-    from omegaconf import OmegaConf
+    from verl_gdro.step.config import read_path
 
-    data_dir = OmegaConf.select(cfg, "paths.data_dir", default=None)
+    data_dir = read_path(cfg, "paths.data_dir")
     if data_dir and Path(os.path.expanduser(path)).resolve().is_relative_to(Path(os.path.expanduser(data_dir)).resolve()):
         return " (run scripts/prepare_data.sh)"
     return ""
@@ -454,13 +444,9 @@ def dry_run(argv: list[str], require_data: bool = False, print_config: bool = Tr
     if print_config:
         print("=== resolved config ===", file=out)
         print(OmegaConf.to_yaml(OmegaConf.create(resolved)), file=out)
-    print("=== checks passed ===", file=out)
-    for c in checks + notes:
-        print(f"  {c}", file=out)
-    print("=== derived quantities ===", file=out)
-    for k, v in derived.items():
-        print(f"  {k}: {v}", file=out)
-    print(f"DRY RUN OK: {args.config_name} {' '.join(args.overrides)}".rstrip(), file=out)
+    lines = ["=== checks passed ===", *(f"  {c}" for c in checks + notes), "=== derived quantities ===",
+             *(f"  {k}: {v}" for k, v in derived.items()), f"DRY RUN OK: {args.config_name} {' '.join(args.overrides)}"]
+    print("\n".join(lines).rstrip(), file=out)
     return 0
 
 

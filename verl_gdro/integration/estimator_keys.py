@@ -1,10 +1,7 @@
-"""The ``gdro`` keys the ``gdro_grpo`` estimator alone reads: one declaration, and its refusals.
-
-The estimator alone has no online classifier, actor-side loss signal, sampler or Rollout-GDRO
-(docs/integration.md, "1. Estimator only"); a key it does not read is refused, not ignored. The
-estimator, the ``main_ppo`` driver check and the dry run all resolve through
-:func:`estimator_path_settings` and derive from :data:`ESTIMATOR_READS`. No torch, no verl (the
-driver imports it before Ray starts).
+"""The ``gdro`` keys the ``gdro_grpo`` estimator alone reads (docs/integration.md, "1. Estimator only"):
+one declaration, :data:`ESTIMATOR_READS`; a key it does not read is refused, not ignored. The estimator,
+the ``main_ppo`` driver check and the dry run all resolve through :func:`estimator_path_settings`. No
+torch, no verl (the driver imports it before Ray starts).
 """
 
 from __future__ import annotations
@@ -63,10 +60,8 @@ def check_estimator_keys(group: Any, prefix: str = "algorithm.gdro") -> None:
     (unknown keys are left to the resolution). A group with ``enable=false`` runs verl's ``grpo``:
     its keys are inert, as a switched-off section's are on the trainer path."""
     given = to_plain(group) or {}
-    if not isinstance(given, Mapping):
-        return  # the resolution names the malformed group
-    if given.get("enable", True) is False:
-        return
+    if not isinstance(given, Mapping) or given.get("enable", True) is False:
+        return  # the resolution names a malformed group
     for key in leaves(given):
         if key in ESTIMATOR_READS or key not in _known_keys():
             continue

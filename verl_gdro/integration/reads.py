@@ -137,8 +137,7 @@ def token_fields(needed: tuple[str, ...], batch: KVBatchMeta, consumed: Consumed
         if field in td.keys():
             arr = padded_numpy(td[field], consumed.rows)
             if dropped_rows:  # removed groups reached no log-prob stage: a zero mask zeroes their terms
-                pad = np.zeros((dropped_rows, arr.shape[1]), dtype=arr.dtype)
-                arr = np.concatenate([arr, pad])
+                arr = np.concatenate([arr, np.zeros((dropped_rows, arr.shape[1]), dtype=arr.dtype)])
             extra[names.get(field, field)] = arr
     return extra
 

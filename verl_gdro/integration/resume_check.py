@@ -1,9 +1,8 @@
 """Refuse, in the ``main_ppo`` driver, a checkpoint folder that holds a run of other ``gdro`` settings.
 
 verl resumes (and the trainer refuses a controller state "saved under different gdro settings") only
-after Ray and the models have started; two runs of other settings that share a run name hit that.
-The driver restores the saved state into a controller of this run's settings first, with the
-controller's own ``load_state_dict`` (the trainer's comparison).
+after Ray and the models have started, so the driver first restores the saved state into a controller
+of this run's settings with the controller's own ``load_state_dict`` (the trainer's comparison).
 """
 
 from __future__ import annotations

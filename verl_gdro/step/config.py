@@ -18,6 +18,7 @@ from importlib import resources
 from typing import Any
 
 from verl_gdro.allocators import RolloutGDRO, allocator_names, get_allocator
+from verl_gdro.classifier import OnlineDifficultyClassifier
 from verl_gdro.presets import MIX_SUPPORTS, PRESETS, resolve_preset
 from verl_gdro.prompt_gdro import PromptGDRO
 from verl_gdro.prompt_modes import PROMPT_MODE_REGISTRY, get_prompt_mode, sampling_modes
@@ -41,9 +42,8 @@ TRAINER_MODES: dict[str, str] = {
     TRAINER_NAME: "sync", "gdro_colocate_async": "colocate_async", "gdro_separate_async": "separate_async"
 }
 
-# `index`: verl's RLHFDataset surfaces `extra_info.index` as the prompt column `index` (0 when it is
-# missing, which is why the trainer validates it). `row_index`: the GDRO dataset class
-# (`data.custom_cls`) adds the dataset row position under ROW_INDEX_FIELD.
+# `index`: verl's RLHFDataset's prompt column from `extra_info.index` (0 when missing: the trainer validates
+# it). `row_index`: the dataset row position the GDRO dataset class (`data.custom_cls`) adds as ROW_INDEX_FIELD.
 UID_KEYS = ("index", "row_index")
 ROW_INDEX_FIELD = "gdro_row_index"
 
@@ -58,8 +58,8 @@ _MAX_EXPONENT = 600.0
 
 
 def _constructor_kwargs(cls: type, settings: object, **given: Any) -> dict[str, Any]:
-    """``cls``'s constructor arguments: ``given`` first, the others from the settings' fields of the same
-    name (an argument added without its config key fails here instead of taking its default)."""
+    """``cls``'s constructor arguments: ``given``, else the settings' field of that name (an argument added
+    without its config key fails here instead of taking its default)."""
     params = list(inspect.signature(cls.__init__).parameters)[1:]  # __init__'s, past self (__new__ may be generic)
     return {name: given[name] if name in given else getattr(settings, name) for name in params}
 
@@ -87,9 +87,8 @@ class ClassifierSettings:
 
     def kwargs(self) -> dict[str, Any]:
         """Constructor arguments of :class:`verl_gdro.classifier.OnlineDifficultyClassifier`."""
-        return {"bin_edges": None if self.bin_edges is None else list(self.bin_edges), "num_bins": self.num_bins,
-                "window": self.window, "hysteresis": self.hysteresis, "k": self.k,
-                "estimator": self.passk_estimator, "unseen_bin": self.unseen_bin}
+        edges = None if self.bin_edges is None else list(self.bin_edges)
+        return _constructor_kwargs(OnlineDifficultyClassifier, self, bin_edges=edges, estimator=self.passk_estimator)
 
 
 @dataclass(frozen=True)
@@ -175,8 +174,7 @@ class GDROSettings:
 
     @property
     def resamples(self) -> bool:
-        """Whether the sampler draws the prompts (a sampling ``mode``: ``resample`` with Prompt-GDRO's
-        q_t, or a per-prompt priority)."""
+        """Whether the sampler draws the prompts (a sampling ``mode``: q_t or a per-prompt priority)."""
         return self.enable and self.prompt.enable and get_prompt_mode(self.prompt.mode).draws_prompts
 
     @property
@@ -232,8 +230,7 @@ def _merge(defaults: dict[str, Any], given: Mapping[str, Any], prefix: str) -> d
         if key not in defaults:
             raise ValueError(f"{name} is not a known key; known keys of {prefix}: {sorted(defaults)}")
         if isinstance(defaults[key], dict):
-            if value is None:
-                value = {}
+            value = {} if value is None else value
             if not isinstance(value, Mapping):
                 raise ValueError(f"{name} must be a group of keys ({sorted(defaults[key])}), got {value!r}")
             out[key] = _merge(defaults[key], value, name)
@@ -273,12 +270,8 @@ def _float(key: str, value: Any, low: float | None = None, high: float | None = 
     if isinstance(value, bool) or not isinstance(value, (int, float)) and not hasattr(value, "__float__"):
         raise ValueError(f"{key}={value!r} is invalid: must be a number {rng}".rstrip())
     v = float(value)
-    ok = math.isfinite(v)
-    if ok and low is not None:
-        ok = v > low if low_open else v >= low
-    if ok and high is not None:
-        ok = v < high if high_open else v <= high
-    if not ok:
+    above = low is None or (v > low if low_open else v >= low)
+    if not (math.isfinite(v) and above and (high is None or (v < high if high_open else v <= high))):
         raise ValueError(f"{key}={value!r} is invalid: must be a finite number {rng}".rstrip())
     return v
 
@@ -339,8 +332,7 @@ def _resolve_classifier(c: dict[str, Any]) -> ClassifierSettings:
             raise ValueError(f"{p}.num_bins=None is invalid: give num_bins, or bin_edges to derive it from")
         num_bins = _int(f"{p}.num_bins", num_bins_raw, low=1)
         edges = None
-    inner = edges if edges is not None else tuple(i / num_bins for i in range(1, num_bins))
-    full = (0.0, *inner, 1.0)
+    full = (0.0, *(edges or (i / num_bins for i in range(1, num_bins))), 1.0)
     narrowest = min(b - a for a, b in zip(full, full[1:]))
     hysteresis = _float(f"{p}.hysteresis", c["hysteresis"], low=0.0)
     if hysteresis >= narrowest:
@@ -425,9 +417,9 @@ def _resolve_rollout(c: dict[str, Any]) -> RolloutSettings:
 
 def resolve_gdro(group: Any = None, standalone: bool = False) -> GDROSettings:
     """Resolve and validate the ``gdro`` group (a mapping, a DictConfig, settings, or None for defaults):
-    YAML defaults, ``null`` keys from the preset, every key checked (a ValueError naming it). Left
-    ``null``, ``rollout.enable`` and ``prompt.mode`` take the path's default: both adversaries in the
-    preset's mode, or for the estimator alone (``standalone``) ``false`` and ``reweight``."""
+    YAML defaults, ``null`` keys from the preset, every key checked. Left ``null``, ``rollout.enable`` and
+    ``prompt.mode`` take the path's default: on and the preset's mode, or ``false`` and ``reweight`` for
+    the estimator alone (``standalone``)."""
     if isinstance(group, GDROSettings):
         return group
     given = to_plain(group) or {}
@@ -488,9 +480,8 @@ RUN_KEYS = ("rollout.seed",)
 
 
 def keys_read(settings: GDROSettings) -> frozenset[str]:
-    """The ``gdro`` keys (dotted: ``rollout.eta``) the controller reads under ``settings``, from the active
-    strategies' ``reads``: the prompt mode, the allocator, and the loss signal when Prompt-GDRO is on or
-    the allocator logs it (``logs_loss_signal``). The estimator alone reads a subset."""
+    """The ``gdro`` keys (dotted: ``rollout.eta``) the controller reads under ``settings``: the active
+    strategies' ``reads`` (the loss signal's when Prompt-GDRO is on or the allocator logs it)."""
     if not settings.enable:
         return frozenset({"enable"})
     keys = set(_ALWAYS_READ)
@@ -530,8 +521,7 @@ def nest(flat: Mapping[str, Any]) -> dict[str, Any]:
 def unread_keys(given: Any, settings: GDROSettings, standalone: bool = False) -> dict[str, Any]:
     """The strategy keys (``prompt.*`` / ``rollout.*``) ``given`` sets to a value other than the one it
     resolves to without it, and no active strategy reads (:func:`keys_read`). A switched-off section's
-    keys are left alone (an adversary can be turned off alone); the signals' coefficients that follow
-    the actor are checked by :func:`validate_gdro_config`."""
+    keys are left alone; the coefficients that follow the actor are :func:`validate_gdro_config`'s."""
     if not settings.enable or not isinstance(given, Mapping):
         return {}
     read = keys_read(settings)
@@ -571,9 +561,8 @@ _GDRO_KEY = re.compile(r"(?<![\w.])gdro(?=[.= ])")
 
 
 def estimator_settings(algorithm: Any) -> GDROSettings:
-    """The settings of the ``gdro_grpo`` estimator alone: ``algorithm.gdro`` (of the group verl hands an
-    estimator) resolved with the standalone defaults; errors name ``algorithm.gdro.<key>``. The estimator
-    and :func:`validate_gdro_config` both call it, so both resolve every key alike."""
+    """The ``gdro_grpo`` estimator alone's settings: ``algorithm.gdro`` resolved with the standalone defaults,
+    errors naming ``algorithm.gdro.<key>`` (the estimator and :func:`validate_gdro_config` both call it)."""
     try:
         return resolve_gdro(read_key(algorithm, "gdro"), standalone=True)
     except ValueError as e:
@@ -597,8 +586,7 @@ def read_path(cfg: Any, path: str, default: Any = None) -> Any:
 
 def validate_gdro_config(cfg: Any) -> GDROSettings:
     """Validate a whole verl config (DictConfig or nested dict) that uses verl-gdro; return the settings.
-    One namespace per path (:func:`_path_settings`), then the settings against the rest of the config;
-    a ValueError names the offending key."""
+    One namespace per path (:func:`_path_settings`), then the settings against the rest of the config."""
     trainer_mode = read_path(cfg, "trainer.v1.trainer_mode")
     settings = _path_settings(cfg, trainer_mode)
     if trainer_mode in TRAINER_MODES:
@@ -617,10 +605,10 @@ def _path_settings(cfg: Any, trainer_mode: Any) -> GDROSettings:
         if top is None and algo_group is not None:
             raise ValueError(f"algorithm.gdro is invalid with trainer.v1.trainer_mode={trainer_mode}: the GDRO "
                 "trainer reads the top-level gdro group (and hands it to the estimator); set +gdro.<key>=... instead")
-        if top is not None and algo_group is not None and to_plain(top) != to_plain(algo_group):
-            if resolve_gdro(top) != resolve_gdro(algo_group):
-                raise ValueError("algorithm.gdro disagrees with gdro: the GDRO trainer reads gdro and hands it to the "
-                    "estimator; set only gdro.* (the package config mirrors it into algorithm.gdro) or make them equal")
+        differs = algo_group is not None and to_plain(top) != to_plain(algo_group)
+        if differs and resolve_gdro(top) != resolve_gdro(algo_group):
+            raise ValueError("algorithm.gdro disagrees with gdro: the GDRO trainer reads gdro and hands it to the "
+                "estimator; set only gdro.* (the package config mirrors it into algorithm.gdro) or make them equal")
         return resolve_gdro(top)
     else:
         if top is not None:
@@ -684,8 +672,8 @@ def _check_budget(cfg: Any, trainer_mode: Any, settings: GDROSettings) -> None:
 
 
 def _check_strategies(cfg: Any, trainer_mode: Any, settings: GDROSettings) -> GDROSettings:
-    """What the strategies need from the path and the rest of the config; the signals' coefficients
-    taken from the actor (the settings returned)."""
+    """What the strategies need from the path and the rest of the config; returns the settings with the
+    signals' coefficients taken from the actor."""
     if trainer_mode not in TRAINER_MODES:
         if settings.resamples:
             raise ValueError(f"algorithm.gdro.prompt.mode={settings.prompt.mode} is invalid with trainer.v1."
@@ -720,9 +708,9 @@ def _actor_value(cfg: Any, key: str) -> float | None:
 
 
 def _signals_follow_actor(cfg: Any, settings: GDROSettings, group: Any) -> GDROSettings:
-    """The loss signals' kl_coef and clip ratios taken from the actor (docs/algorithm.md, section 2:
-    the signal must measure what the actor optimises). A ``null`` key follows the actor; an explicit
-    value that differs from the actor's is refused, naming both keys, when the signal reads it."""
+    """The loss signals' kl_coef and clip ratios taken from the actor (docs/algorithm.md, section 2: the
+    signal must measure what the actor optimises). A ``null`` key follows the actor; an explicit value
+    that differs is refused when the signal reads it."""
     given = to_plain(group) or {}
     prompt_given = given.get("prompt", {}) if isinstance(given, Mapping) else {}
     follow: dict[str, float] = {}

@@ -32,12 +32,9 @@ def mode_name(settings: GDROSettings) -> str:
 
 
 def describe_mode(settings: GDROSettings, rollout_n: int | None = None) -> str:
-    """One line naming the run's mode, preset and key settings, for the log at start.
-
-    Both adversaries are on by default (joint mode, the measured best), so a user who sets only one
-    switch still runs the other; the GDRO trainer (and the demo) print this line so the choice of
-    adversaries is visible before the first step, and it says how to get the other modes.
-    """
+    """One line naming the run's mode, preset and key settings, for the log at start: both adversaries
+    are on by default (joint mode, the measured best), so a user who switches one off still runs the
+    other; the line makes the choice visible before the first step and says how to get the others."""
     mode = mode_name(settings)
     if not settings.enable:
         return "verl-gdro mode: GRPO (gdro.enable=false: no classifier, no adversaries, no gdro/ metrics)"
