@@ -12,6 +12,8 @@ import argparse
 import os
 import re
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,15 @@ from typing import Any
 
 class DryRunError(Exception):
     """A configuration the launch would refuse (or should refuse); the message says why."""
+
+
+@contextmanager
+def _refused(what: str = "", errors: tuple[type[Exception], ...] = (ValueError,)) -> Iterator[None]:
+    """What the block raises (``errors``) as a DryRunError: its message, or ``what: Type: message``."""
+    try:
+        yield
+    except errors as e:
+        raise DryRunError(f"{what}: {type(e).__name__}: {e}" if what else str(e)) from e
 
 
 @dataclass
@@ -131,22 +142,16 @@ def verl_checks(cfg) -> list[str]:
 
     # verl's own function, not the driver's wrapper (which refuses data files the dry run only notes)
     validate_config = getattr(validate_config, "__wrapped__", validate_config)
-    try:
+    with _refused("verl validate_config", (Exception,)):  # verl raises ValueError, AssertionError, ...
         validate_config(config=cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
-    except Exception as e:  # verl raises ValueError, AssertionError, ...
-        raise DryRunError(f"verl validate_config: {type(e).__name__}: {e}") from e
     done = ["verl.utils.config.validate_config"]
     for key in ("actor_rollout_ref.rollout", "actor_rollout_ref.rollout.checkpoint_engine"):
         node = OmegaConf.select(cfg, key)
-        try:
+        with _refused(f"{key}: verl dataclass conversion failed", (Exception,)):
             omega_conf_to_dataclass(node)
-        except Exception as e:
-            raise DryRunError(f"{key}: verl dataclass conversion failed: {type(e).__name__}: {e}") from e
         done.append(f"{key} -> {node.get('_target_', 'dataclass')}")
-    try:
+    with _refused("reward.custom_reward_function: cannot load", (Exception,)):
         fn = get_custom_reward_fn(cfg)
-    except Exception as e:
-        raise DryRunError(f"reward.custom_reward_function: cannot load: {type(e).__name__}: {e}") from e
     if fn is not None:
         done.append(f"reward.custom_reward_function {cfg.reward.custom_reward_function.name} loads")
     return done
@@ -206,12 +211,10 @@ def gdro_checks(cfg):
     from verl_gdro.integration.estimator_keys import estimator_path_settings, runs_estimator_alone
     from verl_gdro.step.config import validate_gdro_config
 
-    try:
+    with _refused():
         check_launch_keys(cfg)
         settings = validate_gdro_config(cfg)
         return estimator_path_settings(cfg.algorithm) if runs_estimator_alone(cfg) else settings
-    except ValueError as e:
-        raise DryRunError(str(e)) from e
 
 
 #: the ``verl.plugins`` entry point that registers verl-gdro (pyproject.toml)
@@ -251,14 +254,10 @@ def row_index_checks(cfg) -> list[str]:
 
     from verl_gdro.integration.dataset import check_row_index_class
 
-    try:
+    with _refused("data.custom_cls: verl cannot load the dataset class", (Exception,)):
         dataset_cls = get_dataset_class(cfg.data)
-    except Exception as e:
-        raise DryRunError(f"data.custom_cls: verl cannot load the dataset class: {type(e).__name__}: {e}") from e
-    try:
+    with _refused():
         check_row_index_class(dataset_cls)
-    except ValueError as e:
-        raise DryRunError(str(e)) from e
     return [f"gdro.uid_key=row_index: data.custom_cls is {dataset_cls.__name__} (a GDRODataset)"]
 
 
@@ -330,10 +329,8 @@ def epoch_checks(cfg, train_rows: int | None) -> list[str]:
 
     if train_rows is None:
         return []
-    try:
+    with _refused():
         check_batch_fits(cfg, train_rows)
-    except ValueError as e:
-        raise DryRunError(str(e)) from e
     return [f"data: {train_rows} training rows fill {train_rows // int(cfg.data.train_batch_size)} batch(es) per epoch"]
 
 

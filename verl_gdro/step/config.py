@@ -651,15 +651,11 @@ def _check_budget(cfg: Any, trainer_mode: Any, settings: GDROSettings) -> None:
     """verl's ``rollout.n``: a group (>= 2) and, under Rollout-GDRO, a mean budget within its arms."""
     gdro_trainer = trainer_mode in TRAINER_MODES
     adv = read_path(cfg, "algorithm.adv_estimator")
-    gdro_estimator = adv == ESTIMATOR_NAME
     n = read_path(cfg, "actor_rollout_ref.rollout.n")
-
-    if gdro_trainer or gdro_estimator:
-        if not isinstance(n, int) or isinstance(n, bool) or n < 2:
-            raise ValueError(f"actor_rollout_ref.rollout.n={n!r} is invalid with algorithm.adv_estimator={adv}: must "
-                "be an integer >= 2 (GRPO needs a group; with Rollout-GDRO it is the mean budget per prompt)")
-
-    if settings.enable and settings.rollout.enable:
+    if (gdro_trainer or adv == ESTIMATOR_NAME) and (not isinstance(n, int) or isinstance(n, bool) or n < 2):
+        raise ValueError(f"actor_rollout_ref.rollout.n={n!r} is invalid with algorithm.adv_estimator={adv}: must "
+            "be an integer >= 2 (GRPO needs a group; with Rollout-GDRO it is the mean budget per prompt)")
+    if settings.allocates:
         r = settings.rollout
         if not gdro_trainer:
             raise ValueError("algorithm.gdro.rollout.enable=True is invalid with trainer.v1.trainer_mode="
