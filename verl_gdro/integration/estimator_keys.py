@@ -63,13 +63,11 @@ def check_estimator_keys(group: Any, prefix: str = "algorithm.gdro") -> None:
     if not isinstance(given, Mapping) or given.get("enable", True) is False:
         return  # the resolution names a malformed group
     for key in leaves(given):
-        if key in ESTIMATOR_READS or key not in _known_keys():
-            continue
-        raise ValueError(
-            f"{prefix}.{key} is invalid for the {ESTIMATOR_NAME} estimator alone: it does not read it (no online "
-            f"classifier, actor-side loss signal, sampler or Rollout-GDRO); the GDRO trainer does: remove it, or "
-            f"set trainer.v1.trainer_mode={TRAINER_NAME} and gdro.{key} on the package config"
-        )
+        if key not in ESTIMATOR_READS and key in _known_keys():
+            raise ValueError(
+                f"{prefix}.{key} is invalid for the {ESTIMATOR_NAME} estimator alone: it does not read it (no online "
+                f"classifier, actor-side loss signal, sampler or Rollout-GDRO); the GDRO trainer does: remove it, "
+                f"or set trainer.v1.trainer_mode={TRAINER_NAME} and gdro.{key} on the package config")
 
 
 def estimator_path_settings(algorithm: Any) -> GDROSettings:

@@ -47,9 +47,7 @@ def saved_controller_state(node: Any, depth: int = 0) -> Mapping[str, Any] | Non
 def check_resume_folder(config: Any, settings: Any) -> None:
     """Raise ValueError naming the folder when the checkpoint verl would resume from holds controller
     state that this run's settings cannot take (other settings or rollout budget)."""
-    if not settings.enable:
-        return
-    folder = resume_folder(config)
+    folder = resume_folder(config) if settings.enable else None
     path = None if folder is None else os.path.join(folder, "data.pt")
     if path is None or not os.path.isfile(path):
         return

@@ -12,7 +12,7 @@ import inspect
 import math
 import re
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from functools import lru_cache
 from importlib import resources
 from typing import Any
@@ -233,9 +233,8 @@ def _merge(defaults: dict[str, Any], given: Mapping[str, Any], prefix: str) -> d
             value = {} if value is None else value
             if not isinstance(value, Mapping):
                 raise ValueError(f"{name} must be a group of keys ({sorted(defaults[key])}), got {value!r}")
-            out[key] = _merge(defaults[key], value, name)
-        else:
-            out[key] = value
+            value = _merge(defaults[key], value, name)
+        out[key] = value
     return out
 
 
@@ -470,9 +469,8 @@ def _reads_rate_decay(allocator: Any) -> bool:
 # ---- what a resolved configuration reads: derived from the strategies' declarations ----
 
 #: keys every enabled configuration reads (the switches, the run's identity, the classifier)
-_ALWAYS_READ = ("enable", "preset", "uid_key", "acc_key", "correct_threshold", "advantage_clip", "classifier.num_bins",
-                "classifier.bin_edges", "classifier.window", "classifier.hysteresis", "classifier.k",
-                "classifier.passk_estimator", "classifier.unseen_bin", "prompt.enable", "rollout.enable")
+_ALWAYS_READ = ("enable", "preset", "uid_key", "acc_key", "correct_threshold", "advantage_clip", "prompt.enable",
+                "rollout.enable", *(f"classifier.{f.name}" for f in fields(ClassifierSettings)))
 
 
 #: strategy keys accepted whatever the strategy: the run's seed (a sweep sets it for every method alike)
