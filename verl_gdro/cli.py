@@ -65,9 +65,7 @@ def quiet_third_party_warnings() -> None:
 
 def plain_help(text: str | None) -> str | None:
     """Help text for a terminal: the docstrings' reST literals (````x````, ``:func:`x```) as plain ``x``."""
-    if not text:
-        return text
-    return re.sub(r":\w+:`~?([^`]+)`", r"\1", text).replace("``", "")
+    return re.sub(r":\w+:`~?([^`]+)`", r"\1", text).replace("``", "") if text else text
 
 
 def _plain_parser(parser: argparse.ArgumentParser) -> None:

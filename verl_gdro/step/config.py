@@ -32,7 +32,8 @@ __all__ = [
     "ALLOCATORS", "ARM_UTILITIES", "ESTIMATOR_NAME", "PASSK_ESTIMATORS", "PROMPT_MODES", "SAMPLING_MODES",
     "ROW_INDEX_FIELD", "SELECTIONS", "TRAINER_MODES", "TRAINER_NAME", "UID_KEYS", "WEIGHT_NORMALIZATIONS",
     "ClassifierSettings", "GDROSettings", "PromptSettings", "RolloutSettings", "default_gdro_group",
-    "estimator_settings", "keys_read", "leaves", "nest", "read_key", "read_path", "resolve_gdro", "to_plain", "validate_gdro_config",
+    "estimator_settings", "keys_read", "leaves", "nest", "read_key", "read_path", "resolve_gdro", "to_plain",
+    "validate_gdro_config",
 ]
 
 ESTIMATOR_NAME = "gdro_grpo"
@@ -675,7 +676,7 @@ def _check_strategies(cfg: Any, trainer_mode: Any, settings: GDROSettings) -> GD
                 f"trainer.v1.trainer_mode={TRAINER_NAME} or algorithm.gdro.prompt.mode=reweight")
         return settings  # the loss signals and the row index are the GDRO trainer's only
     needs_ref = "ref_log_probs" in get_loss_signal(settings.prompt.loss_signal).needs
-    has_ref = read_path(cfg, "actor_rollout_ref.actor.use_kl_loss", False) or read_path(cfg, "algorithm.use_kl_in_reward")
+    has_ref = read_path(cfg, "actor_rollout_ref.actor.use_kl_loss") or read_path(cfg, "algorithm.use_kl_in_reward")
     if settings.enable and settings.prompt.enable and needs_ref and not has_ref:
         raise ValueError(f"gdro.prompt.loss_signal={settings.prompt.loss_signal} is invalid without a reference "
             "policy: it needs ref_log_prob; set actor_rollout_ref.actor.use_kl_loss=true (the paper's KL loss) or "
