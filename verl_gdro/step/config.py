@@ -485,14 +485,11 @@ def keys_read(settings: GDROSettings) -> frozenset[str]:
         return frozenset({"enable"})
     keys = set(_ALWAYS_READ)
     p, r = settings.prompt, settings.rollout
-    signal = p.enable
     if p.enable:
         keys.update(get_prompt_mode(p.mode).reads, ("prompt.mode",))
     if r.enable:
-        alloc = get_allocator(r.allocator)
-        keys.update(alloc.reads, ("rollout.allocator",))
-        signal = signal or bool(getattr(alloc, "logs_loss_signal", False))
-    if signal:
+        keys.update(get_allocator(r.allocator).reads, ("rollout.allocator",))
+    if p.enable or (r.enable and getattr(get_allocator(r.allocator), "logs_loss_signal", False)):
         keys.update(get_loss_signal(p.loss_signal).reads)
     return frozenset(keys)
 
@@ -706,14 +703,13 @@ def _signals_follow_actor(cfg: Any, settings: GDROSettings, group: Any) -> GDROS
     """The loss signals' kl_coef and clip ratios taken from the actor (docs/algorithm.md, section 2: the
     signal must measure what the actor optimises). A ``null`` key follows the actor; an explicit value
     that differs is refused when the signal reads it."""
-    given = to_plain(group) or {}
-    prompt_given = given.get("prompt", {}) if isinstance(given, Mapping) else {}
+    given = leaves(to_plain(group))
     follow: dict[str, float] = {}
     for key, actor_key in ACTOR_SIGNAL_KEYS.items():
         actor = _actor_value(cfg, key)
         if isinstance(actor, bool) or not isinstance(actor, (int, float)):
             continue  # no actor config (a bare gdro group): the step API's defaults stand
-        explicit = prompt_given.get(key) if isinstance(prompt_given, Mapping) else None
+        explicit = given.get(f"prompt.{key}")
         if explicit is None:
             follow[key] = float(actor)
         elif float(explicit) == float(actor):
