@@ -1,9 +1,8 @@
 """The ``verl-gdro`` command: ``demo``, ``study``, ``decide``, ``plot``, ``simulate``, ``eval`` and ``dry-run``.
 
-Each subcommand's module exposes ``add_arguments(parser)`` and ``main(args) -> int`` and is imported
-lazily (``plot`` does not pay for torch). A :class:`verl_gdro.errors.UsageError` is one line and exit
-status 2, as argparse answers a bad flag (docs/development.md, "CLI input errors"); any other
-exception keeps its traceback.
+Each subcommand's module exposes ``add_arguments(parser)`` and ``main(args) -> int``, imported lazily
+(``plot`` does not pay for torch). A :class:`verl_gdro.errors.UsageError` is one line and exit status 2
+(docs/development.md, "CLI input errors"); any other exception keeps its traceback.
 """
 
 from __future__ import annotations
@@ -45,17 +44,16 @@ QUIET_WARNINGS: tuple[str, ...] = tuple(
 QUIET_LOG_PREFIXES: tuple[str, ...] = ("No supported accelerator detected", "Platform '")
 
 
-class _QuietCpuPlatform(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.levelno == logging.WARNING and str(record.msg).startswith(QUIET_LOG_PREFIXES))
+def _quiet_cpu_platform(record: logging.LogRecord) -> bool:
+    return not (record.levelno == logging.WARNING and str(record.msg).startswith(QUIET_LOG_PREFIXES))
 
 
 def quiet_third_party_warnings() -> None:
     """Ignore :data:`QUIET_WARNINGS` in this process and in the worker processes it starts, and
     verl's CPU-platform log lines (:data:`QUIET_LOG_PREFIXES`) in this process."""
     platform_logger = logging.getLogger("verl.plugin.platform.platform_manager")
-    if not any(isinstance(f, _QuietCpuPlatform) for f in platform_logger.filters):
-        platform_logger.addFilter(_QuietCpuPlatform())
+    if _quiet_cpu_platform not in platform_logger.filters:
+        platform_logger.addFilter(_quiet_cpu_platform)
     for message in QUIET_WARNINGS:
         warnings.filterwarnings("ignore", message=message, category=UserWarning)
     # worker processes (study --jobs) inherit the environment, not the filters
@@ -67,9 +65,7 @@ def quiet_third_party_warnings() -> None:
 
 def plain_help(text: str | None) -> str | None:
     """Help text for a terminal: the docstrings' reST literals (````x````, ``:func:`x```) as plain ``x``."""
-    if not text:
-        return text
-    return re.sub(r":\w+:`~?([^`]+)`", r"\1", text).replace("``", "")
+    return re.sub(r":\w+:`~?([^`]+)`", r"\1", text).replace("``", "") if text else text
 
 
 def _plain_parser(parser: argparse.ArgumentParser) -> None:
@@ -82,19 +78,15 @@ def _plain_parser(parser: argparse.ArgumentParser) -> None:
             _plain_parser(sub)
 
 
-def package_version() -> str:
-    """The installed distribution's version (pyproject.toml), or ``unknown`` from a bare checkout."""
+def build_parser() -> argparse.ArgumentParser:
     from importlib.metadata import PackageNotFoundError, version
 
     try:
-        return version("verl-gdro")
-    except PackageNotFoundError:
-        return "unknown"
-
-
-def build_parser() -> argparse.ArgumentParser:
+        package_version = version("verl-gdro")  # pyproject.toml's
+    except PackageNotFoundError:  # a bare checkout
+        package_version = "unknown"
     parser = argparse.ArgumentParser(prog="verl-gdro", description=__doc__.splitlines()[0])
-    parser.add_argument("--version", action="version", version=f"verl-gdro {package_version()}")
+    parser.add_argument("--version", action="version", version=f"verl-gdro {package_version}")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (module, help_text) in SUBCOMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)

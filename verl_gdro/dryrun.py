@@ -1,12 +1,9 @@
 """Dry run of a training launch: compose, validate, print, exit; no Ray, no GPU, no model.
 
-``DRY_RUN=1 bash recipes/NAME.sh`` runs ``python -m verl_gdro.dryrun`` with exactly the arguments the
-recipe would give ``verl.trainer.main_ppo``, so what is checked is what would be launched: the Hydra
-config composed as main_ppo composes it; verl's GPU-free checks (:func:`verl_checks`); ours (the plugin's
-registration, :func:`verl_gdro.integration.driver.check_launch_keys`, ``validate_gdro_config``, the
-estimator alone's keys, ``gdro_separate_async``'s start-up checks); the data files present here
-(:func:`data_checks`, :func:`epoch_checks`); then the resolved config and the derived quantities are
-printed. Exit 0 when valid, else 2 with one ``DRY RUN FAILED: <reason>`` line on stderr (docs/cli.md).
+``DRY_RUN=1 bash recipes/NAME.sh`` runs it with exactly the arguments the recipe would give
+``verl.trainer.main_ppo``, so what is checked is what would be launched: the config composed as main_ppo
+composes it, verl's GPU-free checks, ours (the driver's and the trainer's start-up checks), the data
+files present here. Exit 0 when valid, else 2 with one ``DRY RUN FAILED: <reason>`` line on stderr.
 """
 
 from __future__ import annotations
@@ -15,6 +12,8 @@ import argparse
 import os
 import re
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,15 @@ from typing import Any
 
 class DryRunError(Exception):
     """A configuration the launch would refuse (or should refuse); the message says why."""
+
+
+@contextmanager
+def _refused(what: str = "", errors: tuple[type[Exception], ...] = (ValueError,)) -> Iterator[None]:
+    """What the block raises (``errors``) as a DryRunError: its message, or ``what: Type: message``."""
+    try:
+        yield
+    except errors as e:
+        raise DryRunError(f"{what}: {type(e).__name__}: {e}" if what else str(e)) from e
 
 
 @dataclass
@@ -40,26 +48,19 @@ def parse_hydra_argv(argv: list[str]) -> HydraArgs:
     names = {"--config-path": "config_path", "-cp": "config_path", "--config-name": "config_name",
              "-cn": "config_name", "--config-dir": "config_dirs", "-cd": "config_dirs"}
     overrides: list[str] = []
-    i = 0
-    while i < len(argv):
-        arg = argv[i]
-        key, value = (arg.split("=", 1) + [None])[:2] if arg.startswith("-") else (arg, None)
-        if key in names:
-            if value is None:
-                if i + 1 >= len(argv):
-                    raise DryRunError(f"{key} needs a value")
-                value = argv[i + 1]
-                i += 1
-            dest = names[key]
-            if dest == "config_dirs":
-                opts[dest].append(value)
-            else:
-                opts[dest] = value
-        elif arg.startswith("-"):
-            raise DryRunError(f"unsupported option {arg!r} (only Hydra's --config-path/--config-name/--config-dir)")
-        else:
+    args = iter(argv)
+    for arg in args:
+        key, eq, value = arg.partition("=")
+        if not arg.startswith("-"):
             overrides.append(arg)
-        i += 1
+        elif key not in names:
+            raise DryRunError(f"unsupported option {arg!r} (only Hydra's --config-path/--config-name/--config-dir)")
+        elif not eq and (value := next(args, None)) is None:
+            raise DryRunError(f"{key} needs a value")
+        elif names[key] == "config_dirs":
+            opts["config_dirs"].append(value)
+        else:
+            opts[names[key]] = value
     if not opts["config_path"] or not opts["config_name"]:
         raise DryRunError("--config-path and --config-name are required (as for verl.trainer.main_ppo)")
     return HydraArgs(opts["config_path"], opts["config_name"], opts["config_dirs"], overrides)
@@ -115,7 +116,7 @@ _NOT_OVERRIDABLE = re.compile(r"Could not override '([^']+)'")
 def unknown_gdro_key(hydra_message: str, overrides: list[str]) -> str | None:
     """The group's own message (the known keys) for a ``gdro`` / ``algorithm.gdro`` key Hydra cannot
     override because it is unknown (Hydra's answer invites appending the typo with ``+``); None else."""
-    from verl_gdro.step.config import estimator_settings, resolve_gdro
+    from verl_gdro.step.config import estimator_settings, nest, resolve_gdro
 
     match = _NOT_OVERRIDABLE.search(hydra_message)
     if match is None:
@@ -124,14 +125,8 @@ def unknown_gdro_key(hydra_message: str, overrides: list[str]) -> str | None:
     for prefix, resolve in (("gdro.", resolve_gdro), ("algorithm.gdro.", lambda g: estimator_settings({"gdro": g}))):
         if not key.startswith(prefix):
             continue
-        group: dict[str, Any] = {}
-        node = group
-        *parents, leaf = key[len(prefix) :].split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = None
         try:
-            resolve(group)
+            resolve(nest({key[len(prefix) :]: None}))
         except ValueError as e:
             if "is not a known key" in str(e) or "must be a group of keys" in str(e):
                 return str(e)
@@ -140,31 +135,23 @@ def unknown_gdro_key(hydra_message: str, overrides: list[str]) -> str | None:
 
 def verl_checks(cfg) -> list[str]:
     """Run verl's GPU-free config checks; return what was checked. Raises DryRunError naming the part."""
+    from omegaconf import OmegaConf
     from verl.trainer.ppo.reward import get_custom_reward_fn
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import omega_conf_to_dataclass, validate_config
 
     # verl's own function, not the driver's wrapper (which refuses data files the dry run only notes)
     validate_config = getattr(validate_config, "__wrapped__", validate_config)
-    done = []
-    try:
+    with _refused("verl validate_config", (Exception,)):  # verl raises ValueError, AssertionError, ...
         validate_config(config=cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
-    except Exception as e:  # verl raises ValueError, AssertionError, ...
-        raise DryRunError(f"verl validate_config: {type(e).__name__}: {e}") from e
-    done.append("verl.utils.config.validate_config")
+    done = ["verl.utils.config.validate_config"]
     for key in ("actor_rollout_ref.rollout", "actor_rollout_ref.rollout.checkpoint_engine"):
-        from omegaconf import OmegaConf
-
         node = OmegaConf.select(cfg, key)
-        try:
+        with _refused(f"{key}: verl dataclass conversion failed", (Exception,)):
             omega_conf_to_dataclass(node)
-        except Exception as e:
-            raise DryRunError(f"{key}: verl dataclass conversion failed: {type(e).__name__}: {e}") from e
         done.append(f"{key} -> {node.get('_target_', 'dataclass')}")
-    try:
+    with _refused("reward.custom_reward_function: cannot load", (Exception,)):
         fn = get_custom_reward_fn(cfg)
-    except Exception as e:
-        raise DryRunError(f"reward.custom_reward_function: cannot load: {type(e).__name__}: {e}") from e
     if fn is not None:
         done.append(f"reward.custom_reward_function {cfg.reward.custom_reward_function.name} loads")
     return done
@@ -218,29 +205,16 @@ def separate_async_checks(cfg) -> list[str]:
 
 
 def gdro_checks(cfg):
-    """Our validation of the ``gdro`` group against the rest of the config. Fails loudly if missing."""
-    try:
-        from verl_gdro.step.config import validate_gdro_config
-    except ImportError as e:
-        raise DryRunError(f"verl_gdro.step.config.validate_gdro_config is not importable: {e}") from e
+    """Our validation of the ``gdro`` group against the rest of the config; the settings the run uses (the
+    estimator alone: :func:`estimator_path_settings`, which refuses every key that path does not read)."""
     from verl_gdro.integration.driver import check_launch_keys
+    from verl_gdro.integration.estimator_keys import estimator_path_settings, runs_estimator_alone
+    from verl_gdro.step.config import validate_gdro_config
 
-    try:
+    with _refused():
         check_launch_keys(cfg)
         settings = validate_gdro_config(cfg)
-        return estimator_alone_settings(cfg, settings)
-    except ValueError as e:
-        raise DryRunError(str(e)) from e
-
-
-def estimator_alone_settings(cfg, settings):
-    """The estimator alone: the settings it runs with (:func:`estimator_path_settings`, which
-    refuses every ``algorithm.gdro`` key the path does not read); other paths: ``settings``."""
-    from verl_gdro.integration.estimator_keys import estimator_path_settings, runs_estimator_alone
-
-    if settings is None or not runs_estimator_alone(cfg):
-        return settings
-    return estimator_path_settings(cfg.algorithm)
+        return estimator_path_settings(cfg.algorithm) if runs_estimator_alone(cfg) else settings
 
 
 #: the ``verl.plugins`` entry point that registers verl-gdro (pyproject.toml)
@@ -252,18 +226,16 @@ def registration_checks(cfg) -> list[str]:
     (``auto``, ``none`` or a list of names) leaves it out or it is not installed: refuse that here."""
     from importlib.metadata import entry_points
 
-    from omegaconf import OmegaConf
+    from verl_gdro.step.config import ESTIMATOR_NAME, TRAINER_MODES, read_path
 
-    from verl_gdro.step.config import ESTIMATOR_NAME, TRAINER_MODES
-
-    mode = OmegaConf.select(cfg, "trainer.v1.trainer_mode")
-    adv = OmegaConf.select(cfg, "algorithm.adv_estimator")
+    mode = read_path(cfg, "trainer.v1.trainer_mode")
+    adv = read_path(cfg, "algorithm.adv_estimator")
     if mode not in TRAINER_MODES and adv != ESTIMATOR_NAME:
         return []
     policy = os.getenv("VERL_USE_EXTERNAL_PLUGINS", "auto").strip().lower()
     allowed = policy == "auto" or PLUGIN_ENTRY_POINT in {p.strip() for p in policy.split(",")}
     installed = any(ep.name == PLUGIN_ENTRY_POINT for ep in entry_points(group="verl.plugins"))
-    if policy == "none" or not allowed or not installed:
+    if not (allowed and installed):  # "none" names no entry point
         why = f"VERL_USE_EXTERNAL_PLUGINS={policy}" if installed else "the verl.plugins entry point is not installed"
         raise DryRunError(f"verl-gdro is not registered with verl ({why}): verl would refuse "
             f"{mode if mode in TRAINER_MODES else ESTIMATOR_NAME!r} after Ray starts; install the package "
@@ -272,11 +244,7 @@ def registration_checks(cfg) -> list[str]:
 
 
 def _as_list(v: Any) -> list[str]:
-    if v is None:
-        return []
-    if isinstance(v, str):
-        return [v]
-    return [str(x) for x in v]
+    return [] if v is None else [v] if isinstance(v, str) else [str(x) for x in v]
 
 
 def row_index_checks(cfg) -> list[str]:
@@ -286,32 +254,29 @@ def row_index_checks(cfg) -> list[str]:
 
     from verl_gdro.integration.dataset import check_row_index_class
 
-    try:
+    with _refused("data.custom_cls: verl cannot load the dataset class", (Exception,)):
         dataset_cls = get_dataset_class(cfg.data)
-    except Exception as e:
-        raise DryRunError(f"data.custom_cls: verl cannot load the dataset class: {type(e).__name__}: {e}") from e
-    try:
+    with _refused():
         check_row_index_class(dataset_cls)
-    except ValueError as e:
-        raise DryRunError(str(e)) from e
     return [f"gdro.uid_key=row_index: data.custom_cls is {dataset_cls.__name__} (a GDRODataset)"]
 
 
-def data_checks(cfg, settings: Any = None, require: bool = False) -> tuple[list[str], int | None]:
+def data_checks(cfg, settings: Any, require: bool = False) -> tuple[list[str], int | None]:
     """The launch's data checks on the parquet files present here: every row's template is the config's,
-    and, where the GDRO trainer reads them, the stable prompt ids (:func:`index_checks`,
-    :func:`row_index_checks`). Returns notes and the training row count (None unless every file is here)."""
+    and, where the GDRO trainer reads them, the stable prompt ids (``gdro.uid_key=index``: the trainer's
+    own check of the training rows; :func:`row_index_checks`). Returns notes and the training row count
+    (None unless every file is here)."""
     import pyarrow.parquet as pq
-    from omegaconf import OmegaConf
 
-    from verl_gdro.step.config import TRAINER_MODES
+    from verl_gdro.integration.dataset import stable_ids_from_extra_info
+    from verl_gdro.step.config import TRAINER_MODES, read_path
 
-    template = cfg.get("prompt_template", {}).get("name") if "prompt_template" in cfg else None
-    ids = settings is not None and settings.enable and OmegaConf.select(cfg, "trainer.v1.trainer_mode") in TRAINER_MODES
+    template = read_path(cfg, "prompt_template.name")
+    ids = settings.enable and read_path(cfg, "trainer.v1.trainer_mode") in TRAINER_MODES
     notes: list[str] = row_index_checks(cfg) if ids and settings.uid_key == "row_index" else []
     train_column: list[Any] | None = []
     for key in ("data.train_files", "data.val_files"):
-        for f in _as_list(OmegaConf.select(cfg, key)):
+        for f in _as_list(read_path(cfg, key)):
             p = Path(os.path.expanduser(f))
             if not p.is_file():
                 if require:
@@ -334,31 +299,24 @@ def data_checks(cfg, settings: Any = None, require: bool = False) -> tuple[list[
                 train_column += table
     train_rows = None if train_column is None else len(train_column)
     if ids and settings.uid_key == "index" and train_column:
-        notes.append(index_checks(train_column))
+        try:
+            stable_ids_from_extra_info(train_column)
+        except ValueError as e:
+            raise DryRunError(f"data.train_files: {e}") from e
+        notes.append(f"gdro.uid_key=index: {len(train_column)} training rows, unique extra_info.index")
     if train_rows is not None:
-        cap = OmegaConf.select(cfg, "data.train_max_samples", default=-1)
+        cap = read_path(cfg, "data.train_max_samples", -1)
         if isinstance(cap, int) and 0 < cap < train_rows:
             train_rows = cap  # verl keeps the first train_max_samples rows
     return notes, train_rows
 
 
-def index_checks(train_column: list[Any]) -> str:
-    """``gdro.uid_key=index``: the GDRO trainer's own check of the training rows' ids."""
-    from verl_gdro.integration.dataset import stable_ids_from_extra_info
-
-    try:
-        stable_ids_from_extra_info(train_column)
-    except ValueError as e:
-        raise DryRunError(f"data.train_files: {e}") from e
-    return f"gdro.uid_key=index: {len(train_column)} training rows, unique extra_info.index"
-
-
 def _prepare_hint(cfg, path: str) -> str:
     """How to make a missing file: ``scripts/prepare_data.sh`` for the package's own data (a file
     under ``paths.data_dir``), nothing to suggest for one's own."""
-    from omegaconf import OmegaConf
+    from verl_gdro.step.config import read_path
 
-    data_dir = OmegaConf.select(cfg, "paths.data_dir", default=None)
+    data_dir = read_path(cfg, "paths.data_dir")
     if data_dir and Path(os.path.expanduser(path)).resolve().is_relative_to(Path(os.path.expanduser(data_dir)).resolve()):
         return " (run scripts/prepare_data.sh)"
     return ""
@@ -371,10 +329,8 @@ def epoch_checks(cfg, train_rows: int | None) -> list[str]:
 
     if train_rows is None:
         return []
-    try:
+    with _refused():
         check_batch_fits(cfg, train_rows)
-    except ValueError as e:
-        raise DryRunError(str(e)) from e
     return [f"data: {train_rows} training rows fill {train_rows // int(cfg.data.train_batch_size)} batch(es) per epoch"]
 
 
@@ -401,22 +357,21 @@ def derived_quantities(cfg, settings: Any, train_rows: int | None) -> dict[str, 
             unknown if train_rows is None else round(int(steps) * bs / train_rows, 2) if steps and train_rows else None,
         "validation samples per prompt": int(cfg.actor_rollout_ref.rollout.val_kwargs.n),
     }
-    if settings is not None:
-        out["gdro preset"] = settings.preset
-        out["Prompt-GDRO"] = (f"on ({settings.prompt.mode}, loss_signal={settings.prompt.loss_signal})"
-                              if settings.prompt.enable and settings.enable else "off")
-        if settings.enable and settings.rollout.enable:
-            from verl_gdro.allocators import get_allocator
+    out["gdro preset"] = settings.preset
+    out["Prompt-GDRO"] = (f"on ({settings.prompt.mode}, loss_signal={settings.prompt.loss_signal})"
+                          if settings.prompt.enable and settings.enable else "off")
+    if settings.allocates:
+        from verl_gdro.allocators import get_allocator
 
-            r = settings.rollout
-            reads = get_allocator(r.allocator).reads  # the keys the allocator reads, as it declares them
-            detail = ", ".join([f"allocator={r.allocator}"] + [
-                f"{k}={getattr(r, k)}" for k in ("arm_utility", "selection", "rate_decay") if f"rollout.{k}" in reads])
-            out["Rollout-GDRO"] = f"on ({detail})"
-            out["rollout arms per prompt"] = f"[{r.n_min}, {r.n_max}], mean exactly {n}"
-        else:
-            out["Rollout-GDRO"] = f"off (every prompt gets n={n})"
-        out["bins"] = settings.num_bins
+        r = settings.rollout
+        reads = get_allocator(r.allocator).reads  # the keys the allocator reads, as it declares them
+        detail = ", ".join([f"allocator={r.allocator}"] + [
+            f"{k}={getattr(r, k)}" for k in ("arm_utility", "selection", "rate_decay") if f"rollout.{k}" in reads])
+        out["Rollout-GDRO"] = f"on ({detail})"
+        out["rollout arms per prompt"] = f"[{r.n_min}, {r.n_max}], mean exactly {n}"
+    else:
+        out["Rollout-GDRO"] = f"off (every prompt gets n={n})"
+    out["bins"] = settings.num_bins
     if "prompt_template" in cfg:
         out["prompt template / scorer"] = f"{cfg.prompt_template.name} / {cfg.prompt_template.scorer}"
     return out
@@ -443,8 +398,6 @@ def settled_config(resolved: dict[str, Any], cfg, settings: Any) -> dict[str, An
     alone, ``algorithm.gdro`` with the keys that path reads (what the driver hands it)."""
     from verl_gdro.integration.estimator_keys import honoured_group, runs_estimator_alone
 
-    if settings is None:
-        return resolved
     if runs_estimator_alone(cfg):
         resolved["algorithm"]["gdro"] = honoured_group(settings)
     elif isinstance(resolved.get("gdro"), dict):
@@ -488,13 +441,9 @@ def dry_run(argv: list[str], require_data: bool = False, print_config: bool = Tr
     if print_config:
         print("=== resolved config ===", file=out)
         print(OmegaConf.to_yaml(OmegaConf.create(resolved)), file=out)
-    print("=== checks passed ===", file=out)
-    for c in checks + notes:
-        print(f"  {c}", file=out)
-    print("=== derived quantities ===", file=out)
-    for k, v in derived.items():
-        print(f"  {k}: {v}", file=out)
-    print(f"DRY RUN OK: {args.config_name} {' '.join(args.overrides)}".rstrip(), file=out)
+    lines = ["=== checks passed ===", *(f"  {c}" for c in checks + notes), "=== derived quantities ===",
+             *(f"  {k}: {v}" for k, v in derived.items()), f"DRY RUN OK: {args.config_name} {' '.join(args.overrides)}"]
+    print("\n".join(lines).rstrip(), file=out)
     return 0
 
 

@@ -1,8 +1,7 @@
 """Bad input versus crashes: what the ``verl-gdro`` command answers with one line and exit 2.
 
-Real bugs raise ValueError too, so only the input handling a subcommand wraps in
-:func:`usage_errors` turns it into a :class:`UsageError`, printed as one line (docs/development.md,
-"CLI input errors"); anything raised later keeps its traceback. Standard library only.
+Real bugs raise ValueError too, so only the input handling a subcommand wraps in :func:`usage_errors`
+becomes a :class:`UsageError` (docs/development.md, "CLI input errors"). Standard library only.
 """
 
 from __future__ import annotations

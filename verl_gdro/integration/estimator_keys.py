@@ -1,10 +1,7 @@
-"""The ``gdro`` keys the ``gdro_grpo`` estimator alone reads: one declaration, and its refusals.
-
-The estimator alone has no online classifier, actor-side loss signal, sampler or Rollout-GDRO
-(docs/integration.md, "1. Estimator only"); a key it does not read is refused, not ignored. The
-estimator, the ``main_ppo`` driver check and the dry run all resolve through
-:func:`estimator_path_settings` and derive from :data:`ESTIMATOR_READS`. No torch, no verl (the
-driver imports it before Ray starts).
+"""The ``gdro`` keys the ``gdro_grpo`` estimator alone reads (docs/integration.md, "1. Estimator only"):
+one declaration, :data:`ESTIMATOR_READS`; a key it does not read is refused, not ignored. The estimator,
+the ``main_ppo`` driver check and the dry run all resolve through :func:`estimator_path_settings`. No
+torch, no verl (the driver imports it before Ray starts).
 """
 
 from __future__ import annotations
@@ -23,7 +20,10 @@ from verl_gdro.step.config import (
     GDROSettings,
     default_gdro_group,
     estimator_settings,
+    leaves,
+    nest,
     read_key,
+    read_path,
     to_plain,
 )
 
@@ -49,18 +49,10 @@ ESTIMATOR_READS: tuple[str, ...] = (
 )
 
 
-def _leaves(group: Mapping[str, Any], prefix: str = "") -> list[str]:
-    out: list[str] = []
-    for key, value in group.items():
-        name = f"{prefix}{key}"
-        out += _leaves(value, f"{name}.") if isinstance(value, Mapping) and value else [name]
-    return out
-
-
 @lru_cache(maxsize=1)
 def _known_keys() -> frozenset[str]:
     """Every leaf key of the package YAML's ``gdro`` group (read once: the estimator checks every step)."""
-    return frozenset(_leaves(default_gdro_group()))
+    return frozenset(leaves(default_gdro_group()))
 
 
 def check_estimator_keys(group: Any, prefix: str = "algorithm.gdro") -> None:
@@ -68,31 +60,14 @@ def check_estimator_keys(group: Any, prefix: str = "algorithm.gdro") -> None:
     (unknown keys are left to the resolution). A group with ``enable=false`` runs verl's ``grpo``:
     its keys are inert, as a switched-off section's are on the trainer path."""
     given = to_plain(group) or {}
-    if not isinstance(given, Mapping):
-        return  # the resolution names the malformed group
-    if given.get("enable", True) is False:
-        return
-    for key in _leaves(given):
-        if key in ESTIMATOR_READS or key not in _known_keys():
-            continue
-        raise ValueError(
-            f"{prefix}.{key} is invalid for the {ESTIMATOR_NAME} estimator alone: it does not read it (no online "
-            f"classifier, actor-side loss signal, sampler or Rollout-GDRO); the GDRO trainer does: remove it, or "
-            f"set trainer.v1.trainer_mode={TRAINER_NAME} and gdro.{key} on the package config"
-        )
-
-
-def read_path(config: Any, path: str) -> Any:
-    """The value at a dotted ``path`` of a config, or None where it is missing or does not resolve."""
-    node = config
-    for part in path.split("."):
-        try:
-            node = node.get(part, None)
-        except Exception:  # not a mapping, or an interpolation that does not resolve
-            return None
-        if node is None:
-            return None
-    return node
+    if not isinstance(given, Mapping) or given.get("enable", True) is False:
+        return  # the resolution names a malformed group
+    for key in leaves(given):
+        if key not in ESTIMATOR_READS and key in _known_keys():
+            raise ValueError(
+                f"{prefix}.{key} is invalid for the {ESTIMATOR_NAME} estimator alone: it does not read it (no online "
+                f"classifier, actor-side loss signal, sampler or Rollout-GDRO); the GDRO trainer does: remove it, "
+                f"or set trainer.v1.trainer_mode={TRAINER_NAME} and gdro.{key} on the package config")
 
 
 def estimator_path_settings(algorithm: Any) -> GDROSettings:
@@ -107,15 +82,8 @@ def estimator_path_settings(algorithm: Any) -> GDROSettings:
 def honoured_group(settings: GDROSettings) -> dict[str, Any]:
     """The keys of :data:`ESTIMATOR_READS` with their resolved values, as a nested ``gdro`` group (what
     the logged config says ran; it resolves to the same settings again)."""
-    full = settings.to_dict()
-    out: dict[str, Any] = {}
-    for key in ESTIMATOR_READS:
-        *parents, leaf = key.split(".")
-        src, dst = full, out
-        for part in parents:
-            src, dst = src[part], dst.setdefault(part, {})
-        dst[leaf] = src[leaf]
-    return out
+    full = leaves(settings.to_dict())
+    return nest({key: full[key] for key in ESTIMATOR_READS})
 
 
 def runs_estimator_alone(cfg: Any) -> bool:

@@ -37,7 +37,7 @@ def as_list(value: Any) -> list[Any]:
 
 def int_column(value: Any) -> np.ndarray:
     """A column of integer ids (ints, numpy ints or numeric strings) as int64, in one C-level pass (a 1-D
-    object or integer array through ``astype``, which calls ``int`` per item as the general path does)."""
+    object or integer array through ``astype``, which calls ``int`` per item)."""
     if isinstance(value, np.ndarray) and value.ndim == 1 and (value.dtype == object or value.dtype.kind == "i"):
         return value.astype(np.int64)
     values = as_list(value)
@@ -93,8 +93,8 @@ def read_acc(settings: GDROSettings, data: Any, rows: np.ndarray, keys: list[str
 
 def observe_removed(ledger: DispatchLedger, settings: GDROSettings, partition_id: str, keys: dict[str, list[str]],
                     reasons: dict[str, str], warned: bool) -> bool:
-    """Record in the ledger the correctness of groups the replay buffer is about to delete; returns
-    whether the missing-correctness warning has been given."""
+    """Record the correctness of groups the replay buffer is about to delete; returns whether the
+    missing-correctness warning has been given."""
     known = [u for u in keys if u in ledger.entries]
     unknown = len(keys) - len(known)
     if unknown:
@@ -137,8 +137,7 @@ def token_fields(needed: tuple[str, ...], batch: KVBatchMeta, consumed: Consumed
         if field in td.keys():
             arr = padded_numpy(td[field], consumed.rows)
             if dropped_rows:  # removed groups reached no log-prob stage: a zero mask zeroes their terms
-                pad = np.zeros((dropped_rows, arr.shape[1]), dtype=arr.dtype)
-                arr = np.concatenate([arr, pad])
+                arr = np.concatenate([arr, np.zeros((dropped_rows, arr.shape[1]), dtype=arr.dtype)])
             extra[names.get(field, field)] = arr
     return extra
 

@@ -1,9 +1,8 @@
 """Refuse, in the ``main_ppo`` driver, a checkpoint folder that holds a run of other ``gdro`` settings.
 
 verl resumes (and the trainer refuses a controller state "saved under different gdro settings") only
-after Ray and the models have started; two runs of other settings that share a run name hit that.
-The driver restores the saved state into a controller of this run's settings first, with the
-controller's own ``load_state_dict`` (the trainer's comparison).
+after Ray and the models have started, so the driver first restores the saved state into a controller
+of this run's settings with the controller's own ``load_state_dict`` (the trainer's comparison).
 """
 
 from __future__ import annotations
@@ -38,29 +37,17 @@ def resume_folder(config: Any) -> str | None:
 
 def saved_controller_state(node: Any, depth: int = 0) -> Mapping[str, Any] | None:
     """The GDRO controller's state anywhere inside verl's dataloader state (depth-first), or None."""
-    if isinstance(node, Mapping):
-        if _CONTROLLER_KEYS <= set(node):
-            return node
-        children = node.values()
-    elif isinstance(node, (list, tuple)):
-        children = node
-    else:
-        return None
-    if depth > 8:
-        return None
-    for child in children:
-        found = saved_controller_state(child, depth + 1)
-        if found is not None:
-            return found
-    return None
+    if isinstance(node, Mapping) and _CONTROLLER_KEYS <= set(node):
+        return node
+    children = node.values() if isinstance(node, Mapping) else node if isinstance(node, (list, tuple)) else ()
+    found = (saved_controller_state(child, depth + 1) for child in (children if depth <= 8 else ()))
+    return next((state for state in found if state is not None), None)
 
 
 def check_resume_folder(config: Any, settings: Any) -> None:
     """Raise ValueError naming the folder when the checkpoint verl would resume from holds controller
     state that this run's settings cannot take (other settings or rollout budget)."""
-    if not settings.enable:
-        return
-    folder = resume_folder(config)
+    folder = resume_folder(config) if settings.enable else None
     path = None if folder is None else os.path.join(folder, "data.pt")
     if path is None or not os.path.isfile(path):
         return

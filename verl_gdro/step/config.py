@@ -1,24 +1,24 @@
-"""The ``gdro`` config group: resolution (presets), validation, and the cross-checks with verl's keys.
+"""The ``gdro`` config group: resolution (YAML defaults, presets), validation, cross-checks with verl's keys.
 
 Importable without verl, Ray or torch, so a launch mistake surfaces in a second. Every error is a
 ``ValueError`` starting with the offending key (``gdro.rollout.n_min=1 is invalid: ...``), each listed
-in docs/configuration.md. :func:`resolve_gdro` resolves the ``gdro`` group alone (YAML defaults, the
-preset's ``null`` keys, range checks); :func:`estimator_settings` applies it to ``algorithm.gdro``;
-:func:`validate_gdro_config` also checks the group against the rest of the verl config.
+in docs/configuration.md.
 """
 
 from __future__ import annotations
 
+import copy
 import inspect
 import math
 import re
-from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, replace
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass, fields, replace
 from functools import lru_cache
 from importlib import resources
 from typing import Any
 
 from verl_gdro.allocators import RolloutGDRO, allocator_names, get_allocator
+from verl_gdro.classifier import OnlineDifficultyClassifier
 from verl_gdro.presets import MIX_SUPPORTS, PRESETS, resolve_preset
 from verl_gdro.prompt_gdro import PromptGDRO
 from verl_gdro.prompt_modes import PROMPT_MODE_REGISTRY, get_prompt_mode, sampling_modes
@@ -32,7 +32,8 @@ __all__ = [
     "ALLOCATORS", "ARM_UTILITIES", "ESTIMATOR_NAME", "PASSK_ESTIMATORS", "PROMPT_MODES", "SAMPLING_MODES",
     "ROW_INDEX_FIELD", "SELECTIONS", "TRAINER_MODES", "TRAINER_NAME", "UID_KEYS", "WEIGHT_NORMALIZATIONS",
     "ClassifierSettings", "GDROSettings", "PromptSettings", "RolloutSettings", "default_gdro_group",
-    "estimator_settings", "keys_read", "read_key", "resolve_gdro", "to_plain", "validate_gdro_config",
+    "estimator_settings", "keys_read", "leaves", "nest", "read_key", "read_path", "resolve_gdro", "to_plain",
+    "validate_gdro_config",
 ]
 
 ESTIMATOR_NAME = "gdro_grpo"
@@ -42,9 +43,8 @@ TRAINER_MODES: dict[str, str] = {
     TRAINER_NAME: "sync", "gdro_colocate_async": "colocate_async", "gdro_separate_async": "separate_async"
 }
 
-# `index`: verl's RLHFDataset surfaces `extra_info.index` as the prompt column `index` (0 when it is
-# missing, which is why the trainer validates it). `row_index`: the GDRO dataset class
-# (`data.custom_cls`) adds the dataset row position under ROW_INDEX_FIELD.
+# `index`: verl's RLHFDataset's prompt column from `extra_info.index` (0 when missing: the trainer validates
+# it). `row_index`: the dataset row position the GDRO dataset class (`data.custom_cls`) adds as ROW_INDEX_FIELD.
 UID_KEYS = ("index", "row_index")
 ROW_INDEX_FIELD = "gdro_row_index"
 
@@ -59,8 +59,8 @@ _MAX_EXPONENT = 600.0
 
 
 def _constructor_kwargs(cls: type, settings: object, **given: Any) -> dict[str, Any]:
-    """``cls``'s constructor arguments: ``given`` first, the others from the settings' fields of the same
-    name (an argument added without its config key fails here instead of taking its default)."""
+    """``cls``'s constructor arguments: ``given``, else the settings' field of that name (an argument added
+    without its config key fails here instead of taking its default)."""
     params = list(inspect.signature(cls.__init__).parameters)[1:]  # __init__'s, past self (__new__ may be generic)
     return {name: given[name] if name in given else getattr(settings, name) for name in params}
 
@@ -88,9 +88,8 @@ class ClassifierSettings:
 
     def kwargs(self) -> dict[str, Any]:
         """Constructor arguments of :class:`verl_gdro.classifier.OnlineDifficultyClassifier`."""
-        return {"bin_edges": None if self.bin_edges is None else list(self.bin_edges), "num_bins": self.num_bins,
-                "window": self.window, "hysteresis": self.hysteresis, "k": self.k,
-                "estimator": self.passk_estimator, "unseen_bin": self.unseen_bin}
+        edges = None if self.bin_edges is None else list(self.bin_edges)
+        return _constructor_kwargs(OnlineDifficultyClassifier, self, bin_edges=edges, estimator=self.passk_estimator)
 
 
 @dataclass(frozen=True)
@@ -176,8 +175,7 @@ class GDROSettings:
 
     @property
     def resamples(self) -> bool:
-        """Whether the sampler draws the prompts (a sampling ``mode``: ``resample`` with Prompt-GDRO's
-        q_t, or a per-prompt priority)."""
+        """Whether the sampler draws the prompts (a sampling ``mode``: q_t or a per-prompt priority)."""
         return self.enable and self.prompt.enable and get_prompt_mode(self.prompt.mode).draws_prompts
 
     @property
@@ -197,12 +195,9 @@ class GDROSettings:
 
 
 def to_plain(cfg: Any) -> Any:
-    """A DictConfig/ListConfig (resolved) or mapping as plain Python containers; None stays None
-    (omegaconf is imported only for its own containers)."""
-    if cfg is None:
-        return None
-    mod = type(cfg).__module__
-    if mod.startswith("omegaconf"):
+    """A DictConfig/ListConfig (resolved) or mapping as plain Python containers (omegaconf is imported
+    only for its own containers)."""
+    if type(cfg).__module__.startswith("omegaconf"):
         from omegaconf import OmegaConf
 
         return OmegaConf.to_container(cfg, resolve=True)
@@ -225,8 +220,6 @@ def _yaml_defaults() -> dict[str, Any]:
 
 def default_gdro_group() -> dict[str, Any]:
     """The ``gdro`` group's defaults, read from the package YAML (the one source of defaults)."""
-    import copy
-
     return copy.deepcopy(_yaml_defaults())
 
 
@@ -238,13 +231,11 @@ def _merge(defaults: dict[str, Any], given: Mapping[str, Any], prefix: str) -> d
         if key not in defaults:
             raise ValueError(f"{name} is not a known key; known keys of {prefix}: {sorted(defaults)}")
         if isinstance(defaults[key], dict):
-            if value is None:
-                value = {}
+            value = {} if value is None else value
             if not isinstance(value, Mapping):
                 raise ValueError(f"{name} must be a group of keys ({sorted(defaults[key])}), got {value!r}")
-            out[key] = _merge(defaults[key], value, name)
-        else:
-            out[key] = value
+            value = _merge(defaults[key], value, name)
+        out[key] = value
     return out
 
 
@@ -279,20 +270,42 @@ def _float(key: str, value: Any, low: float | None = None, high: float | None = 
     if isinstance(value, bool) or not isinstance(value, (int, float)) and not hasattr(value, "__float__"):
         raise ValueError(f"{key}={value!r} is invalid: must be a number {rng}".rstrip())
     v = float(value)
-    ok = math.isfinite(v)
-    if ok and low is not None:
-        ok = v > low if low_open else v >= low
-    if ok and high is not None:
-        ok = v < high if high_open else v <= high
-    if not ok:
+    above = low is None or (v > low if low_open else v >= low)
+    if not (math.isfinite(v) and above and (high is None or (v < high if high_open else v <= high))):
         raise ValueError(f"{key}={value!r} is invalid: must be a finite number {rng}".rstrip())
     return v
 
 
-def _choice(key: str, value: Any, allowed: tuple[str, ...]) -> str:
+def _choice(key: str, value: Any, allowed: Iterable[str]) -> str:
+    allowed = tuple(allowed)  # a registry is read when the key is checked
     if value not in allowed:
         raise ValueError(f"{key}={value!r} is invalid: allowed values are {list(allowed)}")
     return str(value)
+
+
+#: the ranges the keys share: > 0, (0, 1], [0, 1)
+_POSITIVE, _UNIT_OPEN_LOW, _UNIT_OPEN_HIGH = (0.0, None, True), (0.0, 1.0, True), (0.0, 1.0, False, True)
+
+#: Per section, the keys checked alone: ``(key, check, *range)`` in the order they are checked, after
+#: the section's keys that are checked together (a config with two errors names the same one first).
+_ALONE: dict[str, tuple[tuple[Any, ...], ...]] = {
+    "classifier": (("window", _int, 1), ("k", _int, 1), ("passk_estimator", _choice, PASSK_ESTIMATORS)),
+    "prompt": (
+        ("enable", _bool), ("mode", _choice, PROMPT_MODE_REGISTRY), ("loss_signal", _choice, LOSS_SIGNAL_REGISTRY),
+        ("beta", _float, *_UNIT_OPEN_LOW), ("gamma", _float, *_UNIT_OPEN_HIGH), ("max_weight", _float, *_POSITIVE),
+        ("normalize_by_share", _bool), ("kl_coef", _float, 0.0), ("clip_ratio_c", _float, 1.0, None, True),
+        *((key, _float, *_UNIT_OPEN_LOW) for key in ("explore", "rate_decay", "revisit")),
+        ("band_width", _float, *_POSITIVE),
+    ),
+    "rollout": (("enable", _bool), ("eta", _float, *_POSITIVE), ("gamma", _float, *_UNIT_OPEN_HIGH),
+                ("score_ema", _float, *_UNIT_OPEN_LOW), ("dual_lr", _float, 0.0), ("selection", _choice, SELECTIONS),
+                ("seed", _int, 0)),
+}
+
+
+def _alone(section: str, c: Mapping[str, Any]) -> dict[str, Any]:
+    """The keys of ``_ALONE[section]`` in ``c``, checked."""
+    return {key: check(f"gdro.{section}.{key}", c[key], *args) for key, check, *args in _ALONE[section]}
 
 
 # ---- the gdro group alone ----
@@ -319,19 +332,14 @@ def _resolve_classifier(c: dict[str, Any]) -> ClassifierSettings:
             raise ValueError(f"{p}.num_bins=None is invalid: give num_bins, or bin_edges to derive it from")
         num_bins = _int(f"{p}.num_bins", num_bins_raw, low=1)
         edges = None
-    inner = edges if edges is not None else tuple(i / num_bins for i in range(1, num_bins))
-    full = (0.0, *inner, 1.0)
+    full = (0.0, *(edges or (i / num_bins for i in range(1, num_bins))), 1.0)
     narrowest = min(b - a for a, b in zip(full, full[1:]))
     hysteresis = _float(f"{p}.hysteresis", c["hysteresis"], low=0.0)
     if hysteresis >= narrowest:
         raise ValueError(f"{p}.hysteresis={c['hysteresis']!r} is invalid: must be >= 0 and smaller than the narrowest "
             f"bin ({narrowest:.6g}), or a prompt could never leave its bin")
-    return ClassifierSettings(
-        num_bins=num_bins, bin_edges=edges, window=_int(f"{p}.window", c["window"], low=1), hysteresis=hysteresis,
-        k=_int(f"{p}.k", c["k"], low=1),
-        passk_estimator=_choice(f"{p}.passk_estimator", c["passk_estimator"], PASSK_ESTIMATORS),
-        unseen_bin=_int(f"{p}.unseen_bin", c["unseen_bin"], low=0, high=num_bins - 1)
-    )
+    return ClassifierSettings(**_alone("classifier", c), num_bins=num_bins, bin_edges=edges, hysteresis=hysteresis,
+                              unseen_bin=_int(f"{p}.unseen_bin", c["unseen_bin"], low=0, high=num_bins - 1))
 
 
 #: The loss signals' coefficients when no actor config gives them (the step API, the CPU demo):
@@ -345,22 +353,21 @@ ACTOR_SIGNAL_KEYS: dict[str, str] = {
 }
 
 
-def _resolve_prompt(c: dict[str, Any], preset: str, num_bins: int) -> PromptSettings:
+def _resolve_prompt(c: dict[str, Any]) -> PromptSettings:
     p = "gdro.prompt"
-    loss_signal = c["loss_signal"]
-    eta = _float(f"{p}.eta", c["eta"], low=0.0, low_open=True)
+    c = {**c, **{k: default if c[k] is None else c[k] for k, default in SIGNAL_DEFAULTS.items()}}
+    eta = _float(f"{p}.eta", c["eta"], *_POSITIVE)
     raw_clip = c["score_clip"]
     if isinstance(raw_clip, (int, float)) and not isinstance(raw_clip, bool) and math.isinf(raw_clip) and raw_clip > 0:
         score_clip = math.inf  # no clip (the release): exp is taken of eta * (S - max S)
     else:
-        score_clip = _float(f"{p}.score_clip", raw_clip, low=0.0, low_open=True)
+        score_clip = _float(f"{p}.score_clip", raw_clip, *_POSITIVE)
     if math.isfinite(score_clip) and eta * score_clip > _MAX_EXPONENT:
         raise ValueError(f"{p}.eta={c['eta']!r} is invalid with {p}.score_clip={c['score_clip']!r}: eta * score_clip "
             f"must be <= {_MAX_EXPONENT} so that exp(eta * S) stays finite")
-    share_floor = c["share_floor"]
-    if share_floor is not None:
-        share_floor = _float(f"{p}.share_floor", share_floor, 0.0, 1.0, low_open=True)
-    min_ess = _float(f"{p}.min_ess", c["min_ess"], 0.0, 1.0, high_open=True)
+    floor = c["share_floor"]
+    share_floor = None if floor is None else _float(f"{p}.share_floor", floor, *_UNIT_OPEN_LOW)
+    min_ess = _float(f"{p}.min_ess", c["min_ess"], *_UNIT_OPEN_HIGH)
     weight_normalization = _choice(f"{p}.weight_normalization", c["weight_normalization"], WEIGHT_NORMALIZATIONS)
     if min_ess > 0 and weight_normalization != "mean_one":
         raise ValueError(f"{p}.min_ess={min_ess} is invalid with {p}.weight_normalization={weight_normalization!r}: "
@@ -371,27 +378,14 @@ def _resolve_prompt(c: dict[str, Any], preset: str, num_bins: int) -> PromptSett
             f"invalid with {p}.min_ess={min_ess} / {p}.weight_normalization={weight_normalization!r}: without a clip "
             "omega is only known up to a common factor, and the present-bins mixture is defined for mean_one "
             "multipliers without an ESS floor only")
-    signal = {k: SIGNAL_DEFAULTS[k] if c[k] is None else c[k] for k in SIGNAL_DEFAULTS}
-    low = _float(f"{p}.clip_ratio_low", signal["clip_ratio_low"], 0.0, 1.0, high_open=True)
-    high = _float(f"{p}.clip_ratio_high", signal["clip_ratio_high"], low=0.0)
-    return PromptSettings(
-        enable=_bool(f"{p}.enable", c["enable"]), mode=_choice(f"{p}.mode", c["mode"], tuple(PROMPT_MODE_REGISTRY)),
-        loss_signal=_choice(f"{p}.loss_signal", loss_signal, tuple(LOSS_SIGNAL_REGISTRY)), eta=eta,
-        beta=_float(f"{p}.beta", c["beta"], 0.0, 1.0, low_open=True),
-        gamma=_float(f"{p}.gamma", c["gamma"], 0.0, 1.0, high_open=True),
-        max_weight=_float(f"{p}.max_weight", c["max_weight"], low=0.0, low_open=True), score_clip=score_clip,
-        normalize_by_share=_bool(f"{p}.normalize_by_share", c["normalize_by_share"]), share_floor=share_floor,
-        weight_normalization=weight_normalization, min_ess=min_ess,
-        kl_coef=_float(f"{p}.kl_coef", signal["kl_coef"], low=0.0), clip_ratio_low=low, clip_ratio_high=high,
-        clip_ratio_c=_float(f"{p}.clip_ratio_c", signal["clip_ratio_c"], low=1.0, low_open=True),
-        explore=_float(f"{p}.explore", c["explore"], 0.0, 1.0, low_open=True),
-        rate_decay=_float(f"{p}.rate_decay", c["rate_decay"], 0.0, 1.0, low_open=True),
-        revisit=_float(f"{p}.revisit", c["revisit"], 0.0, 1.0, low_open=True),
-        band_width=_float(f"{p}.band_width", c["band_width"], low=0.0, low_open=True), mix_support=mix_support
-    )
+    low = _float(f"{p}.clip_ratio_low", c["clip_ratio_low"], *_UNIT_OPEN_HIGH)
+    high = _float(f"{p}.clip_ratio_high", c["clip_ratio_high"], 0.0)
+    return PromptSettings(**_alone("prompt", c), eta=eta, score_clip=score_clip, share_floor=share_floor,
+                          weight_normalization=weight_normalization, min_ess=min_ess, clip_ratio_low=low,
+                          clip_ratio_high=high, mix_support=mix_support)
 
 
-def _resolve_rollout(c: dict[str, Any], preset: str) -> RolloutSettings:
+def _resolve_rollout(c: dict[str, Any]) -> RolloutSettings:
     p = "gdro.rollout"
     n_min = _int(f"{p}.n_min", c["n_min"])
     if n_min < 2:
@@ -403,7 +397,6 @@ def _resolve_rollout(c: dict[str, Any], preset: str) -> RolloutSettings:
     # unknown names first, so that they get the plain "allowed values" message
     allocator = _choice(f"{p}.allocator", c["allocator"], allocator_names())
     arm_utility = _choice(f"{p}.arm_utility", c["arm_utility"], ARM_UTILITIES)
-    selection = c["selection"]
     cls = get_allocator(allocator)
     per_prompt = getattr(cls, "per_prompt_evidence", False)
     if per_prompt and arm_utility not in PER_PROMPT_UTILITIES:
@@ -412,29 +405,21 @@ def _resolve_rollout(c: dict[str, Any], preset: str) -> RolloutSettings:
     if arm_utility == "hit" and not per_prompt:
         raise ValueError(f"{p}.arm_utility='hit' is invalid with {p}.allocator={c['allocator']!r}: HORA's hit utility "
             f"needs each prompt's own counts, set {p}.allocator=per_prompt")
-    rate_decay = c.get("rate_decay")
+    rate_decay = c["rate_decay"]
     if rate_decay is not None:
-        rate_decay = _float(f"{p}.rate_decay", rate_decay, 0.0, 1.0, low_open=True)
+        rate_decay = _float(f"{p}.rate_decay", rate_decay, *_UNIT_OPEN_LOW)
         if "rollout.rate_decay" not in cls.reads:
             raise ValueError(f"{p}.rate_decay={rate_decay} is invalid with {p}.allocator={c['allocator']!r}: it "
                 f"decays the per_prompt allocator's evidence; set {p}.allocator=per_prompt or leave it null")
-    seed = c["seed"]
-    return RolloutSettings(
-        enable=_bool(f"{p}.enable", c["enable"]), n_min=n_min, n_max=n_max,
-        eta=_float(f"{p}.eta", c["eta"], low=0.0, low_open=True),
-        gamma=_float(f"{p}.gamma", c["gamma"], 0.0, 1.0, high_open=True),
-        score_ema=_float(f"{p}.score_ema", c["score_ema"], 0.0, 1.0, low_open=True),
-        dual_lr=_float(f"{p}.dual_lr", c["dual_lr"], low=0.0), allocator=allocator, arm_utility=arm_utility,
-        selection=_choice(f"{p}.selection", selection, SELECTIONS), seed=_int(f"{p}.seed", seed, low=0),
-        rate_decay=rate_decay
-    )
+    return RolloutSettings(**_alone("rollout", c), n_min=n_min, n_max=n_max, allocator=allocator,
+                           arm_utility=arm_utility, rate_decay=rate_decay)
 
 
 def resolve_gdro(group: Any = None, standalone: bool = False) -> GDROSettings:
     """Resolve and validate the ``gdro`` group (a mapping, a DictConfig, settings, or None for defaults):
-    YAML defaults, ``null`` keys from the preset, every key checked (a ValueError naming it). Left
-    ``null``, ``rollout.enable`` and ``prompt.mode`` take the path's default: both adversaries in the
-    preset's mode, or for the estimator alone (``standalone``) ``false`` and ``reweight``."""
+    YAML defaults, ``null`` keys from the preset, every key checked. Left ``null``, ``rollout.enable`` and
+    ``prompt.mode`` take the path's default: on and the preset's mode, or ``false`` and ``reweight`` for
+    the estimator alone (``standalone``)."""
     if isinstance(group, GDROSettings):
         return group
     given = to_plain(group) or {}
@@ -465,16 +450,16 @@ def resolve_gdro(group: Any = None, standalone: bool = False) -> GDROSettings:
     if not isinstance(acc_key, str) or not acc_key:
         raise ValueError(f"gdro.acc_key={acc_key!r} is invalid: must be the non-empty name of the reward's correctness key")
     classifier = _resolve_classifier(c["classifier"])
-    advantage_clip = c["advantage_clip"]
-    if advantage_clip is not None:
-        advantage_clip = _float("gdro.advantage_clip", advantage_clip, low=0.0, low_open=True)
+    clip = c["advantage_clip"]
+    advantage_clip = None if clip is None else _float("gdro.advantage_clip", clip, *_POSITIVE)
     settings = GDROSettings(
         enable=_bool("gdro.enable", c["enable"]), preset=str(preset), uid_key=uid_key, acc_key=acc_key,
-        classifier=classifier, prompt=_resolve_prompt(c["prompt"], preset, classifier.num_bins),
-        rollout=_resolve_rollout(c["rollout"], preset), advantage_clip=advantage_clip,
+        classifier=classifier, prompt=_resolve_prompt(c["prompt"]), rollout=_resolve_rollout(c["rollout"]),
+        advantage_clip=advantage_clip,
         correct_threshold=_float("gdro.correct_threshold", c["correct_threshold"])
     )
-    _refuse_unread(given, settings, standalone)
+    for key, value in unread_keys(given, settings, standalone).items():
+        raise ValueError(_unread_message(key, value, settings))  # the first, naming it
     return settings
 
 
@@ -485,9 +470,8 @@ def _reads_rate_decay(allocator: Any) -> bool:
 # ---- what a resolved configuration reads: derived from the strategies' declarations ----
 
 #: keys every enabled configuration reads (the switches, the run's identity, the classifier)
-_ALWAYS_READ = ("enable", "preset", "uid_key", "acc_key", "correct_threshold", "advantage_clip", "classifier.num_bins",
-                "classifier.bin_edges", "classifier.window", "classifier.hysteresis", "classifier.k",
-                "classifier.passk_estimator", "classifier.unseen_bin", "prompt.enable", "rollout.enable")
+_ALWAYS_READ = ("enable", "preset", "uid_key", "acc_key", "correct_threshold", "advantage_clip", "prompt.enable",
+                "rollout.enable", *(f"classifier.{f.name}" for f in fields(ClassifierSettings)))
 
 
 #: strategy keys accepted whatever the strategy: the run's seed (a sweep sets it for every method alike)
@@ -495,55 +479,51 @@ RUN_KEYS = ("rollout.seed",)
 
 
 def keys_read(settings: GDROSettings) -> frozenset[str]:
-    """The ``gdro`` keys (dotted: ``rollout.eta``) the controller reads under ``settings``, from the active
-    strategies' ``reads``: the prompt mode, the allocator, and the loss signal when Prompt-GDRO is on or
-    the allocator logs it (``logs_loss_signal``). The estimator alone reads a subset."""
+    """The ``gdro`` keys (dotted: ``rollout.eta``) the controller reads under ``settings``: the active
+    strategies' ``reads`` (the loss signal's when Prompt-GDRO is on or the allocator logs it)."""
     if not settings.enable:
         return frozenset({"enable"})
     keys = set(_ALWAYS_READ)
     p, r = settings.prompt, settings.rollout
-    signal = p.enable
     if p.enable:
         keys.update(get_prompt_mode(p.mode).reads, ("prompt.mode",))
     if r.enable:
-        alloc = get_allocator(r.allocator)
-        keys.update(alloc.reads, ("rollout.allocator",))
-        signal = signal or bool(getattr(alloc, "logs_loss_signal", False))
-    if signal:
+        keys.update(get_allocator(r.allocator).reads, ("rollout.allocator",))
+    if p.enable or (r.enable and getattr(get_allocator(r.allocator), "logs_loss_signal", False)):
         keys.update(get_loss_signal(p.loss_signal).reads)
     return frozenset(keys)
 
 
-def _leaves(given: Any, prefix: str = "") -> dict[str, Any]:
+def leaves(given: Any, prefix: str = "") -> dict[str, Any]:
+    """The leaf values of a nested group by dotted key (an empty group has none)."""
     out: dict[str, Any] = {}
-    if isinstance(given, Mapping):
-        for key, value in given.items():
-            if isinstance(value, Mapping):
-                out.update(_leaves(value, f"{prefix}{key}."))
-            else:
-                out[f"{prefix}{key}"] = value
+    for key, value in given.items() if isinstance(given, Mapping) else ():
+        out.update(leaves(value, f"{prefix}{key}.") if isinstance(value, Mapping) else {f"{prefix}{key}": value})
     return out
 
 
-def _without(given: Mapping[str, Any], keys: list[str]) -> dict[str, Any]:
-    out = {k: dict(v) if isinstance(v, Mapping) else v for k, v in given.items()}
-    for key in keys:
-        section, leaf = key.split(".")
-        out[section].pop(leaf, None)
+def nest(flat: Mapping[str, Any]) -> dict[str, Any]:
+    """The nested group of dotted keys (the inverse of :func:`leaves`)."""
+    out: dict[str, Any] = {}
+    for key, value in flat.items():
+        *parents, leaf = key.split(".")
+        node = out
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
     return out
 
 
 def unread_keys(given: Any, settings: GDROSettings, standalone: bool = False) -> dict[str, Any]:
     """The strategy keys (``prompt.*`` / ``rollout.*``) ``given`` sets to a value other than the one it
     resolves to without it, and no active strategy reads (:func:`keys_read`). A switched-off section's
-    keys are left alone (an adversary can be turned off alone); the signals' coefficients that follow
-    the actor are checked by :func:`validate_gdro_config`."""
+    keys are left alone; the coefficients that follow the actor are :func:`validate_gdro_config`'s."""
     if not settings.enable or not isinstance(given, Mapping):
         return {}
     read = keys_read(settings)
-    defaults = _leaves(default_gdro_group())
+    defaults = leaves(default_gdro_group())
     candidates = {
-        key: value for key, value in _leaves(given).items()
+        key: value for key, value in leaves(given).items()
         if key.split(".")[0] in ("prompt", "rollout") and key.count(".") == 1 and key not in read
         and value != defaults.get(key)
         and getattr(settings, key.split(".")[0]).enable and key.split(".")[1] not in ACTOR_SIGNAL_KEYS
@@ -551,7 +531,8 @@ def unread_keys(given: Any, settings: GDROSettings, standalone: bool = False) ->
     }
     if not candidates:
         return {}
-    baseline = resolve_gdro(_without(given, list(candidates)), standalone=standalone).to_dict()
+    others = {k: v for k, v in leaves(given).items() if k not in candidates}
+    baseline = resolve_gdro(nest(others), standalone=standalone).to_dict()
     return {k: v for k, v in candidates.items() if v != baseline[k.split(".")[0]][k.split(".")[1]]}
 
 
@@ -560,12 +541,6 @@ def _unread_message(key: str, value: Any, settings: GDROSettings) -> str:
              if key.startswith("prompt.") else f"gdro.rollout.allocator={settings.rollout.allocator}")
     return (f"gdro.{key}={value!r} is set but nothing reads it under {owner}: remove it (the keys each strategy "
             "reads are listed in docs/configuration.md)")
-
-
-def _refuse_unread(given: Any, settings: GDROSettings, standalone: bool) -> None:
-    """Refuse the first of :func:`unread_keys`, naming it."""
-    for key, value in unread_keys(given, settings, standalone).items():
-        raise ValueError(_unread_message(key, value, settings))
 
 
 def read_key(config: Any, key: str, default: Any = None) -> Any:
@@ -582,9 +557,8 @@ _GDRO_KEY = re.compile(r"(?<![\w.])gdro(?=[.= ])")
 
 
 def estimator_settings(algorithm: Any) -> GDROSettings:
-    """The settings of the ``gdro_grpo`` estimator alone: ``algorithm.gdro`` (of the group verl hands an
-    estimator) resolved with the standalone defaults; errors name ``algorithm.gdro.<key>``. The estimator
-    and :func:`validate_gdro_config` both call it, so both resolve every key alike."""
+    """The ``gdro_grpo`` estimator alone's settings: ``algorithm.gdro`` resolved with the standalone defaults,
+    errors naming ``algorithm.gdro.<key>`` (the estimator and :func:`validate_gdro_config` both call it)."""
     try:
         return resolve_gdro(read_key(algorithm, "gdro"), standalone=True)
     except ValueError as e:
@@ -593,18 +567,14 @@ def estimator_settings(algorithm: Any) -> GDROSettings:
 
 # ---- the gdro group against the rest of the verl config ----
 
-def _select(cfg: Any, path: str, default: Any = None) -> Any:
+def read_path(cfg: Any, path: str, default: Any = None) -> Any:
+    """The value at a dotted ``path`` of a config, or ``default`` where it is missing or does not resolve."""
     node = cfg
     for part in path.split("."):
-        if node is None:
-            return default
         try:
-            if isinstance(node, Mapping) or hasattr(node, "keys"):
-                if part not in node:
-                    return default
-                node = node[part]
-            else:
+            if not (isinstance(node, Mapping) or hasattr(node, "keys")) or part not in node:
                 return default
+            node = node[part]
         except Exception:  # an interpolation that cannot resolve, a missing value (???)
             return default
     return node
@@ -612,9 +582,8 @@ def _select(cfg: Any, path: str, default: Any = None) -> Any:
 
 def validate_gdro_config(cfg: Any) -> GDROSettings:
     """Validate a whole verl config (DictConfig or nested dict) that uses verl-gdro; return the settings.
-    One namespace per path (:func:`_path_settings`), then the settings against the rest of the config;
-    a ValueError names the offending key."""
-    trainer_mode = _select(cfg, "trainer.v1.trainer_mode")
+    One namespace per path (:func:`_path_settings`), then the settings against the rest of the config."""
+    trainer_mode = read_path(cfg, "trainer.v1.trainer_mode")
     settings = _path_settings(cfg, trainer_mode)
     if trainer_mode in TRAINER_MODES:
         _check_trainer(cfg, trainer_mode, settings)
@@ -626,16 +595,16 @@ def _path_settings(cfg: Any, trainer_mode: Any) -> GDROSettings:
     """The settings of the path's own namespace: ``gdro`` under the GDRO trainer (an ``algorithm.gdro`` that
     differs is refused), ``algorithm.gdro`` for the estimator alone (a top-level ``gdro`` is refused)."""
     gdro_trainer = trainer_mode in TRAINER_MODES
-    top = _select(cfg, "gdro")
-    algo_group = _select(cfg, "algorithm.gdro")
+    top = read_path(cfg, "gdro")
+    algo_group = read_path(cfg, "algorithm.gdro")
     if gdro_trainer:
         if top is None and algo_group is not None:
             raise ValueError(f"algorithm.gdro is invalid with trainer.v1.trainer_mode={trainer_mode}: the GDRO "
                 "trainer reads the top-level gdro group (and hands it to the estimator); set +gdro.<key>=... instead")
-        if top is not None and algo_group is not None and to_plain(top) != to_plain(algo_group):
-            if resolve_gdro(top) != resolve_gdro(algo_group):
-                raise ValueError("algorithm.gdro disagrees with gdro: the GDRO trainer reads gdro and hands it to the "
-                    "estimator; set only gdro.* (the package config mirrors it into algorithm.gdro) or make them equal")
+        differs = algo_group is not None and to_plain(top) != to_plain(algo_group)
+        if differs and resolve_gdro(top) != resolve_gdro(algo_group):
+            raise ValueError("algorithm.gdro disagrees with gdro: the GDRO trainer reads gdro and hands it to the "
+                "estimator; set only gdro.* (the package config mirrors it into algorithm.gdro) or make them equal")
         return resolve_gdro(top)
     else:
         if top is not None:
@@ -643,12 +612,12 @@ def _path_settings(cfg: Any, trainer_mode: Any) -> GDROSettings:
                 f"group is read only by the GDRO trainer ({'|'.join(TRAINER_MODES)}); the {ESTIMATOR_NAME} estimator "
                 "in verl's own trainer reads algorithm.gdro: set +algorithm.gdro.<key>=... on verl's ppo_trainer "
                 f"config instead, or set trainer.v1.trainer_mode={TRAINER_NAME}")
-        adv = _select(cfg, "algorithm.adv_estimator")
+        adv = read_path(cfg, "algorithm.adv_estimator")
         if algo_group is not None and adv != ESTIMATOR_NAME:
             raise ValueError(f"algorithm.gdro is invalid with algorithm.adv_estimator={adv}: only the {ESTIMATOR_NAME} "
                 f"estimator reads it, so nothing would; set algorithm.adv_estimator={ESTIMATOR_NAME}, or remove "
                 "algorithm.gdro")
-        return estimator_settings(_select(cfg, "algorithm"))
+        return estimator_settings(read_path(cfg, "algorithm"))
 
 
 def _check_trainer(cfg: Any, trainer_mode: str, settings: GDROSettings) -> None:
@@ -669,7 +638,7 @@ def _check_trainer(cfg: Any, trainer_mode: str, settings: GDROSettings) -> None:
          "did not plan (no dispatch-time bin or rollout count); set skip.rollout_tq.enable=false, or gdro.enable=false"),
     )
     for key, default, refused, why in checks:
-        value = _select(cfg, key, default)
+        value = read_path(cfg, key, default)
         if refused(value):
             raise ValueError(f"{key}={value!r} is invalid with trainer.v1.trainer_mode={trainer_mode}: {why}")
 
@@ -677,16 +646,12 @@ def _check_trainer(cfg: Any, trainer_mode: str, settings: GDROSettings) -> None:
 def _check_budget(cfg: Any, trainer_mode: Any, settings: GDROSettings) -> None:
     """verl's ``rollout.n``: a group (>= 2) and, under Rollout-GDRO, a mean budget within its arms."""
     gdro_trainer = trainer_mode in TRAINER_MODES
-    adv = _select(cfg, "algorithm.adv_estimator")
-    gdro_estimator = adv == ESTIMATOR_NAME
-    n = _select(cfg, "actor_rollout_ref.rollout.n")
-
-    if gdro_trainer or gdro_estimator:
-        if not isinstance(n, int) or isinstance(n, bool) or n < 2:
-            raise ValueError(f"actor_rollout_ref.rollout.n={n!r} is invalid with algorithm.adv_estimator={adv}: must "
-                "be an integer >= 2 (GRPO needs a group; with Rollout-GDRO it is the mean budget per prompt)")
-
-    if settings.enable and settings.rollout.enable:
+    adv = read_path(cfg, "algorithm.adv_estimator")
+    n = read_path(cfg, "actor_rollout_ref.rollout.n")
+    if (gdro_trainer or adv == ESTIMATOR_NAME) and (not isinstance(n, int) or isinstance(n, bool) or n < 2):
+        raise ValueError(f"actor_rollout_ref.rollout.n={n!r} is invalid with algorithm.adv_estimator={adv}: must "
+            "be an integer >= 2 (GRPO needs a group; with Rollout-GDRO it is the mean budget per prompt)")
+    if settings.allocates:
         r = settings.rollout
         if not gdro_trainer:
             raise ValueError("algorithm.gdro.rollout.enable=True is invalid with trainer.v1.trainer_mode="
@@ -699,34 +664,25 @@ def _check_budget(cfg: Any, trainer_mode: Any, settings: GDROSettings) -> None:
 
 
 def _check_strategies(cfg: Any, trainer_mode: Any, settings: GDROSettings) -> GDROSettings:
-    """What the strategies need from the path and the rest of the config; the signals' coefficients
-    taken from the actor (the settings returned)."""
-    gdro_trainer = trainer_mode in TRAINER_MODES
-    top = _select(cfg, "gdro")
-    if settings.resamples and not gdro_trainer:
-        raise ValueError(f"algorithm.gdro.prompt.mode={settings.prompt.mode} is invalid with trainer.v1.trainer_mode="
-            f"{trainer_mode!r}: only the GDRO trainer's sampler can draw the prompts; set trainer.v1.trainer_mode="
-            f"{TRAINER_NAME} or algorithm.gdro.prompt.mode=reweight")
-
+    """What the strategies need from the path and the rest of the config; returns the settings with the
+    signals' coefficients taken from the actor."""
+    if trainer_mode not in TRAINER_MODES:
+        if settings.resamples:
+            raise ValueError(f"algorithm.gdro.prompt.mode={settings.prompt.mode} is invalid with trainer.v1."
+                f"trainer_mode={trainer_mode!r}: only the GDRO trainer's sampler can draw the prompts; set "
+                f"trainer.v1.trainer_mode={TRAINER_NAME} or algorithm.gdro.prompt.mode=reweight")
+        return settings  # the loss signals and the row index are the GDRO trainer's only
     needs_ref = "ref_log_probs" in get_loss_signal(settings.prompt.loss_signal).needs
-    if gdro_trainer and settings.enable and settings.prompt.enable and needs_ref:
-        use_kl_loss = bool(_select(cfg, "actor_rollout_ref.actor.use_kl_loss", False))
-        kl_in_reward = bool(_select(cfg, "algorithm.use_kl_in_reward", False))
-        if not (use_kl_loss or kl_in_reward):
-            raise ValueError(f"gdro.prompt.loss_signal={settings.prompt.loss_signal} is invalid without a reference "
-                "policy: it needs ref_log_prob; set actor_rollout_ref.actor.use_kl_loss=true (the paper's KL loss) or "
-                "choose gdro.prompt.loss_signal=failure_rate")
-
-    if gdro_trainer:  # the loss signals are computed by the GDRO trainer only
-        settings = _signals_follow_actor(cfg, settings, top)
-
-    if gdro_trainer and settings.enable and settings.uid_key == "row_index":
-        custom = _select(cfg, "data.custom_cls.path")
-        if not custom:
-            raise ValueError("gdro.uid_key=row_index is invalid without data.custom_cls: the row index comes from the "
-                "GDRO dataset class; set data.custom_cls.path=pkg://verl_gdro.integration.dataset "
-                "data.custom_cls.name=GDRODataset, or use gdro.uid_key=index")
-
+    has_ref = read_path(cfg, "actor_rollout_ref.actor.use_kl_loss") or read_path(cfg, "algorithm.use_kl_in_reward")
+    if settings.enable and settings.prompt.enable and needs_ref and not has_ref:
+        raise ValueError(f"gdro.prompt.loss_signal={settings.prompt.loss_signal} is invalid without a reference "
+            "policy: it needs ref_log_prob; set actor_rollout_ref.actor.use_kl_loss=true (the paper's KL loss) or "
+            "choose gdro.prompt.loss_signal=failure_rate")
+    settings = _signals_follow_actor(cfg, settings, read_path(cfg, "gdro"))
+    if settings.enable and settings.uid_key == "row_index" and not read_path(cfg, "data.custom_cls.path"):
+        raise ValueError("gdro.uid_key=row_index is invalid without data.custom_cls: the row index comes from the "
+            "GDRO dataset class; set data.custom_cls.path=pkg://verl_gdro.integration.dataset "
+            "data.custom_cls.name=GDRODataset, or use gdro.uid_key=index")
     return settings
 
 
@@ -735,39 +691,35 @@ def _actor_value(cfg: Any, key: str) -> float | None:
     the KL coefficient of the KL the actor optimises: its KL loss, else the in-reward KL's)."""
     actor = "actor_rollout_ref.actor"
     if key in ("clip_ratio_low", "clip_ratio_high"):
-        value = _select(cfg, f"{actor}.{key}")
-        return _select(cfg, f"{actor}.clip_ratio") if value is None else value
+        value = read_path(cfg, f"{actor}.{key}")
+        return read_path(cfg, f"{actor}.clip_ratio") if value is None else value
     if key == "kl_coef":
-        if bool(_select(cfg, f"{actor}.use_kl_loss", False)):
-            return _select(cfg, f"{actor}.kl_loss_coef")
-        if bool(_select(cfg, "algorithm.use_kl_in_reward", False)):
-            return _select(cfg, "algorithm.kl_ctrl.kl_coef")
-        return _select(cfg, f"{actor}.kl_loss_coef")
-    return _select(cfg, f"{actor}.{key}")
+        in_reward = read_path(cfg, "algorithm.use_kl_in_reward") and not read_path(cfg, f"{actor}.use_kl_loss")
+        return read_path(cfg, "algorithm.kl_ctrl.kl_coef" if in_reward else f"{actor}.kl_loss_coef")
+    return read_path(cfg, f"{actor}.{key}")
 
 
 def _signals_follow_actor(cfg: Any, settings: GDROSettings, group: Any) -> GDROSettings:
-    """The loss signals' kl_coef and clip ratios taken from the actor (docs/algorithm.md, section 2:
-    the signal must measure what the actor optimises). A ``null`` key follows the actor; an explicit
-    value that differs from the actor's is refused, naming both keys, when the signal reads it."""
-    given = to_plain(group) or {}
-    prompt_given = given.get("prompt", {}) if isinstance(given, Mapping) else {}
+    """The loss signals' kl_coef and clip ratios taken from the actor (docs/algorithm.md, section 2: the
+    signal must measure what the actor optimises). A ``null`` key follows the actor; an explicit value
+    that differs is refused when the signal reads it."""
+    given = leaves(to_plain(group))
     follow: dict[str, float] = {}
     for key, actor_key in ACTOR_SIGNAL_KEYS.items():
         actor = _actor_value(cfg, key)
         if isinstance(actor, bool) or not isinstance(actor, (int, float)):
             continue  # no actor config (a bare gdro group): the step API's defaults stand
-        explicit = prompt_given.get(key) if isinstance(prompt_given, Mapping) else None
-        reads = f"prompt.{key}" in get_loss_signal(settings.prompt.loss_signal).reads
-        if explicit is not None and float(explicit) != float(actor) and settings.enable and settings.prompt.enable \
-                and f"prompt.{key}" not in keys_read(settings):
+        explicit = given.get(f"prompt.{key}")
+        if explicit is None:
+            follow[key] = float(actor)
+        elif float(explicit) == float(actor):
+            continue
+        elif settings.enable and settings.prompt.enable and f"prompt.{key}" not in keys_read(settings):
             raise ValueError(_unread_message(f"prompt.{key}", explicit, settings))
-        if explicit is not None and reads and float(explicit) != float(actor):
+        elif f"prompt.{key}" in get_loss_signal(settings.prompt.loss_signal).reads:
             raise ValueError(f"gdro.prompt.{key}={explicit!r} disagrees with {actor_key}={actor!r}: the loss signal "
                 f"({settings.prompt.loss_signal}) must measure what the actor optimises; leave gdro.prompt.{key} "
                 "unset (it follows the actor) or make them equal")
-        if explicit is None:
-            follow[key] = float(actor)
     if not follow:
         return settings
     checked = {k: _float(f"{ACTOR_SIGNAL_KEYS[k]}", v, low=0.0) for k, v in follow.items()}

@@ -32,12 +32,9 @@ def mode_name(settings: GDROSettings) -> str:
 
 
 def describe_mode(settings: GDROSettings, rollout_n: int | None = None) -> str:
-    """One line naming the run's mode, preset and key settings, for the log at start.
-
-    Both adversaries are on by default (joint mode, the measured best), so a user who sets only one
-    switch still runs the other; the GDRO trainer (and the demo) print this line so the choice of
-    adversaries is visible before the first step, and it says how to get the other modes.
-    """
+    """One line naming the run's mode, preset and key settings, for the log at start: both adversaries
+    are on by default (joint mode, the measured best), so a user who switches one off still runs the
+    other; the line makes the choice visible before the first step and says how to get the others."""
     mode = mode_name(settings)
     if not settings.enable:
         return "verl-gdro mode: GRPO (gdro.enable=false: no classifier, no adversaries, no gdro/ metrics)"
@@ -67,17 +64,16 @@ def describe_mode(settings: GDROSettings, rollout_n: int | None = None) -> str:
 def upgrade_saved_settings(saved: Any, current: Mapping[str, Any]) -> Any:
     """The saved ``settings`` of an older controller state, with the keys added since filled in
     with the values that describe what such a run did."""
-    if isinstance(saved, Mapping) and "advantage_clip" not in saved:
-        # Saved before gdro.advantage_clip existed (verl-gdro 0.1.0 pre-release), which meant no clip.
-        saved = {**saved, "advantage_clip": None}
-    if isinstance(saved, Mapping) and isinstance(saved.get("prompt"), Mapping):
-        # Saved before the sampling modes' keys existed: they only act in a sampling mode, which
-        # such a run could not use, so the current values describe it.
+    if not isinstance(saved, Mapping):
+        return saved
+    # Saved before gdro.advantage_clip existed (verl-gdro 0.1.0 pre-release), which meant no clip.
+    saved = {"advantage_clip": None, **saved}
+    if isinstance(saved.get("prompt"), Mapping):
+        # Saved before the sampling modes' keys existed: they only act in a sampling mode, which such a
+        # run could not use, so the current values describe it; before gdro.prompt.mix_support: Eq. 15
+        # over all bins.
         new_keys = {k: v for k, v in current["prompt"].items() if k in _SAMPLING_KEYS}
-        saved = {**saved, "prompt": {**new_keys, **saved["prompt"]}}
-    if isinstance(saved, Mapping) and isinstance(saved.get("prompt"), Mapping) and "mix_support" not in saved["prompt"]:
-        # saved before gdro.prompt.mix_support existed, which meant Eq. 15 over all bins
-        saved = {**saved, "prompt": {**saved["prompt"], "mix_support": "all"}}
+        saved["prompt"] = {**new_keys, "mix_support": "all", **saved["prompt"]}
     return saved
 
 
