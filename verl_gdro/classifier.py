@@ -19,11 +19,6 @@ from typing import Any
 
 import numpy as np
 
-__all__ = [
-    "ESTIMATORS", "MAX_TRIALS_PER_VISIT", "OnlineDifficultyClassifier", "COMPARE_DECIMALS", "any_of_n_rate",
-    "hysteresis_move", "hysteresis_thresholds", "pooled_pass_at_k", "raw_bin", "snap"
-]
-
 ESTIMATORS = ("pooled", "any_of_n")
 MAX_TRIALS_PER_VISIT = 255  # one visit's trials are uint8: a prompt gets at most n_max (12) rollouts a step
 MAX_NUM_BINS = 127  # committed bins are int8, _NO_BIN meaning "no bin committed yet"

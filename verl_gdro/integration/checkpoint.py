@@ -18,8 +18,6 @@ from verl.trainer.ppo.checkpoint_callback import CheckpointCallback
 from verl_gdro.integration import estimator
 from verl_gdro.integration.resume_check import resume_folder
 
-__all__ = ["CALLBACK_CLASS", "STATE_FILE", "StandaloneEstimatorCheckpoint", "install_metrics_logging", "resume_folder"]
-
 logger = logging.getLogger(__name__)
 
 STATE_FILE = "gdro_estimator.json"

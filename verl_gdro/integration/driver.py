@@ -16,9 +16,6 @@ from typing import Any
 from verl_gdro.integration.estimator_keys import estimator_path_settings, honoured_group, read_path
 from verl_gdro.step.config import ESTIMATOR_NAME, TRAINER_MODES, validate_gdro_config
 
-__all__ = ["check_batch_fits", "check_data_files", "check_launch_keys", "install_driver_validation",
-           "select_standalone_checkpoint", "uses_gdro", "uses_gdro_trainer"]
-
 logger = logging.getLogger(__name__)
 
 _MARK = "_verl_gdro_driver_validation"

@@ -13,11 +13,6 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = [
-    "LOSS_METRIC", "RAW_ADV_FIELD", "ROW_FIELD", "ROW_METRIC", "gdro_ppo_loss", "pop_update_losses",
-    "raw_grpo_advantages", "update_surrogate_per_response"
-]
-
 #: per-response raw GRPO advantage written next to verl's ``advantages`` for the actor
 RAW_ADV_FIELD = "gdro_raw_advantages"
 #: per-response row of the step's batch (the trainer maps it to the plan position), float64

@@ -15,12 +15,6 @@ from verl_gdro.classifier import MAX_TRIALS_PER_VISIT
 from verl_gdro.metrics import PREFIX, step_metrics_prepared
 from verl_gdro.prompt_gdro import bin_mean_losses
 
-__all__ = [
-    "ROLLOUT_SKIP_REASONS", "StepOutcome", "acc_array", "bin_mean", "count_outcomes", "int_array",
-    "observation_metrics", "rollout_metrics", "update_all_or_nothing", "update_time_losses", "update_time_metrics",
-    "visit_classifier"
-]
-
 #: Why Rollout-GDRO skips an update (``gdro/rollout_skip/<reason>``): ``incomplete`` trajectories,
 #: ``mixed_arms`` (one bin with several n), ``unknown_draw`` (``selection=sample``: no bin's arm from one draw).
 ROLLOUT_SKIP_REASONS: tuple[str, ...] = ("incomplete", "mixed_arms", "unknown_draw")
