@@ -25,13 +25,13 @@ CALLBACK_CLASS = "verl_gdro.integration.checkpoint.StandaloneEstimatorCheckpoint
 _MARK = "_verl_gdro_standalone_metrics"
 
 
-def install_metrics_logging() -> bool:
+def install_metrics_logging() -> None:
     """Wrap ``Tracking.log`` once: a training-step row gets the estimator's last ``gdro/`` metrics."""
     from verl.utils.tracking import Tracking
 
     original = Tracking.log
     if getattr(original, _MARK, False):
-        return True
+        return
 
     @functools.wraps(original)
     def log(self: Any, data: Any, step: Any, backend: Any = None) -> Any:
@@ -43,7 +43,6 @@ def install_metrics_logging() -> bool:
 
     setattr(log, _MARK, True)
     Tracking.log = log
-    return True
 
 
 class StandaloneEstimatorCheckpoint(CheckpointCallback):

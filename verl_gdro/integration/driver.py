@@ -134,13 +134,13 @@ def _check_resume(config: Any, settings: Any) -> None:
         logger.warning("verl-gdro: could not read the checkpoint to resume from before Ray: %s", e)
 
 
-def install_driver_validation() -> bool:
-    """Wrap ``verl.utils.config.validate_config`` once; returns True when the wrapper is in place."""
+def install_driver_validation() -> None:
+    """Wrap ``verl.utils.config.validate_config`` once."""
     import verl.utils.config as verl_config
 
     original = verl_config.validate_config
     if getattr(original, _MARK, False):
-        return True
+        return
 
     @functools.wraps(original)
     def validate_config(*args: Any, **kwargs: Any) -> Any:
@@ -164,4 +164,3 @@ def install_driver_validation() -> bool:
 
     setattr(validate_config, _MARK, True)
     verl_config.validate_config = validate_config
-    return True
