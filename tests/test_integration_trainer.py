@@ -35,7 +35,7 @@ from verl_gdro.step.controller import GDROController
 
 # ---------------------------------------------------------------------------------------------
 
-#: the trainer's flow counters (verl_gdro.integration.trainer.flow_metrics), 10 bins
+#: the trainer's flow counters (verl_gdro.integration.glue.flow_metrics), 10 bins
 FLOW_KEYS = {
     "gdro/flow/generated_rollouts", "gdro/flow/kept_rollouts", "gdro/flow/filtered_rollouts",
     "gdro/flow/discarded_rollouts", "gdro/flow/lost_groups", "gdro/dispatch/calls", "gdro/dispatch/prompts",

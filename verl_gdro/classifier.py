@@ -19,11 +19,6 @@ from typing import Any
 
 import numpy as np
 
-__all__ = [
-    "ESTIMATORS", "MAX_TRIALS_PER_VISIT", "OnlineDifficultyClassifier", "COMPARE_DECIMALS", "any_of_n_rate",
-    "hysteresis_move", "hysteresis_thresholds", "pooled_pass_at_k", "raw_bin", "snap"
-]
-
 ESTIMATORS = ("pooled", "any_of_n")
 MAX_TRIALS_PER_VISIT = 255  # one visit's trials are uint8: a prompt gets at most n_max (12) rollouts a step
 MAX_NUM_BINS = 127  # committed bins are int8, _NO_BIN meaning "no bin committed yet"
@@ -286,16 +281,25 @@ def int_array(name: str, values: Any, integral_floats: bool = False, num_bins: i
         arr = np.asarray(values)
         if arr.ndim != 1:
             raise ValueError(f"{name} must be a 1-D integer array, got shape {arr.shape}")
-        if arr.size and not np.issubdtype(arr.dtype, np.integer):
-            integral = integral_floats and arr.dtype != np.bool_ and np.all(np.isfinite(arr))
-            if not integral or np.any(arr != np.round(arr)):
-                raise ValueError(f"{name} must hold integers, got dtype {arr.dtype}")
+        if arr.size and not (np.issubdtype(arr.dtype, np.integer) or (integral_floats and _integral(arr))):
+            raise ValueError(f"{name} must hold integers, got dtype {arr.dtype}")
         if arr.dtype == np.uint64 and arr.size and arr.max() > np.iinfo(np.int64).max:
             raise ValueError(f"{name} must fit in int64")
         arr = arr.astype(np.int64, copy=False)
     if num_bins is not None and arr.size and (arr.min() < 0 or arr.max() >= num_bins):
         raise ValueError(f"{name} must lie in [0, num_bins={num_bins}), got values in [{arr.min()}, {arr.max()}]")
     return arr
+
+
+def _integral(arr: np.ndarray) -> bool:
+    """Whether a float or object array holds finite integral values only (2.0, not 2.5, NaN, True or "2")."""
+    if arr.dtype != object and not np.issubdtype(arr.dtype, np.floating):
+        return False
+    try:
+        as_float = arr.astype(np.float64)
+    except (TypeError, ValueError):
+        return False
+    return bool(np.all(np.isfinite(as_float)) and np.all(as_float == np.round(as_float)))
 
 
 def _has_duplicates(values: np.ndarray) -> bool:

@@ -13,13 +13,6 @@ from typing import Any
 
 import numpy as np
 
-__all__ = [
-    "FULL_INFORMATION_UTILITIES", "PER_PROMPT_UTILITIES", "SAMPLING_PRIORITIES", "PromptEvidence", "arm_utility_values",
-    "band_priority", "draw_without_replacement", "expected_informative_utility", "failure_weighted_priority",
-    "greso_keep_probability", "hit_utility", "mix_uniform", "per_prompt_utility", "sampling_priority", "smoothed_rate",
-    "variance_utility"
-]
-
 #: Utilities computed for every arm from a success rate (full information).
 FULL_INFORMATION_UTILITIES = ("expected_informative", "failure_weighted", "knapsack", "variance")
 #: Utilities of the ``per_prompt`` allocator: the rate-based ones and HORA's ``hit`` (it needs the counts).

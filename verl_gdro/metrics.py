@@ -17,13 +17,6 @@ from numpy.typing import ArrayLike, NDArray
 
 from verl_gdro.classifier import int_array
 
-__all__ = [
-    "METRIC_NAMES", "PER_BIN_METRICS", "PREFIX", "PRESENT_ONLY_METRICS", "SCALAR_METRICS", "bin_accuracy",
-    "bin_key", "bin_rollouts", "bin_shares", "lead_lag", "mean_bin_index", "metric_keys", "per_bin_series",
-    "step_keys", "step_metrics_prepared", "step_metrics", "weight_entropy", "weighted_shares", "wse_proxy",
-    "wse_uniform"
-]
-
 PREFIX = "gdro/"
 
 PER_BIN_METRICS: tuple[str, ...] = (

@@ -20,9 +20,6 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["HEATMAPS", "STATE_METRICS", "add_arguments", "draw_all", "load_series", "main", "num_bins_of",
-           "series_from_rows", "series_matrix"]
-
 #: heatmap file stem -> (per-bin metric name, title, colour-bar label)
 HEATMAPS: dict[str, tuple[str, str, str]] = {
     "bin_share": ("prompt_share", "prompt share per bin", "share of the step's prompts"),

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import random
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -131,16 +131,17 @@ def _row(data_source: str, content: str, ground_truth: str, index: int, template
             "extra_info": {"index": int(index), "split": split, "template": template.name, "source_id": str(source_id)}}
 
 
-def _resolve_template(template: PromptTemplate | str) -> PromptTemplate:
-    return load_template(template) if isinstance(template, str) else template
+def _rl_frame(table: Any, template: PromptTemplate | str,
+              convert: Callable[[int, dict[str, Any], PromptTemplate], dict[str, Any]]) -> pd.DataFrame:
+    """``convert(position, record, template)`` of every row of ``table``, checked by :func:`validate_rl_frame`."""
+    tpl = load_template(template) if isinstance(template, str) else template
+    return validate_rl_frame(pd.DataFrame([convert(i, rec, tpl) for i, rec in enumerate(to_records(table))]))
 
 
 def prepare_dapo(table: Any, template: PromptTemplate | str = "answer", index_offset: int = 0) -> pd.DataFrame:
     """DAPO-Math-17k-Processed (``en``: bare ``prompt``, integer ``solution``; the DAPO-templated
     ``source_prompt`` is ignored) to RL rows; ``extra_info.index`` = row position + offset."""
-    tpl = _resolve_template(template)
-    rows = []
-    for i, rec in enumerate(to_records(table)):
+    def convert(i: int, rec: dict[str, Any], tpl: PromptTemplate) -> dict[str, Any]:
         problem = _pick(rec, ("prompt", "problem"), "problem", "dapo")
         if not isinstance(problem, str):
             raise ValueError(f"dapo row {i}: column 'prompt' must be the bare problem string, got "
@@ -150,9 +151,9 @@ def prepare_dapo(table: Any, template: PromptTemplate | str = "answer", index_of
             answer = answer.get("ground_truth")
         src_extra = rec.get("extra_info")
         source_id = src_extra.get("index", i) if isinstance(src_extra, Mapping) else i
-        rows.append(_row(TRAIN_SOURCE, tpl.render(problem), normalize_answer(answer), index_offset + i, tpl, "train",
-                         str(source_id)))
-    return validate_rl_frame(pd.DataFrame(rows))
+        return _row(TRAIN_SOURCE, tpl.render(problem), normalize_answer(answer), index_offset + i, tpl, "train",
+                    str(source_id))
+    return _rl_frame(table, template, convert)
 
 
 def prepare_math_benchmark(name: str, table: Any, template: PromptTemplate | str = "answer",
@@ -161,15 +162,13 @@ def prepare_math_benchmark(name: str, table: Any, template: PromptTemplate | str
     if name not in BENCHMARKS or BENCHMARKS[name].kind != "math":
         allowed = [k for k, b in BENCHMARKS.items() if b.kind == "math"]
         raise ValueError(f"benchmark={name!r} is not a math benchmark; allowed: {allowed}")
-    tpl = _resolve_template(template)
-    rows = []
-    for i, rec in enumerate(to_records(table)):
+    def convert(i: int, rec: dict[str, Any], tpl: PromptTemplate) -> dict[str, Any]:
         problem = _pick(rec, PROBLEM_KEYS, "problem", name)
         answer = _pick(rec, ANSWER_KEYS, "answer", name)
         source_id = rec.get("id", rec.get("unique_id", i))
-        rows.append(_row(name, tpl.render(str(problem)), normalize_answer(answer), index_offset + i, tpl, "test",
-                         str(source_id)))
-    return validate_rl_frame(pd.DataFrame(rows))
+        return _row(name, tpl.render(str(problem)), normalize_answer(answer), index_offset + i, tpl, "test",
+                    str(source_id))
+    return _rl_frame(table, template, convert)
 
 
 def shuffle_choices(question: str, correct: str, incorrect: Sequence[str], seed: int) -> tuple[list[str], str]:
@@ -187,9 +186,7 @@ def shuffle_choices(question: str, correct: str, incorrect: Sequence[str], seed:
 def prepare_gpqa(table: Any, template: PromptTemplate | str = "answer", seed: int = DEFAULT_GPQA_SEED,
                  index_offset: int = 0) -> pd.DataFrame:
     """GPQA-Diamond (``Question``, ``Correct Answer``, ``Incorrect Answer 1..3``) to 4-way choice rows."""
-    tpl = _resolve_template(template)
-    rows = []
-    for i, rec in enumerate(to_records(table)):
+    def convert(i: int, rec: dict[str, Any], tpl: PromptTemplate) -> dict[str, Any]:
         question = str(_pick(rec, ("Question", "question"), "question", "gpqa_diamond"))
         correct = _pick(rec, ("Correct Answer",), "correct answer", "gpqa_diamond")
         incorrect = [_pick(rec, (f"Incorrect Answer {j}",), f"incorrect answer {j}", "gpqa_diamond") for j in (1, 2, 3)]
@@ -197,9 +194,9 @@ def prepare_gpqa(table: Any, template: PromptTemplate | str = "answer", seed: in
         lettered = "\n".join(f"{x}) {opt}" for x, opt in zip(GPQA_LETTERS, options, strict=True))
         problem = f"{question.strip()}\n\n{lettered}\n\n{GPQA_INSTRUCTION}"  # the template's {problem}
         source_id = rec.get("Record ID", rec.get("id", i))
-        rows.append(_row("gpqa_diamond", tpl.render(problem), letter, index_offset + i, tpl, "test", str(source_id),
-                         ability="science"))
-    return validate_rl_frame(pd.DataFrame(rows))
+        return _row("gpqa_diamond", tpl.render(problem), letter, index_offset + i, tpl, "test", str(source_id),
+                    ability="science")
+    return _rl_frame(table, template, convert)
 
 
 def prepare_benchmark(name: str, table: Any, template: PromptTemplate | str = "answer", index_offset: int = 0,

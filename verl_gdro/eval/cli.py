@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from dataclasses import asdict
 from pathlib import Path
 
@@ -79,8 +78,3 @@ def main(args: argparse.Namespace) -> int:
         Path(args.json).write_text(json.dumps({n: asdict(r) for n, r in results.items()}, indent=2), encoding="utf-8")
     return 0
 
-
-if __name__ == "__main__":  # pragma: no cover
-    p = argparse.ArgumentParser(prog="verl-gdro eval", description=__doc__.splitlines()[0])
-    add_arguments(p)
-    sys.exit(main(p.parse_args()))

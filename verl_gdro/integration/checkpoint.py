@@ -18,8 +18,6 @@ from verl.trainer.ppo.checkpoint_callback import CheckpointCallback
 from verl_gdro.integration import estimator
 from verl_gdro.integration.resume_check import resume_folder
 
-__all__ = ["CALLBACK_CLASS", "STATE_FILE", "StandaloneEstimatorCheckpoint", "install_metrics_logging", "resume_folder"]
-
 logger = logging.getLogger(__name__)
 
 STATE_FILE = "gdro_estimator.json"
@@ -27,13 +25,13 @@ CALLBACK_CLASS = "verl_gdro.integration.checkpoint.StandaloneEstimatorCheckpoint
 _MARK = "_verl_gdro_standalone_metrics"
 
 
-def install_metrics_logging() -> bool:
+def install_metrics_logging() -> None:
     """Wrap ``Tracking.log`` once: a training-step row gets the estimator's last ``gdro/`` metrics."""
     from verl.utils.tracking import Tracking
 
     original = Tracking.log
     if getattr(original, _MARK, False):
-        return True
+        return
 
     @functools.wraps(original)
     def log(self: Any, data: Any, step: Any, backend: Any = None) -> Any:
@@ -45,7 +43,6 @@ def install_metrics_logging() -> bool:
 
     setattr(log, _MARK, True)
     Tracking.log = log
-    return True
 
 
 class StandaloneEstimatorCheckpoint(CheckpointCallback):

@@ -10,8 +10,6 @@ from verl.utils.dataset.rl_dataset import RLHFDataset
 
 from verl_gdro.step.config import ROW_INDEX_FIELD, UID_KEYS
 
-__all__ = ["GDRODataset", "stable_ids_from_extra_info", "stable_prompt_uids", "uid_field"]
-
 _SHOW = 5  # rows quoted in an error message
 
 

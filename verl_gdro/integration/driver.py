@@ -16,9 +16,6 @@ from typing import Any
 from verl_gdro.integration.estimator_keys import estimator_path_settings, honoured_group, read_path
 from verl_gdro.step.config import ESTIMATOR_NAME, TRAINER_MODES, validate_gdro_config
 
-__all__ = ["check_batch_fits", "check_data_files", "check_launch_keys", "install_driver_validation",
-           "select_standalone_checkpoint", "uses_gdro", "uses_gdro_trainer"]
-
 logger = logging.getLogger(__name__)
 
 _MARK = "_verl_gdro_driver_validation"
@@ -137,13 +134,13 @@ def _check_resume(config: Any, settings: Any) -> None:
         logger.warning("verl-gdro: could not read the checkpoint to resume from before Ray: %s", e)
 
 
-def install_driver_validation() -> bool:
-    """Wrap ``verl.utils.config.validate_config`` once; returns True when the wrapper is in place."""
+def install_driver_validation() -> None:
+    """Wrap ``verl.utils.config.validate_config`` once."""
     import verl.utils.config as verl_config
 
     original = verl_config.validate_config
     if getattr(original, _MARK, False):
-        return True
+        return
 
     @functools.wraps(original)
     def validate_config(*args: Any, **kwargs: Any) -> Any:
@@ -167,4 +164,3 @@ def install_driver_validation() -> bool:
 
     setattr(validate_config, _MARK, True)
     verl_config.validate_config = validate_config
-    return True

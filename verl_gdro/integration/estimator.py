@@ -23,9 +23,6 @@ from verl_gdro.prompt_modes import get_prompt_mode
 from verl_gdro.step.config import ESTIMATOR_NAME, GDROSettings, resolve_gdro
 from verl_gdro.step.context import PADDING_UID_PREFIX, current_step, uid_keys
 
-__all__ = ["ESTIMATOR_NAME", "compute_gdro_grpo_advantage", "export_standalone", "import_standalone",
-           "pop_standalone_metrics", "reset_standalone", "standalone_state"]
-
 #: version of :func:`export_standalone`'s layout
 STANDALONE_STATE_VERSION = 1
 

@@ -20,9 +20,6 @@ from verl_gdro.step.context import PADDING_UID_PREFIX, RowPlan
 if TYPE_CHECKING:
     from verl_gdro.step.controller import GDROController
 
-__all__ = ["ConsumedBatch", "acc_from_extra_fields", "consume", "correctness", "first_measurements", "flow_metrics",
-           "later_outputs", "observe_update", "real_rows"]
-
 
 def _is_padding_tag(tag: Mapping[str, Any] | None) -> bool:
     return bool(tag) and bool(tag.get("is_padding", False))  # type: ignore[union-attr]

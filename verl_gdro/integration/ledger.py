@@ -18,8 +18,6 @@ from typing import Any, NamedTuple
 import numpy as np
 from numpy.typing import NDArray
 
-__all__ = ["DROP_REASONS", "Decision", "DispatchLedger", "ObservedUpdate", "ResumedLedger"]
-
 logger = logging.getLogger(__name__)
 
 _STATE_VERSION = 1

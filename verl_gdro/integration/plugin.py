@@ -18,8 +18,6 @@ from typing import Any
 from verl_gdro.integration.registry import REGISTRATION_ERRORS
 from verl_gdro.step.config import ESTIMATOR_NAME, TRAINER_NAME
 
-__all__ = ["REGISTER_AFTER", "register"]
-
 logger = logging.getLogger(__name__)
 
 

@@ -13,11 +13,6 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = [
-    "LOSS_METRIC", "RAW_ADV_FIELD", "ROW_FIELD", "ROW_METRIC", "gdro_ppo_loss", "pop_update_losses",
-    "raw_grpo_advantages", "update_surrogate_per_response"
-]
-
 #: per-response raw GRPO advantage written next to verl's ``advantages`` for the actor
 RAW_ADV_FIELD = "gdro_raw_advantages"
 #: per-response row of the step's batch (the trainer maps it to the plan position), float64
@@ -100,13 +95,12 @@ def _flatten(values: Any) -> list[float]:
     return [float(values)]
 
 
-def pop_update_losses(metrics: dict[str, Any], prefix: str = "") -> tuple[np.ndarray, np.ndarray] | None:
+def pop_update_losses(metrics: dict[str, Any]) -> tuple[np.ndarray, np.ndarray] | None:
     """Take (rows, losses) out of the actor's metrics, None when verl's own loss ran."""
-    lk, rk = prefix + LOSS_METRIC, prefix + ROW_METRIC
-    if lk not in metrics and rk not in metrics:
+    if LOSS_METRIC not in metrics and ROW_METRIC not in metrics:
         return None
-    losses = _flatten(metrics.pop(lk, []))
-    rows = _flatten(metrics.pop(rk, []))
+    losses = _flatten(metrics.pop(LOSS_METRIC, []))
+    rows = _flatten(metrics.pop(ROW_METRIC, []))
     if len(losses) != len(rows):
         raise ValueError(f"the actor reported {len(losses)} update-time losses for {len(rows)} rows")
     return np.asarray(rows, dtype=np.float64).astype(np.int64), np.asarray(losses, dtype=np.float64)

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from verl_gdro.step.config import ESTIMATOR_NAME, TRAINER_MODES, TRAINER_NAME
 
-__all__ = ["REGISTRATION_ERRORS", "check_registered"]
-
 #: name -> "ExceptionType: message" for every registration that failed in this process.
 REGISTRATION_ERRORS: dict[str, str] = {}
 

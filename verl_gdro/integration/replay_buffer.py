@@ -13,8 +13,6 @@ from typing import Any
 
 from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer, ReplayBufferAsync
 
-__all__ = ["GDROReplayBuffer", "GDROReplayBufferAsync", "GDROReplayBufferMixin", "Observer", "with_observer"]
-
 #: (partition_id, {uid: trajectory keys}, {uid: reason}) -> None; called before the keys are cleared.
 Observer = Callable[[str, dict[str, list[str]], dict[str, str]], None]
 

@@ -19,8 +19,6 @@ from torch.utils.data import Sampler
 from verl_gdro.step.controller import GDROController
 from verl_gdro.step.sampler import PromptSampler
 
-__all__ = ["SAMPLER_MODES", "GDROSampler", "sampler_for", "step_draw_metrics"]
-
 SAMPLER_MODES = ("sequential", "shuffle", "resample")
 _STATE_VERSION = 2
 _READABLE_VERSIONS = (1, 2)

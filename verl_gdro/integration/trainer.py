@@ -31,7 +31,6 @@ from verl_gdro.integration.glue import (
     consume,
     filter_note,
     first_measurements,
-    flow_metrics,
     observe_update,
 )
 from verl_gdro.integration.ledger import DispatchLedger, ResumedLedger
@@ -51,9 +50,6 @@ from verl_gdro.integration.sampler import GDROSampler, sampler_for, step_draw_me
 from verl_gdro.step.config import TRAINER_MODES, TRAINER_NAME, GDROSettings, validate_gdro_config
 from verl_gdro.step.context import gdro_step, uid_keys
 from verl_gdro.step.controller import GDROController, describe_mode
-
-__all__ = ["ROLLOUT_N_KEY", "GDROTrainerColocateAsync", "GDROTrainerMixin", "GDROTrainerSeparateAsync",
-           "GDROTrainerSync", "flow_metrics"]
 
 logger = logging.getLogger(__name__)
 

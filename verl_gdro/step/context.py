@@ -17,8 +17,6 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-__all__ = ["GDROStep", "PADDING_UID_PREFIX", "RowPlan", "current_step", "gdro_step", "uid_keys"]
-
 # verl's _balance_batch pads with zero-mask rows whose uid is f"pad{uuid4().hex}" (padding_utils.py).
 PADDING_UID_PREFIX = "pad"
 

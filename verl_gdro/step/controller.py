@@ -98,10 +98,6 @@ class GDROController(StepPlanner):
         return cls(resolve_gdro(cfg), rollout_n)
 
     @property
-    def enabled(self) -> bool:
-        return self.settings.enable
-
-    @property
     def reweights(self) -> bool:
         """Prompt-GDRO scales advantages (on, in a mode that does: ``reweight``)."""
         return self.prompt is not None and self._mode.scales_advantages
@@ -114,7 +110,7 @@ class GDROController(StepPlanner):
     @property
     def wants_update_losses(self) -> bool:
         """Whether the loss signal is measured in the actor's PPO update (then fed to :meth:`after_update`)."""
-        if not self.enabled or not self._signal.measured_during_update:
+        if not self.settings.enable or not self._signal.measured_during_update:
             return False
         return self.prompt is not None or (self.rollout is not None and self.rollout.learns_from_update_loss)
 
@@ -142,7 +138,7 @@ class GDROController(StepPlanner):
         (``log_probs`` defaults to ``old_log_probs``); ``extra_time_s``: the caller's controller-side time.
         """
         t0 = time.perf_counter()
-        if not self.enabled:
+        if not self.settings.enable:
             self._reset_pending()
             return {}
         g = self._group_index(group_index)

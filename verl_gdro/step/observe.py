@@ -12,14 +12,9 @@ from numpy.typing import ArrayLike, NDArray
 
 from verl_gdro.allocators.protocol import Observation
 from verl_gdro.classifier import MAX_TRIALS_PER_VISIT
+from verl_gdro.classifier import int_array as checked_int_array
 from verl_gdro.metrics import PREFIX, step_metrics_prepared
 from verl_gdro.prompt_gdro import bin_mean_losses
-
-__all__ = [
-    "ROLLOUT_SKIP_REASONS", "StepOutcome", "acc_array", "bin_mean", "count_outcomes", "int_array",
-    "observation_metrics", "rollout_metrics", "update_all_or_nothing", "update_time_losses", "update_time_metrics",
-    "visit_classifier"
-]
 
 #: Why Rollout-GDRO skips an update (``gdro/rollout_skip/<reason>``): ``incomplete`` trajectories,
 #: ``mixed_arms`` (one bin with several n), ``unknown_draw`` (``selection=sample``: no bin's arm from one draw).
@@ -154,26 +149,7 @@ def update_time_losses(waiting: Mapping[str, Any], group_index: ArrayLike, losse
 
 def int_array(name: str, values: ArrayLike) -> NDArray[np.int64]:
     """A 1-D int64 array of ``values`` (integral floats accepted), or a ValueError naming ``name``."""
-    if type(values) is np.ndarray and values.dtype == np.int64 and values.ndim == 1:
-        return values  # what the trainer path passes every step: nothing to check or convert
-    arr = np.asarray(values)
-    if arr.ndim != 1:
-        raise ValueError(f"{name} must be a 1-D integer array, got shape {arr.shape}")
-    if arr.size == 0:
-        return arr.astype(np.int64)
-    if arr.dtype == bool or not (np.issubdtype(arr.dtype, np.integer) or _integral(arr)):
-        raise ValueError(f"{name} must hold integers, got dtype {arr.dtype}")
-    return arr.astype(np.int64, copy=False)  # callers keep copies (concatenate) or only read
-
-
-def _integral(arr: np.ndarray) -> bool:
-    if arr.dtype != object and not np.issubdtype(arr.dtype, np.floating):
-        return False
-    try:
-        as_float = arr.astype(np.float64)
-    except (TypeError, ValueError):
-        return False
-    return bool(np.all(np.isfinite(as_float)) and np.all(as_float == np.round(as_float)))
+    return checked_int_array(name, values, integral_floats=True)
 
 
 def acc_array(acc: ArrayLike, size: int) -> NDArray[np.float64]:

@@ -14,8 +14,6 @@ from verl_gdro.evidence import PromptEvidence
 from verl_gdro.prompt_gdro import mix_probs
 from verl_gdro.step.observe import int_array
 
-__all__ = ["StepPlan", "StepPlanner"]
-
 
 @dataclass(frozen=True)
 class StepPlan:

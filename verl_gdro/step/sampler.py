@@ -19,8 +19,6 @@ from verl_gdro.prompt_gdro import effective_sample_size, resample_bin_masses
 from verl_gdro.prompt_modes import get_prompt_mode
 from verl_gdro.step.controller import GDROController
 
-__all__ = ["DRAW_METRICS", "PromptSampler"]
-
 _STATE_VERSION = 1
 
 #: The draw's own metrics (all under ``gdro/draw/``), :meth:`PromptSampler.draw_metrics`.
