@@ -26,7 +26,7 @@ FLOOR_NAMES = {MATH: "math", STEP: "step API", GLUE: "verl glue", TOOLS: "tools"
 #: bottom with the math. The root package sits with the step API, which it re-exports.
 FLOORS = {
     "classifier": MATH, "evidence": MATH, "prompt_gdro": MATH, "rollout_gdro": MATH, "metrics": MATH, "presets": MATH,
-    "release_as_run": MATH, "allocators": MATH, "signals": MATH, "prompt_modes": MATH,
+    "allocators": MATH, "signals": MATH, "prompt_modes": MATH,
     "errors": MATH, "config": MATH,
     "step": STEP, "__init__": STEP,
     "integration": GLUE,

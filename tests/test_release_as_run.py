@@ -17,8 +17,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from verl_gdro.allocators import ReleaseAsRunAllocator
+from verl_gdro.allocators.release_as_run import (
+    lexicographic_exact_arms,
+    release_classes,
+    release_read_classes,
+)
 from verl_gdro.prompt_gdro import PromptGDRO
-from verl_gdro.release_as_run import lexicographic_exact_arms, release_classes, release_read_classes
 from verl_gdro.step.config import resolve_gdro
 from verl_gdro.step.controller import GDROController
 

@@ -243,10 +243,6 @@ def registration_checks(cfg) -> list[str]:
     return [f"verl-gdro registered through the verl.plugins entry point (VERL_USE_EXTERNAL_PLUGINS={policy})"]
 
 
-def _as_list(v: Any) -> list[str]:
-    return [] if v is None else [v] if isinstance(v, str) else [str(x) for x in v]
-
-
 def row_index_checks(cfg) -> list[str]:
     """``gdro.uid_key=row_index``: the dataset class verl would load (``data.custom_cls``, with
     verl's ``get_dataset_class``) must be a ``GDRODataset``."""
@@ -269,6 +265,7 @@ def data_checks(cfg, settings: Any, require: bool = False) -> tuple[list[str], i
     import pyarrow.parquet as pq
 
     from verl_gdro.integration.dataset import stable_ids_from_extra_info
+    from verl_gdro.integration.driver import data_files
     from verl_gdro.step.config import TRAINER_MODES, read_path
 
     template = read_path(cfg, "prompt_template.name")
@@ -276,7 +273,7 @@ def data_checks(cfg, settings: Any, require: bool = False) -> tuple[list[str], i
     notes: list[str] = row_index_checks(cfg) if ids and settings.uid_key == "row_index" else []
     train_column: list[Any] | None = []
     for key in ("data.train_files", "data.val_files"):
-        for f in _as_list(read_path(cfg, key)):
+        for f in data_files(cfg, key):
             p = Path(os.path.expanduser(f))
             if not p.is_file():
                 if require:

@@ -13,8 +13,8 @@ import os
 import re
 from typing import Any
 
-from verl_gdro.integration.estimator_keys import estimator_path_settings, honoured_group, read_path
-from verl_gdro.step.config import ESTIMATOR_NAME, TRAINER_MODES, validate_gdro_config
+from verl_gdro.integration.estimator_keys import estimator_path_settings, honoured_group, runs_estimator_alone
+from verl_gdro.step.config import ESTIMATOR_NAME, TRAINER_MODES, read_path, validate_gdro_config
 
 logger = logging.getLogger(__name__)
 
@@ -22,23 +22,15 @@ _MARK = "_verl_gdro_driver_validation"
 
 
 def uses_gdro_trainer(config: Any) -> bool:
-    """True when the config selects a GDRO trainer mode."""
-    try:
-        mode = config.trainer.v1.trainer_mode
-    except Exception:  # not a PPO trainer config (or a partial one): nothing to validate here
-        return False
-    return mode in TRAINER_MODES
+    """True when the config selects a GDRO trainer mode (a partial or foreign config: False)."""
+    return read_path(config, "trainer.v1.trainer_mode") in TRAINER_MODES
 
 
 def uses_gdro(config: Any) -> bool:
     """True for the GDRO trainer, the ``gdro_grpo`` estimator, or a ``gdro`` / ``algorithm.gdro`` group."""
-    if uses_gdro_trainer(config):
-        return True
-    try:
-        return (config.get("gdro", None) is not None or config.algorithm.get("gdro", None) is not None
-                or config.algorithm.adv_estimator == ESTIMATOR_NAME)
-    except Exception:  # not a PPO trainer config (or a partial one)
-        return False
+    return (uses_gdro_trainer(config) or read_path(config, "gdro") is not None
+            or read_path(config, "algorithm.gdro") is not None
+            or read_path(config, "algorithm.adv_estimator") == ESTIMATOR_NAME)
 
 
 def select_standalone_checkpoint(config: Any) -> str:
@@ -68,11 +60,10 @@ def select_standalone_checkpoint(config: Any) -> str:
 _REMOTE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 
-def _files(config: Any, key: str) -> list[str]:
-    node = read_path(config, key)
-    if node is None:
-        return []
-    return [node] if isinstance(node, str) else [str(f) for f in node]
+def data_files(config: Any, key: str) -> list[str]:
+    """The paths a ``data.*_files`` key names (one string or a list; none when unset)."""
+    v = read_path(config, key)
+    return [] if v is None else [v] if isinstance(v, str) else [str(f) for f in v]
 
 
 def check_launch_keys(config: Any) -> None:
@@ -104,7 +95,7 @@ def check_data_files(config: Any) -> None:
 
     rows: int | None = 0
     for key in ("data.train_files", "data.val_files"):
-        for f in _files(config, key):
+        for f in data_files(config, key):
             if _REMOTE.match(f):
                 rows = None if key == "data.train_files" else rows
                 continue
@@ -114,7 +105,7 @@ def check_data_files(config: Any) -> None:
                                  "existing local file or a remote URI (hdfs://, s3://, gs://)")
             if key == "data.train_files" and rows is not None:
                 rows = rows + pq.read_metadata(path).num_rows if path.endswith(".parquet") else None
-    if rows is None or not _files(config, "data.train_files"):
+    if rows is None or not data_files(config, "data.train_files"):
         return
     cap = read_path(config, "data.train_max_samples")
     if isinstance(cap, int) and 0 < cap < rows:
@@ -151,7 +142,7 @@ def install_driver_validation() -> None:
             check_data_files(config)
             if uses_gdro_trainer(config):
                 _check_resume(config, settings)
-            if not uses_gdro_trainer(config) and config.algorithm.get("adv_estimator") == ESTIMATOR_NAME:
+            if runs_estimator_alone(config):
                 from omegaconf import OmegaConf, open_dict
 
                 # the estimator alone: the logged algorithm.gdro says what ran (it resolves to the same settings)
