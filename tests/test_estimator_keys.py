@@ -18,7 +18,7 @@ from test_dryrun_paths import VALUES, _leaves
 
 from verl_gdro.integration import estimator as est
 from verl_gdro.integration.estimator_keys import ESTIMATOR_READS, estimator_path_settings, honoured_group
-from verl_gdro.step.config import default_gdro_group, resolve_gdro, validate_gdro_config
+from verl_gdro.step.config import default_gdro_group, nest, resolve_gdro, validate_gdro_config
 
 ALL_KEYS = sorted(_leaves(default_gdro_group()))
 
@@ -41,17 +41,6 @@ BINDING: dict[str, Any] = {
 #: what a key needs beside it on the estimator's path
 BESIDE: dict[str, dict[str, Any]] = {"prompt.mix_support": {"prompt.min_ess": 0.0},
                                      "prompt.weight_normalization": {"prompt.min_ess": 0.0}}
-
-
-def _nested(flat: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in flat.items():
-        *parents, leaf = key.split(".")
-        node = out
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[leaf] = value
-    return out
 
 
 def _value(key: str) -> Any:
@@ -99,14 +88,14 @@ def test_estimator_alone_reads_or_refuses(key: str) -> None:
     if key in CONSTRAINED:
         value, message = CONSTRAINED[key]
         with pytest.raises(ValueError, match=f"algorithm.gdro.{message}"):
-            validate_gdro_config(_estimator_config(_nested({key: value})))  # the driver and the dry run
+            validate_gdro_config(_estimator_config(nest({key: value})))  # the driver and the dry run
         with pytest.raises(ValueError, match=f"algorithm.gdro.{message}"):
-            _advantages(_nested({key: value}), steps=1)  # the estimator at its first step
+            _advantages(nest({key: value}), steps=1)  # the estimator at its first step
         return
-    group = _nested({key: _value(key), **BESIDE.get(key, {})})
+    group = nest({key: _value(key), **BESIDE.get(key, {})})
     if key in ESTIMATOR_READS:
         validate_gdro_config(_estimator_config(group))
-        base = _advantages(_nested(BESIDE.get(key, {})))
+        base = _advantages(nest(BESIDE.get(key, {})))
         changed = _advantages(group)
         assert any(not torch.equal(a, b) for a, b in zip(base, changed)), f"{key} is declared read but changes nothing"
         return
@@ -126,14 +115,14 @@ def test_gdro_trainer_reads_or_refuses(key: str) -> None:
         "actor_rollout_ref": {"rollout": {"n": 4}, "actor": {"use_kl_loss": True}},
         "trainer": {"v1": {"trainer_mode": "gdro_sync"}},
         "data": {"dataloader_num_workers": 0, "custom_cls": {"path": "pkg://verl_gdro.integration.dataset"}},
-        "gdro": _nested({key: value, **BESIDE.get(key, {})}),
+        "gdro": nest({key: value, **BESIDE.get(key, {})}),
     }
     try:
         settings = validate_gdro_config(cfg)
     except ValueError as e:
         assert f"gdro.{key}" in str(e), str(e)
         return
-    assert settings != validate_gdro_config({**cfg, "gdro": _nested(BESIDE.get(key, {}))}) or key == "prompt.mode"
+    assert settings != validate_gdro_config({**cfg, "gdro": nest(BESIDE.get(key, {}))}) or key == "prompt.mode"
 
 
 def test_paper_preset_on_the_estimator_alone_reports_the_signal_it_runs() -> None:
