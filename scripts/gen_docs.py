@@ -67,7 +67,7 @@ MEANINGS: dict[str, str] = {
     "prompt.enable": "Prompt-GDRO on/off. On by default: with `gdro.rollout.enable=true` set it explicitly "
     "(`false` = Rollout-GDRO alone, `true` = joint); the trainer prints the mode at start",
     "prompt.mode": "`reweight` (scale advantages, Eq. 16; the standalone estimator's only mode), or a sampling mode "
-    "that draws the prompts (GDRO trainer only): `failure_weighted`, `greso`, `band` (per-prompt priorities) or "
+    "that draws the prompts (GDRO trainer only): `failure_weighted`, `greso`, `band`, `expected_informative` (per-prompt priorities) or "
     "`resample` (bins drawn with q_t); algorithm.md \"Prompt sampling modes\"",
     "prompt.loss_signal": "`failure_rate`, `surrogate_kl` (Eq. 6), `surrogate` (at the driver, ratio 1) or "
     "`update_surrogate` (the release's: each response's clipped surrogate on the raw advantages, measured in the "

@@ -67,6 +67,10 @@ def test_sampling_priority_reads_the_smoothed_rate_and_the_streak() -> None:
         failure_weighted_priority(np.array([0.5, 0.875]), 4)
     )
     assert sampling_priority("greso", s, t, z, n=4, revisit=0.5, width=0.2) == pytest.approx([1.0, 0.25])
+    # expected_informative: 1 - p^4 - (1 - p)^4, the chance that a group of 4 survives DAPO's filter
+    assert sampling_priority("expected_informative", s, t, z, n=4, revisit=0.5, width=0.2) == pytest.approx(
+        [1 - 2 * 0.5**4, 1 - 0.875**4 - 0.125**4]
+    )
     with pytest.raises(ValueError, match="not a per-prompt priority"):
         sampling_priority("resample", s, t, z, n=4, revisit=0.5, width=0.2)
 
@@ -219,6 +223,17 @@ def test_sampler_refuses_a_reweighting_controller_and_bad_sizes() -> None:
         PromptSampler(ctrl("reweight"), np.arange(4))
     with pytest.raises(ValueError, match="batch size 5 is invalid"):
         PromptSampler(ctrl(), np.arange(4)).draw(5)
+
+
+def test_expected_informative_mode_draws_mixed_prompts_before_solved_and_failed_ones() -> None:
+    """The mode built for DAPO's filter: after one visit, prompts whose group was mixed (2 of 4) are drawn
+    far more often than those all correct or all wrong, which the filter would drop."""
+    c = ctrl("expected_informative")
+    sampler = PromptSampler(c, np.arange(30), seed=0)
+    step(c, np.arange(30), np.repeat([0, 2, 4], 10))  # rows 0-9 all wrong, 10-19 mixed, 20-29 all right
+    drawn = np.concatenate([sampler.draw(3) for _ in range(500)])
+    counts = np.bincount(drawn // 10, minlength=3)
+    assert counts[1] > 2 * counts[0] and counts[1] > 2 * counts[2]
 
 
 def test_sampling_modes_leave_the_advantages_alone() -> None:

@@ -18,7 +18,7 @@ FULL_INFORMATION_UTILITIES = ("expected_informative", "failure_weighted", "knaps
 #: Utilities of the ``per_prompt`` allocator: the rate-based ones and HORA's ``hit`` (it needs the counts).
 PER_PROMPT_UTILITIES = (*FULL_INFORMATION_UTILITIES, "hit")
 #: Per-prompt draw priorities of the data adversary (``gdro.prompt.mode``).
-SAMPLING_PRIORITIES = ("failure_weighted", "greso", "band")
+SAMPLING_PRIORITIES = ("failure_weighted", "greso", "band", "expected_informative")
 
 
 def expected_informative_utility(p: np.ndarray, arms: np.ndarray) -> np.ndarray:
@@ -116,6 +116,8 @@ def sampling_priority(mode: str, successes: np.ndarray, trials: np.ndarray, stre
         return failure_weighted_priority(p, n)
     if mode == "band":
         return band_priority(p, width)
+    if mode == "expected_informative":
+        return expected_informative_utility(p, np.array([n]))[:, 0]
     raise ValueError(f"sampling mode {mode!r} is not a per-prompt priority; allowed: {list(SAMPLING_PRIORITIES)}")
 
 

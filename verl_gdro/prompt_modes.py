@@ -2,7 +2,7 @@
 
 A mode either scales the advantages with Prompt-GDRO's bin multipliers (``reweight``, Eq. 16) or
 draws the step's prompts (``resample`` with q_t over the bins; ``failure_weighted``, ``greso``,
-``band`` with a priority per prompt from its evidence: docs/algorithm.md, "Prompt sampling
+``band``, ``expected_informative`` with a priority per prompt from its evidence: docs/algorithm.md, "Prompt sampling
 modes"). Prompt-GDRO's learner (Eqs. 13-15) runs in every mode, so its keys are read in every
 mode; each mode adds the keys of its own decision. The controller, the sampler and the config
 resolver ask only :func:`get_prompt_mode` and these attributes. numpy only.
@@ -120,3 +120,11 @@ class Band(_PerPromptPriority):
 
     reads = (*LEARNER_KEYS, *_DRAW_KEYS, "prompt.band_width")
     shown = (("decay", "rate_decay"), ("width", "band_width"), ("explore", "explore"))
+
+
+@register_prompt_mode("expected_informative")
+class ExpectedInformative(_PerPromptPriority):
+    """Priority 1 - p^n - (1 - p)^n, the ``expected_informative`` utility at the mean budget: the chance
+    that the prompt's group is not all equal, the group DAPO's filter keeps (designed for its regime)."""
+
+    reads = (*LEARNER_KEYS, *_DRAW_KEYS)
