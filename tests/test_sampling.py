@@ -20,10 +20,10 @@ from verl_gdro.evidence import (
     failure_weighted_priority,
     greso_keep_probability,
     mix_uniform,
-    sampling_priority,
 )
 from verl_gdro.metrics import step_metrics
 from verl_gdro.prompt_gdro import cap_bin_masses, resample_bin_masses
+from verl_gdro.prompt_modes import get_prompt_mode
 from verl_gdro.step.config import SAMPLING_MODES, resolve_gdro, validate_gdro_config
 from verl_gdro.step.controller import GDROController
 from verl_gdro.step.sampler import PromptSampler
@@ -60,19 +60,21 @@ def test_band_priority_by_hand() -> None:
     assert band_priority(np.array([0.5, 0.3, 0.9]), 0.2) == pytest.approx([1.0, math.exp(-0.5), math.exp(-2.0)])
 
 
-def test_sampling_priority_reads_the_smoothed_rate_and_the_streak() -> None:
+def test_each_modes_priority_reads_the_smoothed_rate_or_the_streak() -> None:
     s, t, z = np.array([0.0, 3.0]), np.array([0.0, 3.0]), np.array([0, 2])
+    prompt = resolve_gdro({}).prompt  # revisit 0.5, band_width 0.2
+
+    def priority(mode: str) -> np.ndarray:
+        return get_prompt_mode(mode).priority(prompt, s, t, z, 4)
+
     # unseen: p = 1/2; 3 of 3: p = 3.5 / 4
-    assert sampling_priority("failure_weighted", s, t, z, n=4, revisit=0.5, width=0.2) == pytest.approx(
-        failure_weighted_priority(np.array([0.5, 0.875]), 4)
-    )
-    assert sampling_priority("greso", s, t, z, n=4, revisit=0.5, width=0.2) == pytest.approx([1.0, 0.25])
+    assert priority("failure_weighted") == pytest.approx(failure_weighted_priority(np.array([0.5, 0.875]), 4))
+    assert priority("band") == pytest.approx(band_priority(np.array([0.5, 0.875]), 0.2))
+    assert priority("greso") == pytest.approx([1.0, 0.25])
     # expected_informative: 1 - p^4 - (1 - p)^4, the chance that a group of 4 survives DAPO's filter
-    assert sampling_priority("expected_informative", s, t, z, n=4, revisit=0.5, width=0.2) == pytest.approx(
-        [1 - 2 * 0.5**4, 1 - 0.875**4 - 0.125**4]
-    )
-    with pytest.raises(ValueError, match="not a per-prompt priority"):
-        sampling_priority("resample", s, t, z, n=4, revisit=0.5, width=0.2)
+    assert priority("expected_informative") == pytest.approx([1 - 2 * 0.5**4, 1 - 0.875**4 - 0.125**4])
+    with pytest.raises(NotImplementedError, match="has no per-prompt priority"):
+        priority("resample")
 
 
 def test_mix_uniform_by_hand() -> None:

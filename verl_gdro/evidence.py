@@ -2,8 +2,8 @@
 
 Each prompt's recent successes and trials, decayed per visit, are the evidence two decisions share:
 the ``per_prompt`` allocator's utility u_i(n) (:func:`per_prompt_utility`, docs/algorithm.md
-"Rollout-GDRO") and the per-prompt sampling modes' draw priority (:func:`sampling_priority`, "Prompt
-sampling modes"). They live on the math floor so that neither adversary imports the other's module.
+"Rollout-GDRO") and the per-prompt sampling modes' draw priorities (``verl_gdro/prompt_modes.py``,
+"Prompt sampling modes"). They live on the math floor so that neither adversary imports the other's module.
 """
 
 from __future__ import annotations
@@ -17,8 +17,6 @@ import numpy as np
 FULL_INFORMATION_UTILITIES = ("expected_informative", "failure_weighted", "knapsack", "variance")
 #: Utilities of the ``per_prompt`` allocator: the rate-based ones and HORA's ``hit`` (it needs the counts).
 PER_PROMPT_UTILITIES = (*FULL_INFORMATION_UTILITIES, "hit")
-#: Per-prompt draw priorities of the data adversary (``gdro.prompt.mode``).
-SAMPLING_PRIORITIES = ("failure_weighted", "greso", "band", "expected_informative")
 
 
 def expected_informative_utility(p: np.ndarray, arms: np.ndarray) -> np.ndarray:
@@ -103,22 +101,6 @@ def band_priority(p: np.ndarray, width: float, center: float = 0.5) -> np.ndarra
     sampling and FG-ExPO's Gaussian weight, on the decayed per-prompt rate."""
     q = np.asarray(p, dtype=np.float64)
     return np.exp(-((q - float(center)) ** 2) / (2.0 * float(width) ** 2))
-
-
-def sampling_priority(mode: str, successes: np.ndarray, trials: np.ndarray, streak: np.ndarray, *, n: int,
-                      revisit: float, width: float) -> np.ndarray:
-    """The draw priority of every prompt under the per-prompt sampling ``mode``, from the smoothed rate
-    (an unseen prompt reads 1/2: covered before ranked) or, for ``greso``, the zero-variance streak."""
-    if mode == "greso":
-        return greso_keep_probability(streak, revisit)
-    p = smoothed_rate(successes, trials)
-    if mode == "failure_weighted":
-        return failure_weighted_priority(p, n)
-    if mode == "band":
-        return band_priority(p, width)
-    if mode == "expected_informative":
-        return expected_informative_utility(p, np.array([n]))[:, 0]
-    raise ValueError(f"sampling mode {mode!r} is not a per-prompt priority; allowed: {list(SAMPLING_PRIORITIES)}")
 
 
 def mix_uniform(priority: np.ndarray, explore: float) -> np.ndarray:

@@ -1,11 +1,10 @@
 """Prompt-GDRO's modes (``gdro.prompt.mode``), one small class each, registered by name.
 
-A mode either scales the advantages with Prompt-GDRO's bin multipliers (``reweight``, Eq. 16) or
-draws the step's prompts (``resample`` with q_t over the bins; ``failure_weighted``, ``greso``,
-``band``, ``expected_informative`` with a priority per prompt from its evidence: docs/algorithm.md, "Prompt sampling
-modes"). Prompt-GDRO's learner (Eqs. 13-15) runs in every mode, so its keys are read in every
-mode; each mode adds the keys of its own decision. The controller, the sampler and the config
-resolver ask only :func:`get_prompt_mode` and these attributes. numpy only.
+A mode scales the advantages by the bin multipliers (``reweight``, Eq. 16) or draws the step's
+prompts (``resample`` by q_t over the bins, the others by a per-prompt priority; docs/algorithm.md,
+"Prompt sampling modes"). Prompt-GDRO's learner (Eqs. 13-15) runs in every mode, so its keys are
+always read; each mode adds its own. The controller, the sampler and the config resolver ask only
+:func:`get_prompt_mode` and these attributes. numpy only.
 """
 
 from __future__ import annotations
@@ -15,8 +14,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from verl_gdro import evidence as ev
 from verl_gdro.allocators.registry import T, lookup, registrar
-from verl_gdro.evidence import sampling_priority
 
 __all__ = ["PROMPT_MODE_REGISTRY", "PromptMode", "get_prompt_mode", "register_prompt_mode", "sampling_modes"]
 
@@ -94,16 +93,16 @@ class _PerPromptPriority(PromptMode):
     def describe(cls, prompt: Any) -> str:
         return f"prompt: {cls.name} sampling ({', '.join(f'{label} {getattr(prompt, f):g}' for label, f in cls.shown)})"
 
-    @classmethod
-    def priority(cls, prompt: Any, successes: np.ndarray, trials: np.ndarray, streak: np.ndarray, n: int) -> np.ndarray:
-        return sampling_priority(cls.name, successes, trials, streak, n=n, revisit=prompt.revisit, width=prompt.band_width)
-
 
 @register_prompt_mode("failure_weighted")
 class FailureWeighted(_PerPromptPriority):
     """Priority (1 - p)(1 - p^n - (1 - p)^n): the ``failure_weighted`` utility at the mean budget."""
 
     reads = (*LEARNER_KEYS, *_DRAW_KEYS)
+
+    @classmethod
+    def priority(cls, prompt: Any, successes: np.ndarray, trials: np.ndarray, streak: np.ndarray, n: int) -> np.ndarray:
+        return ev.failure_weighted_priority(ev.smoothed_rate(successes, trials), n)
 
 
 @register_prompt_mode("greso")
@@ -113,6 +112,10 @@ class Greso(_PerPromptPriority):
     reads = (*LEARNER_KEYS, *_DRAW_KEYS, "prompt.revisit")
     shown = (("revisit", "revisit"), ("explore", "explore"))
 
+    @classmethod
+    def priority(cls, prompt: Any, successes: np.ndarray, trials: np.ndarray, streak: np.ndarray, n: int) -> np.ndarray:
+        return ev.greso_keep_probability(streak, prompt.revisit)
+
 
 @register_prompt_mode("band")
 class Band(_PerPromptPriority):
@@ -121,10 +124,17 @@ class Band(_PerPromptPriority):
     reads = (*LEARNER_KEYS, *_DRAW_KEYS, "prompt.band_width")
     shown = (("decay", "rate_decay"), ("width", "band_width"), ("explore", "explore"))
 
+    @classmethod
+    def priority(cls, prompt: Any, successes: np.ndarray, trials: np.ndarray, streak: np.ndarray, n: int) -> np.ndarray:
+        return ev.band_priority(ev.smoothed_rate(successes, trials), prompt.band_width)
+
 
 @register_prompt_mode("expected_informative")
 class ExpectedInformative(_PerPromptPriority):
-    """Priority 1 - p^n - (1 - p)^n, the ``expected_informative`` utility at the mean budget: the chance
-    that the prompt's group is not all equal, the group DAPO's filter keeps (designed for its regime)."""
+    """Priority 1 - p^n - (1 - p)^n: the chance that a group is not all equal, so DAPO's filter keeps it."""
 
     reads = (*LEARNER_KEYS, *_DRAW_KEYS)
+
+    @classmethod
+    def priority(cls, prompt: Any, successes: np.ndarray, trials: np.ndarray, streak: np.ndarray, n: int) -> np.ndarray:
+        return ev.expected_informative_utility(ev.smoothed_rate(successes, trials), np.array([n]))[:, 0]
