@@ -129,3 +129,52 @@ def test_never_reaching_ranks_above_one_and_ties_go_to_the_worst_level_gain():
     assert d.arms[0].rank_value == float("inf") and [a.label for a in d.arms][:2] == ["b_good", "c_ok"]
     sat = _sat({"b_good": (0.8, 0.8, 0.8), "c_ok": (0.8, 0.8, 0.8)})
     assert [a.label for a in decide(DEV, {}, saturating=sat).arms][:2] == ["b_good", "c_ok"]  # tie: worst gain
+
+
+def _dapo_table(task: str, arms: dict[str, tuple], to_final: dict[str, list] | None = None, seeds: int = 8) -> dict:
+    """A study with DAPO's table: label -> (filter, hardest mean, lo, hi, mean@8 mean, lo, hi)."""
+    rows: dict = {"dapo": {"filter": True}}
+    for label, (filt, h, hl, hh, m, ml, mh) in arms.items():
+        shares = (to_final or {}).get(label, [1.0] * 3)
+        fig = {"per_seed": shares, "median": None, "median_interpolated": None}
+        rows[label] = {
+            "filter": filt,
+            "paired": {"hardest_level_acc": _p(h, hl, hh), "mean@8": _p(m, ml, mh)},
+            "to_dapo_final": {"mean@8": fig, "hardest_level_acc": fig},
+        }
+    methods = {"dapo": {"spec": "grpo:dynamic_sampling=true"}, **{a: {"spec": f"joint:{a}"} for a in arms}}
+    return {"task": task, "num_seeds": seeds, "methods": methods, "paired": {},
+            "dynamic_sampling": {"base": "dapo", "arms": rows}}
+
+
+def test_the_rule_against_dapo_reads_the_filter_arms_of_dapos_table(tmp_path, capsys):
+    dev = _dapo_table("missing", {
+        "nofilter": (False, 0.2, 0.1, 0.3, 0.1, 0.05, 0.15),  # better still, but not a configuration under the filter
+        "f_good": (True, 0.03, 0.02, 0.04, 0.012, 0.004, 0.019),
+        "f_zero": (True, 0.03, 0.0, 0.06, 0.011, -0.001, 0.026),  # hardest-level interval reaches 0
+    })
+    sort = _dapo_table("sort", {"f_good": (True, 0, 0, 0, -0.004, 0, 0)}, seeds=5)
+    d = decide(dev, {"sort": sort}, baseline="dapo")
+    assert [a.label for a in d.arms] == ["f_good", "f_zero"] and d.chosen == "f_good"
+    assert d.arms[1].why == "hardest-level interval reaches 0"
+    text = markdown(d)
+    assert "against DAPO" in text and "| arm | Δ hardest level |" in text and "**Chosen: `f_good`**" in text
+    # against GRPO the same study has no paired differences; a study without DAPO's table names the flag
+    with pytest.raises(UsageError, match="no paired differences to grpo"):
+        decide(dev, {})
+    with pytest.raises(UsageError, match="--baseline dapo: the `missing` study has no `dapo` arm"):
+        decide(DEV, {}, baseline="dapo")
+    (tmp_path / "dev").mkdir()
+    (tmp_path / "dev" / "results.json").write_text(json.dumps(dev))
+    assert cli_main(["decide", str(tmp_path / "dev"), "--baseline", "dapo"]) == 0
+    assert "`f_good` qualifies but has not been run" in capsys.readouterr().out
+
+
+def test_against_dapo_the_saturating_figure_is_rollouts_to_dapos_final():
+    arms = {"f_a": (True, 0.03, 0.02, 0.04, 0.01, 0.0, 0.02), "f_b": (True, 0.02, 0.01, 0.03, 0.01, 0.0, 0.02)}
+    dev = _dapo_table("missing", arms)
+    sat = _dapo_table("missing_long", arms, to_final={"f_a": [0.9, None, 0.9], "f_b": [0.7, 0.8, 0.7]})
+    d = decide(dev, {}, saturating=sat, baseline="dapo")
+    # f_a has the larger hardest-level gain, but f_b reaches DAPO's final with less (f_a's median 0.9 with a never)
+    assert [a.label for a in d.arms] == ["f_b", "f_a"] and d.arms[0].rank_value == 0.7
+    assert "compute to DAPO's final on missing_long" in markdown(d)

@@ -19,6 +19,11 @@ so a default is chosen by a rule written before the runs, not by looking at the 
    and failed there (an unconfirmed arm above it leaves the decision pending). No confirmed arm:
    the default stays.
 
+``--baseline dapo`` reads the same rule against DAPO instead of GRPO, for a user who keeps DAPO's
+dynamic sampling: the candidates are the arms run with the filter, their differences those of the
+study's DAPO table (hardest level for the worst level; generated rollouts to DAPO's final for the
+saturating compute figure).
+
 Reads each study's ``results.json`` (``verl-gdro study --out DIR``); standard library only.
 """
 
@@ -26,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +45,8 @@ MEAN_FLOOR = -0.005
 CONFIRM_MAX_LOSS = 0.01
 #: the goal of the chosen default on the saturating configuration (share of GRPO's rollouts)
 GOAL_SHARE = 0.75
+#: the arms the rule can be read against (``--baseline``)
+BASELINES = ("grpo", "dapo")
 
 
 @dataclass
@@ -86,15 +94,16 @@ class Decision:
     chosen: str | None
     status: str  # "chosen", "pending" (an arm awaits confirmation) or "default stays"
     saturating_task: str | None = None
+    baseline: str = "grpo"
 
 
-def _qualify(p: Mapping[str, Any]) -> tuple[bool, str]:
+def _qualify(p: Mapping[str, Any], level: str = "worst-level") -> tuple[bool, str]:
     w_lo = p["worst_level_acc"]["ci95"][0]
     m_lo = p["mean@8"]["ci95"][0]
     if w_lo is None or m_lo is None:
         return False, "too few seeds for intervals"
     if w_lo <= 0:
-        return False, "worst-level interval reaches 0"
+        return False, f"{level} interval reaches 0"
     if m_lo <= MEAN_FLOOR:
         return False, f"mean@8 interval reaches {MEAN_FLOOR}"
     return True, "qualifies"
@@ -105,22 +114,24 @@ def decide(
     confirm: Mapping[str, Mapping[str, Any]],
     arms_only: Sequence[str] | None = None,
     saturating: Mapping[str, Any] | None = None,
+    baseline: str = "grpo",
 ) -> Decision:
     """Apply the rule to a development study summary and confirmation study summaries (by task).
 
     ``arms_only`` restricts the candidates (e.g. the Rollout-GDRO arms when the rollout default is
     being decided; a Prompt-GDRO arm in the same study is then reported by the study, not ranked).
     """
-    paired = dev.get("paired") or {}
+    paired = against(dev, baseline)
     if not paired:
-        raise UsageError("the development study has no paired differences: run it with grpo and at least one arm")
+        raise UsageError(f"the development study has no paired differences to {baseline}: run it with {baseline} and "
+                         "at least one arm")
     if arms_only is not None:
         unknown = sorted(set(arms_only) - set(paired))
         if unknown:
             raise UsageError(f"--arms {unknown} are not arms of the development study; it has {sorted(paired)}")
         keep = set(arms_only)
         paired = {k: v for k, v in paired.items() if k in keep}
-    arms = [_verdict(label, p, dev, confirm, saturating) for label, p in paired.items()]
+    arms = [_verdict(label, p, dev, confirm, saturating, baseline) for label, p in paired.items()]
     if saturating is None:
         # qualified first, best worst-level gain first; the rest in the same order after them
         arms.sort(key=lambda a: (not a.qualifies, -a.worst_gain))
@@ -136,15 +147,46 @@ def decide(
         chosen=chosen,
         status=status,
         saturating_task=None if saturating is None else str(saturating["task"]),
+        baseline=baseline,
     )
+
+
+def against(summary: Mapping[str, Any], baseline: str) -> dict[str, Any]:
+    """label -> the paired figures the rule reads (``worst_level_acc``, ``mean@8``,
+    ``compute_to_grpo_final``): the study's differences to GRPO, or to DAPO from its table on
+    generated rollouts (the arms run with the filter; hardest level; rollouts to DAPO's final)."""
+    if baseline not in BASELINES:
+        raise UsageError(f"--baseline {baseline!r} is not one of {list(BASELINES)}")
+    if baseline == "grpo":
+        return dict(summary.get("paired") or {})
+    table = summary.get("dynamic_sampling") or {}
+    if table.get("base") != baseline:
+        raise UsageError(f"--baseline {baseline}: the `{summary['task']}` study has no `{baseline}` arm to compare "
+                         f"with (run it with {baseline}=grpo:dynamic_sampling=true)")
+    return {
+        label: {
+            "worst_level_acc": arm["paired"]["hardest_level_acc"],
+            "mean@8": arm["paired"]["mean@8"],
+            "compute_to_grpo_final": {k: _ranked(v) for k, v in arm["to_dapo_final"].items()},
+        }
+        for label, arm in table["arms"].items()
+        if label != baseline and arm.get("filter") and arm.get("paired")
+    }
+
+
+def _ranked(figure: Mapping[str, Any]) -> dict[str, Any]:
+    """A compute figure with its rank value: the median over seeds, a seed that never reaches as inf."""
+    values = [float("inf") if v is None else float(v) for v in figure["per_seed"]]
+    per_seed = ["never" if v is None else v for v in figure["per_seed"]]  # as GRPO's figure writes it
+    return {**figure, "per_seed": per_seed, "rank_value": statistics.median(values) if values else None}
 
 
 def _verdict(
     label: str, p: Mapping[str, Any], dev: Mapping[str, Any], confirm: Mapping[str, Mapping[str, Any]],
-    saturating: Mapping[str, Any] | None,
+    saturating: Mapping[str, Any] | None, baseline: str,
 ) -> ArmVerdict:
     """One arm's reading: qualification on the development study, its confirmations and compute figures."""
-    ok, why = _qualify(p)
+    ok, why = _qualify(p, "worst-level" if baseline == "grpo" else "hardest-level")
     verdict = ArmVerdict(
         label=label,
         spec=str(dev["methods"][label]["spec"]).removeprefix(f"{label}="),
@@ -156,10 +198,10 @@ def _verdict(
         why=why,
     )
     for task, summary in confirm.items():
-        cp = (summary.get("paired") or {}).get(label)
+        cp = against(summary, baseline).get(label)
         verdict.confirm[task] = None if cp is None else float(cp["mean@8"]["mean"])
     if saturating is not None:
-        sp = (saturating.get("paired") or {}).get(label)
+        sp = against(saturating, baseline).get(label)
         verdict.saturating = None if sp is None else dict(sp["compute_to_grpo_final"])
     return verdict
 
@@ -203,22 +245,23 @@ def _ci(mean: float, ci: Sequence[float | None]) -> str:
 def markdown(d: Decision) -> str:
     """The rule's table: every arm, why it qualifies or not, its confirmations and the outcome."""
     sat = d.saturating_task
+    base, level = ("GRPO", "worst-level") if d.baseline == "grpo" else (d.baseline.upper(), "hardest-level")
     ranked = (
-        f"ranked by the mean@8 compute figure on `{sat}` (median share of GRPO's rollouts, never = above 1), ties "
-        "by worst-level gain"
+        f"ranked by the mean@8 compute figure on `{sat}` (median share of {base}'s rollouts, never = above 1), ties "
+        f"by {level} gain"
         if sat
-        else "ranked by worst-level gain"
+        else f"ranked by {level} gain"
     )
-    sat_head = f" | compute to GRPO's final on {sat}: mean@8 | hardest level" if sat else ""
+    sat_head = f" | compute to {base}'s final on {sat}: mean@8 | hardest level" if sat else ""
     lines = [
-        f"# Default decision on `{d.task}` ({d.seeds} paired seeds)",
+        f"# Default decision on `{d.task}` ({d.seeds} paired seeds)" + ("" if base == "GRPO" else f", against {base}"),
         "",
-        f"Qualifies: worst-level interval above 0 and mean@8 interval above {MEAN_FLOOR}; {ranked}; "
+        f"Qualifies: {level} interval above 0 and mean@8 interval above {MEAN_FLOOR}; {ranked}; "
         f"confirmed: mean@8 loss no more than {CONFIRM_MAX_LOSS} on "
         + (", ".join(f"`{t}`" for t in d.confirm_tasks) or "(no confirmation task given)")
         + ".",
         "",
-        "| arm | Δ worst level | Δ mean@8 | reading"
+        f"| arm | Δ {level.replace('-', ' ')} | Δ mean@8 | reading"
         + sat_head
         + " | "
         + " | ".join(f"Δ mean@8 on {t}" for t in d.confirm_tasks)
@@ -242,7 +285,7 @@ def markdown(d: Decision) -> str:
         if sat:
             verdict = "met" if goal_met(winner.saturating) else "not met"
             lines.append(
-                f"Goal on `{sat}` (GRPO's final mean@8 and hardest level each with at most {GOAL_SHARE} of its "
+                f"Goal on `{sat}` ({base}'s final mean@8 and hardest level each with at most {GOAL_SHARE} of its "
                 f"rollouts, median, every seed reaching): **{verdict}** (mean@8 {_share(winner.saturating, 'mean@8')}, "
                 f"hardest level {_share(winner.saturating, 'hardest_level_acc')})."
             )
@@ -277,6 +320,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="a saturating study of the same arms: rank qualified arms by its mean@8 compute figure",
     )
+    parser.add_argument(
+        "--baseline",
+        default="grpo",
+        choices=BASELINES,
+        help="read the rule against this arm: grpo, or dapo (the arms run with DAPO's dynamic sampling, "
+        "against the study's dapo arm on generated rollouts)",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -288,5 +338,5 @@ def main(args: argparse.Namespace) -> int:
             raise UsageError(f"--confirm {path!r} is a study of the development task {dev['task']!r}")
         confirm[str(summary["task"])] = summary
     saturating = None if args.saturating is None else _load(args.saturating, "--saturating")
-    print(markdown(decide(dev, confirm, args.arms, saturating)))
+    print(markdown(decide(dev, confirm, args.arms, saturating, args.baseline)))
     return 0
