@@ -131,7 +131,9 @@ def decide(
             raise UsageError(f"--arms {unknown} are not arms of the development study; it has {sorted(paired)}")
         keep = set(arms_only)
         paired = {k: v for k, v in paired.items() if k in keep}
-    arms = [_verdict(label, p, dev, confirm, saturating, baseline) for label, p in paired.items()]
+    confirm_paired = {task: against(summary, baseline) for task, summary in confirm.items()}
+    sat_paired = None if saturating is None else against(saturating, baseline)
+    arms = [_verdict(label, p, dev, confirm_paired, sat_paired, baseline) for label, p in paired.items()]
     if saturating is None:
         # qualified first, best worst-level gain first; the rest in the same order after them
         arms.sort(key=lambda a: (not a.qualifies, -a.worst_gain))
@@ -185,7 +187,8 @@ def _verdict(
     label: str, p: Mapping[str, Any], dev: Mapping[str, Any], confirm: Mapping[str, Mapping[str, Any]],
     saturating: Mapping[str, Any] | None, baseline: str,
 ) -> ArmVerdict:
-    """One arm's reading: qualification on the development study, its confirmations and compute figures."""
+    """One arm's reading: qualification on the development study, its confirmations and compute figures
+    (``confirm``: task -> that study's paired figures; ``saturating``: the saturating study's)."""
     ok, why = _qualify(p, "worst-level" if baseline == "grpo" else "hardest-level")
     verdict = ArmVerdict(
         label=label,
@@ -197,11 +200,11 @@ def _verdict(
         qualifies=ok,
         why=why,
     )
-    for task, summary in confirm.items():
-        cp = against(summary, baseline).get(label)
+    for task, figures in confirm.items():
+        cp = figures.get(label)
         verdict.confirm[task] = None if cp is None else float(cp["mean@8"]["mean"])
     if saturating is not None:
-        sp = against(saturating, baseline).get(label)
+        sp = saturating.get(label)
         verdict.saturating = None if sp is None else dict(sp["compute_to_grpo_final"])
     return verdict
 
