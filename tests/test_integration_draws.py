@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import io
 import itertools
+import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -162,6 +163,25 @@ def test_each_generation_call_is_one_draw_of_distinct_prompts_not_in_flight(
         assert refill_rounds > 0, "no refill round: the mode's refill path was not exercised"
     else:
         assert refill_rounds == 0
+
+
+@pytest.mark.parametrize("mode", ["sync_dapo", "colocate_async_dapo"])
+def test_the_mode_built_for_dapos_filter_draws_distinct_blocks_too(
+    tmp_path: Path, fake_tq: FakeTQ, mode: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``prompt.mode=expected_informative`` (the draw built for DAPO's filter) under the filter, through
+    verl's own step(): the same invariants, since only the priority differs."""
+    here, modes, original = sys.modules[__name__], [], make_trainer
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        trainer = original(*args, **kwargs)
+        modes.append(trainer.gdro_settings.prompt.mode)
+        return trainer
+
+    monkeypatch.setattr(here, "SAMPLING", ("gdro.prompt.mode=expected_informative", *SAMPLING[1:]))
+    monkeypatch.setattr(here, "make_trainer", recording)
+    test_each_generation_call_is_one_draw_of_distinct_prompts_not_in_flight(tmp_path, fake_tq, mode)
+    assert modes == ["expected_informative"]
 
 
 def replay_through_the_step_api(trainer: Any, agent: FailingAgentLoop, events: list, mode: str,
