@@ -136,7 +136,8 @@ def _dapo_table(task: str, arms: dict[str, tuple], to_final: dict[str, list] | N
     rows: dict = {"dapo": {"filter": True}}
     for label, (filt, h, hl, hh, m, ml, mh) in arms.items():
         shares = (to_final or {}).get(label, [1.0] * 3)
-        fig = {"per_seed": shares, "median": None, "median_interpolated": None}
+        rank = sorted(float("inf") if x is None else x for x in shares)[len(shares) // 2]  # 3 seeds: the middle
+        fig = {"per_seed": shares, "median": None, "median_interpolated": None, "rank_value": rank}
         rows[label] = {
             "filter": filt,
             "paired": {"hardest_level_acc": _p(h, hl, hh), "mean@8": _p(m, ml, mh)},

@@ -206,6 +206,7 @@ def test_the_dapo_table_reads_generated_rollouts(tmp_path):
     s = dapo_summary(tmp_path, ["dapo", "other"], "dapo", budget=200)
     other = s["arms"]["other"]
     assert other["to_dapo_final"]["mean@8"]["median"] == pytest.approx(0.25)  # 100 of DAPO's 400
+    assert other["to_dapo_final"]["mean@8"]["rank_value"] == pytest.approx(0.25)  # what `decide --baseline dapo` ranks
     assert other["paired"]["mean@8"]["mean"] == pytest.approx(0.01)
     assert other["paired"]["mean@8"]["ci95"][0] is not None  # 3 seeds: an interval
     # at 200 generated rollouts DAPO is at 0.6 (its middle point), the other arm at its final

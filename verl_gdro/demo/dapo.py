@@ -90,6 +90,8 @@ def _reach(base: Mapping[int, Mapping], other: Mapping[int, Mapping], key: str) 
         "per_seed_interpolated": interp,
         "median": float(np.median(per_seed)) if enough else None,
         "median_interpolated": float(np.median(interp)) if enough else None,
+        # the ranking figure of `verl-gdro decide --baseline dapo`, as GRPO's: the median, "never" above 1
+        "rank_value": float(np.median([np.inf if x is None else x for x in per_seed])) if per_seed else None,
     }
 
 

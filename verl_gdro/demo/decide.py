@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -95,6 +94,12 @@ class Decision:
     status: str  # "chosen", "pending" (an arm awaits confirmation) or "default stays"
     saturating_task: str | None = None
     baseline: str = "grpo"
+
+
+def _names(baseline: str) -> tuple[str, str]:
+    """(the baseline as the tables write it, the level its rule reads): GRPO's paired figures read the
+    worst level, DAPO's table the hardest."""
+    return ("GRPO", "worst-level") if baseline == "grpo" else (baseline.upper(), "hardest-level")
 
 
 def _qualify(p: Mapping[str, Any], level: str = "worst-level") -> tuple[bool, str]:
@@ -169,18 +174,11 @@ def against(summary: Mapping[str, Any], baseline: str) -> dict[str, Any]:
         label: {
             "worst_level_acc": arm["paired"]["hardest_level_acc"],
             "mean@8": arm["paired"]["mean@8"],
-            "compute_to_grpo_final": {k: _ranked(v) for k, v in arm["to_dapo_final"].items()},
+            "compute_to_grpo_final": arm["to_dapo_final"],
         }
         for label, arm in table["arms"].items()
         if label != baseline and arm.get("filter") and arm.get("paired")
     }
-
-
-def _ranked(figure: Mapping[str, Any]) -> dict[str, Any]:
-    """A compute figure with its rank value: the median over seeds, a seed that never reaches as inf."""
-    values = [float("inf") if v is None else float(v) for v in figure["per_seed"]]
-    per_seed = ["never" if v is None else v for v in figure["per_seed"]]  # as GRPO's figure writes it
-    return {**figure, "per_seed": per_seed, "rank_value": statistics.median(values) if values else None}
 
 
 def _verdict(
@@ -189,7 +187,7 @@ def _verdict(
 ) -> ArmVerdict:
     """One arm's reading: qualification on the development study, its confirmations and compute figures
     (``confirm``: task -> that study's paired figures; ``saturating``: the saturating study's)."""
-    ok, why = _qualify(p, "worst-level" if baseline == "grpo" else "hardest-level")
+    ok, why = _qualify(p, _names(baseline)[1])
     verdict = ArmVerdict(
         label=label,
         spec=str(dev["methods"][label]["spec"]).removeprefix(f"{label}="),
@@ -229,7 +227,7 @@ def _share(c: Mapping[str, Any] | None, key: str) -> str:
     if f.get("median") is not None:
         interp = f.get("median_interpolated")
         return f"{f['median']:.2f}" + ("" if interp is None else f" ({interp:.2f})")
-    cells = ["-" if v == "excluded" else "never" if v == "never" else f"{v:.2f}" for v in f["per_seed"]]
+    cells = ["-" if v == "excluded" else "never" if v in ("never", None) else f"{v:.2f}" for v in f["per_seed"]]
     return "/".join(cells) or "-"
 
 
@@ -248,7 +246,7 @@ def _ci(mean: float, ci: Sequence[float | None]) -> str:
 def markdown(d: Decision) -> str:
     """The rule's table: every arm, why it qualifies or not, its confirmations and the outcome."""
     sat = d.saturating_task
-    base, level = ("GRPO", "worst-level") if d.baseline == "grpo" else (d.baseline.upper(), "hardest-level")
+    base, level = _names(d.baseline)
     ranked = (
         f"ranked by the mean@8 compute figure on `{sat}` (median share of {base}'s rollouts, never = above 1), ties "
         f"by {level} gain"
