@@ -170,6 +170,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def _positive(text: str) -> int:
+    """verl_gdro.errors.positive_int's rule, kept here: this script is standard library only (login nodes)."""
     try:
         value = int(text)
     except ValueError:
