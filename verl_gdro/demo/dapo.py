@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from .stats import MIN_SEEDS_FOR_INTERVALS, bootstrap_ci, interpolated_share
+from .stats import MIN_SEEDS_FOR_INTERVALS, interpolated_share, paired, rank_value
 
 __all__ = ["dapo_markdown", "dapo_summary", "value_at_rollouts"]
 
@@ -65,14 +65,6 @@ def _steps(rows: Sequence[Mapping[str, Any]]) -> dict[str, float]:
     }
 
 
-def _paired(base: Mapping[int, float], other: Mapping[int, float]) -> dict[str, Any]:
-    seeds = sorted(set(base) & set(other))
-    d = np.array([other[s] - base[s] for s in seeds], dtype=float)
-    lo, hi = bootstrap_ci(d) if d.size >= MIN_SEEDS_FOR_INTERVALS else (None, None)
-    return {"mean": float(d.mean()) if d.size else float("nan"), "ci95": [lo, hi], "positive": int((d > 0).sum()),
-            "seeds": len(seeds), "per_seed": d.tolist()}
-
-
 def _reach(base: Mapping[int, Mapping], other: Mapping[int, Mapping], key: str) -> dict[str, Any]:
     """Generated rollouts at which ``other`` first reaches DAPO's final ``key`` (same seed), as a
     share of DAPO's generated rollouts: at an evaluation, and interpolated between evaluations."""
@@ -90,8 +82,7 @@ def _reach(base: Mapping[int, Mapping], other: Mapping[int, Mapping], key: str) 
         "per_seed_interpolated": interp,
         "median": float(np.median(per_seed)) if enough else None,
         "median_interpolated": float(np.median(interp)) if enough else None,
-        # the ranking figure of `verl-gdro decide --baseline dapo`, as GRPO's: the median, "never" above 1
-        "rank_value": float(np.median([np.inf if x is None else x for x in per_seed])) if per_seed else None,
+        "rank_value": rank_value(per_seed),
     }
 
 
@@ -125,13 +116,14 @@ def dapo_summary(
         if base in done and done[base] and m != base:
             b = done[base]
             entry["paired"] = {
-                key: _paired({s: _value(r, key) for s, r in b.items()}, {s: _value(r, key) for s, r in runs.items()})
-                for key in ("mean@8", "hardest_level_acc")
+                key: paired(b, runs, lambda r, k=key: _value(r, k)) for key in ("mean@8", "hardest_level_acc")
             }
             at = {s: value_at_rollouts(r["curve"], budget) for s, r in runs.items()}
             at_base = {s: value_at_rollouts(r["curve"], budget) for s, r in b.items()}
-            entry["paired"]["mean@8_at_budget"] = _paired(
-                {s: v for s, v in at_base.items() if v is not None}, {s: v for s, v in at.items() if v is not None}
+            entry["paired"]["mean@8_at_budget"] = paired(
+                {s: v for s, v in at_base.items() if v is not None},
+                {s: v for s, v in at.items() if v is not None},
+                float,
             )
             entry["to_dapo_final"] = {k: _reach(b, runs, k) for k in ("mean@8", "hardest_level_acc")}
         arms[m] = entry

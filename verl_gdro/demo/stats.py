@@ -14,7 +14,7 @@ numpy only (no torch): ``results.json`` can be re-summarised anywhere.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -129,12 +129,19 @@ def _compute_figure(base: Mapping[int, Mapping], other: Mapping[int, Mapping], k
         # a median only from enough seeds, all of them counted and reaching
         "median": float(np.median(reached)) if enough else None,
         "median_interpolated": float(np.median(reached_interp)) if enough else None,
-        # the ranking figure of `verl-gdro decide`: median over the counted seeds, "never" above 1
-        "rank_value": float(np.median([np.inf if x is None else x for x in counted])) if counted else None,
+        "rank_value": rank_value(counted),
     }
 
 
-def _paired(base: Mapping[int, Mapping], other: Mapping[int, Mapping], get) -> dict[str, Any]:
+def rank_value(shares: Sequence[float | None]) -> float | None:
+    """The ranking figure of `verl-gdro decide` (against GRPO or DAPO): the median share over the
+    counted seeds, a seed that never reaches (None) above 1; None without seeds."""
+    return float(np.median([np.inf if x is None else x for x in shares])) if shares else None
+
+
+def paired(base: Mapping[int, Any], other: Mapping[int, Any], get: Callable[[Any], float]) -> dict[str, Any]:
+    """``get(other) - get(base)`` paired over the seeds both have: mean, bootstrap interval (from
+    enough seeds), seeds better and worse; the study's tables and DAPO's read it."""
     seeds = sorted(set(base) & set(other))
     d = np.array([get(other[s]) - get(base[s]) for s in seeds], dtype=np.float64)
     lo, hi = bootstrap_ci(d) if d.size >= MIN_SEEDS_FOR_INTERVALS else (None, None)
@@ -210,8 +217,8 @@ def _method_entry(m: str, rs: Sequence[Mapping], levels: Sequence[str]) -> dict[
 def _paired_entry(base: Mapping[int, Mapping], other: Mapping[int, Mapping], levels: Sequence[str]) -> dict[str, Any]:
     """One method's paired differences to GRPO and its compute figures: the share of GRPO's rollouts
     at which it first reaches GRPO's final accuracy of the same seed (hardest level; mean@8)."""
-    entry = {k: _paired(base, other, lambda r, k=k: r[k]) for k in _KEYS}
-    entry["level_acc"] = {lv: _paired(base, other, lambda r, lv=lv: r["level_acc"][lv]) for lv in levels}
+    entry = {k: paired(base, other, lambda r, k=k: r[k]) for k in _KEYS}
+    entry["level_acc"] = {lv: paired(base, other, lambda r, lv=lv: r["level_acc"][lv]) for lv in levels}
     entry["compute_to_grpo_final"] = {
         "hardest_level_acc": _compute_figure(base, other, "hardest_level_acc"),
         "mean@8": _compute_figure(base, other, "mean@8"),
