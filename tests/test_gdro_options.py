@@ -402,6 +402,35 @@ def test_compute_share_counts_only_what_grpo_lifted():
     assert compute_share(grpo, fast, "mean@8") == ("excluded", None)  # GRPO lifted mean@8 by 0.05 only
 
 
+def test_late_drops_count_only_falls_of_the_second_half():
+    """A fall of mean@8 by DROP or more between consecutive evaluations counts only after half the
+    run; a smaller fall or an early one does not; results.md prints the count and its seeds."""
+    from types import SimpleNamespace
+
+    from verl_gdro.demo.stats import DROP, late_drops, markdown, summarise
+
+    def curve(means):
+        return [{"step": 10 * i, "rollouts": 50 * i, "mean@8": m, "pass@8": 0.5, "worst_level_acc": m,
+                 "level_acc": {"0": m}} for i, m in enumerate(means)]
+
+    #            steps 0    10   20 (early fall)  30   40 (late fall) 50 (small fall) 60
+    bumpy = curve([0.1, 0.5, 0.5 - DROP, 0.6, 0.6 - DROP, 0.6 - DROP - 0.03, 0.7])
+    assert late_drops(bumpy) == [{"step": 40, "from": 0.6, "to": pytest.approx(0.6 - DROP)}]
+    assert late_drops(curve([0.1, 0.2, 0.3, 0.4])) == []
+    ws = {"mean@8": 0.1, "pass@8": 0.4, "worst_level_acc": 0.1, "level_acc": {"0": 0.1}}
+
+    def run(m, s, c):
+        return {"method": m, "seed": s, "rollouts": 300, "wall_s": 1.0, "curve": c, "worst_level": 0,
+                **{k: c[-1][k] for k in c[-1]}}
+
+    results = {("grpo", s): run("grpo", s, curve([0.1, 0.3, 0.5, 0.6, 0.7, 0.7, 0.7])) for s in range(3)}
+    results |= {("x", s): run("x", s, bumpy if s == 1 else curve([0.1, 0.3, 0.5, 0.6, 0.7, 0.7, 0.7])) for s in range(3)}
+    summary = summarise(SimpleNamespace(task="add", seeds=3, to_dict=lambda: {}), ["grpo", "x"], results, ws, 1.0)
+    assert summary["methods"]["x"]["late_drops"] == {"count": 1, "seeds_with": 1, "per_seed": [0, 1, 0]}
+    table = markdown(summary).split("## Late drops")[1]
+    assert "| grpo | 0 | 0/3 |" in table and "| x | 1 | 1/3 |" in table
+
+
 def test_ess_share_by_bin_matches_the_per_element_share():
     """The per-bin share that decides most bisection steps equals the per-element one to far inside
     the margin (rounding only: at most a twentieth of it), on random scores, bin mixes, caps, mixing

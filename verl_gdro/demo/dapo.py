@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from .stats import MIN_SEEDS_FOR_INTERVALS, interpolated_share, paired, rank_value
+from .stats import MIN_SEEDS_FOR_INTERVALS, compute_figure, curve_value, paired
 
 __all__ = ["dapo_markdown", "dapo_summary", "value_at_rollouts"]
 
@@ -34,19 +34,13 @@ def value_at_rollouts(curve: Sequence[Mapping[str, Any]], rollouts: float, key: 
     the run ended before)."""
     prev = None
     for point in curve:
-        r, v = float(point["rollouts"]), _value(point, key)
+        r, v = float(point["rollouts"]), curve_value(point, key)
         if r >= rollouts:
             if prev is None or r == prev[0]:
                 return v
             return prev[1] + (rollouts - prev[0]) / (r - prev[0]) * (v - prev[1])
         prev = (r, v)
     return None
-
-
-def _value(point: Mapping[str, Any], key: str) -> float:
-    if key == "hardest_level_acc":
-        return float(point["level_acc"][max(point["level_acc"], key=int)])
-    return float(point[key])
 
 
 def _steps(rows: Sequence[Mapping[str, Any]]) -> dict[str, float]:
@@ -62,27 +56,6 @@ def _steps(rows: Sequence[Mapping[str, Any]]) -> dict[str, float]:
         "filtered_share": float(np.mean([r.get("train/filtered_share", 0.0) for r in rows])),
         "short_batches": float(np.sum([r.get("train/short_batch", 0.0) for r in rows])),
         "trained_groups": float(np.nanmean(trained)),
-    }
-
-
-def _reach(base: Mapping[int, Mapping], other: Mapping[int, Mapping], key: str) -> dict[str, Any]:
-    """Generated rollouts at which ``other`` first reaches DAPO's final ``key`` (same seed), as a
-    share of DAPO's generated rollouts: at an evaluation, and interpolated between evaluations."""
-    per_seed, interp = [], []
-    for s in sorted(set(base) & set(other)):
-        target = _value(base[s]["curve"][-1], key)
-        total = float(base[s]["curve"][-1]["rollouts"])
-        hit = next((p for p in other[s]["curve"] if _value(p, key) >= target - 1e-12), None)
-        per_seed.append(None if hit is None else float(hit["rollouts"]) / total)
-        interp.append(interpolated_share(base[s]["curve"], other[s]["curve"], key))
-    every = bool(per_seed) and all(x is not None for x in per_seed)
-    enough = every and len(per_seed) >= MIN_SEEDS_FOR_INTERVALS
-    return {
-        "per_seed": per_seed,
-        "per_seed_interpolated": interp,
-        "median": float(np.median(per_seed)) if enough else None,
-        "median_interpolated": float(np.median(interp)) if enough else None,
-        "rank_value": rank_value(per_seed),
     }
 
 
@@ -111,12 +84,12 @@ def dapo_summary(
             **{k: float(np.mean([x[k] for x in steps])) for k in steps[0]},
         }
         for key in ("mean@8", "hardest_level_acc"):
-            entry[key] = float(np.mean([_value(r, key) for r in runs.values()]))
+            entry[key] = float(np.mean([curve_value(r, key) for r in runs.values()]))
         entry["mean@8_at_budget"] = _mean_or_none([value_at_rollouts(r["curve"], budget) for r in runs.values()])
         if base in done and done[base] and m != base:
             b = done[base]
             entry["paired"] = {
-                key: paired(b, runs, lambda r, k=key: _value(r, k)) for key in ("mean@8", "hardest_level_acc")
+                key: paired(b, runs, lambda r, k=key: curve_value(r, k)) for key in ("mean@8", "hardest_level_acc")
             }
             at = {s: value_at_rollouts(r["curve"], budget) for s, r in runs.items()}
             at_base = {s: value_at_rollouts(r["curve"], budget) for s, r in b.items()}
@@ -125,7 +98,7 @@ def dapo_summary(
                 {s: v for s, v in at.items() if v is not None},
                 float,
             )
-            entry["to_dapo_final"] = {k: _reach(b, runs, k) for k in ("mean@8", "hardest_level_acc")}
+            entry["to_dapo_final"] = {k: compute_figure(b, runs, k, -np.inf) for k in ("mean@8", "hardest_level_acc")}
         arms[m] = entry
     return {"base": base, "budget": budget, "arms": arms}
 
@@ -156,7 +129,7 @@ def _reach_cell(r: Mapping[str, Any] | None) -> str:
         return ""
     if r["median"] is not None:
         return f"{r['median']:.2f} ({r['median_interpolated']:.2f})"
-    return " / ".join("never" if x is None else f"{x:.2f}" for x in r["per_seed"])
+    return " / ".join(x if isinstance(x, str) else f"{x:.2f}" for x in r["per_seed"])
 
 
 def dapo_markdown(summary: Mapping[str, Any], batch_rollouts: int) -> str:

@@ -21,10 +21,14 @@ import numpy as np
 
 __all__ = [
     "BASELINE",
+    "DROP",
     "MIN_LIFT",
     "MIN_SEEDS_FOR_INTERVALS",
     "bootstrap_ci",
+    "compute_figure",
     "compute_share",
+    "curve_value",
+    "late_drops",
     "interpolated_share",
     "markdown",
     "rollouts_to_reach",
@@ -37,6 +41,8 @@ _KEYS = ("mean@8", "pass@8", "worst_level_acc")
 MIN_SEEDS_FOR_INTERVALS = 3
 #: the compute figure counts a seed only where GRPO lifts the figure by at least this much
 MIN_LIFT = 0.10
+#: a fall of held-out mean@8 this large between two consecutive evaluations counts as a late drop
+DROP = 0.04
 
 
 def bootstrap_ci(values: Sequence[float], level: float = 0.95, resamples: int = 10_000, seed: int = 0) -> tuple[float, float]:
@@ -66,7 +72,8 @@ def _hardest(r: Mapping[str, Any]) -> float:
     return float(r["level_acc"][max(r["level_acc"], key=int)])
 
 
-def _value(r: Mapping[str, Any], key: str) -> float:
+def curve_value(r: Mapping[str, Any], key: str) -> float:
+    """A figure of a result or curve point: a field (``mean@8``) or ``hardest_level_acc``."""
     return _hardest(r) if key == "hardest_level_acc" else float(r[key])
 
 
@@ -83,11 +90,11 @@ def compute_share(
     evaluation noise, not learning. Else ``("reached", share)`` or ``("never", None)``. ``key`` is a
     curve field (``mean@8``) or ``hardest_level_acc``.
     """
-    target = _value(base_curve[-1], key)
-    if target - _value(base_curve[0], key) < min_lift:
+    target = curve_value(base_curve[-1], key)
+    if target - curve_value(base_curve[0], key) < min_lift:
         return "excluded", None
     for point in other_curve:
-        if _value(point, key) >= target - 1e-12:
+        if curve_value(point, key) >= target - 1e-12:
             return "reached", int(point["rollouts"]) / int(base_curve[-1]["rollouts"])
     return "never", None
 
@@ -99,10 +106,10 @@ def interpolated_share(
     last evaluation below GRPO's final ``key`` and the first one at or above it crosses it, as a
     share of GRPO's rollouts (None: never reached). Reaching at the first evaluation reads its
     rollouts (the warm start reads 0)."""
-    target = _value(base_curve[-1], key)
+    target = curve_value(base_curve[-1], key)
     prev = None
     for point in other_curve:
-        v = _value(point, key)
+        v = curve_value(point, key)
         if v >= target - 1e-12:
             r = float(point["rollouts"])
             if prev is not None and v > prev[1]:
@@ -112,9 +119,15 @@ def interpolated_share(
     return None
 
 
-def _compute_figure(base: Mapping[int, Mapping], other: Mapping[int, Mapping], key: str) -> dict[str, Any]:
+def compute_figure(
+    base: Mapping[int, Mapping], other: Mapping[int, Mapping], key: str, min_lift: float = MIN_LIFT
+) -> dict[str, Any]:
+    """:func:`compute_share` and :func:`interpolated_share` over the paired seeds of two arms' done
+    records, with the median the tables print and the value `verl-gdro decide` ranks. ``min_lift``
+    is the baseline's exclusion rule: GRPO's figures exclude seeds where it barely moved; the
+    figures against DAPO (``-inf``) count every seed, since there DAPO's final is the bar itself."""
     seeds = sorted(set(base) & set(other))
-    rows = [compute_share(base[s]["curve"], other[s]["curve"], key) for s in seeds]
+    rows = [compute_share(base[s]["curve"], other[s]["curve"], key, min_lift) for s in seeds]
     interp = [interpolated_share(base[s]["curve"], other[s]["curve"], key) for s in seeds]
     counted = [share for status, share in rows if status != "excluded"]
     reached = [share for share in counted if share is not None]
@@ -183,6 +196,19 @@ def summarise(
     return summary
 
 
+def late_drops(curve: Sequence[Mapping[str, Any]], threshold: float = DROP) -> list[dict[str, float]]:
+    """The falls of held-out mean@8 by at least ``threshold`` between consecutive evaluations in the
+    second half of a run (after half its last step). Why: a method that concentrates late updates
+    on a few prompts can end high on average yet fall away between evaluations; the final figures
+    and their intervals do not show it, a count beside them does."""
+    half = float(curve[-1]["step"]) / 2
+    return [
+        {"step": b["step"], "from": float(a["mean@8"]), "to": float(b["mean@8"])}
+        for a, b in zip(curve, curve[1:])
+        if b["step"] > half and a["mean@8"] - b["mean@8"] >= threshold
+    ]
+
+
 def _method_entry(m: str, rs: Sequence[Mapping], levels: Sequence[str]) -> dict[str, Any]:
     """One method's finals (mean and sample std over seeds), its seed-mean curve and its seeds."""
     entry: dict[str, Any] = {"spec": rs[0].get("spec", m), "rollouts": int(rs[0]["rollouts"])}
@@ -208,6 +234,8 @@ def _method_entry(m: str, rs: Sequence[Mapping], levels: Sequence[str]) -> dict[
         {k: r[k] for k in ("seed", "pass@8", "mean@8", "worst_level_acc", "worst_level", "level_acc", "wall_s")}
         for r in rs
     ]
+    drops = [len(late_drops(r["curve"])) for r in rs]
+    entry["late_drops"] = {"count": sum(drops), "seeds_with": sum(d > 0 for d in drops), "per_seed": drops}
     stats = [r["train_stats"] for r in rs if "train_stats" in r]
     if stats:
         entry["train_stats"] = {k: float(np.mean([x[k] for x in stats])) for k in stats[0]}
@@ -220,8 +248,8 @@ def _paired_entry(base: Mapping[int, Mapping], other: Mapping[int, Mapping], lev
     entry = {k: paired(base, other, lambda r, k=k: r[k]) for k in _KEYS}
     entry["level_acc"] = {lv: paired(base, other, lambda r, lv=lv: r["level_acc"][lv]) for lv in levels}
     entry["compute_to_grpo_final"] = {
-        "hardest_level_acc": _compute_figure(base, other, "hardest_level_acc"),
-        "mean@8": _compute_figure(base, other, "mean@8"),
+        "hardest_level_acc": compute_figure(base, other, "hardest_level_acc"),
+        "mean@8": compute_figure(base, other, "mean@8"),
     }
     return entry
 
@@ -278,7 +306,7 @@ def markdown(summary: Mapping[str, Any]) -> str:
             + " | ".join(f"{e['level_acc'][lv]:.3f}" for lv in levels)
             + f" | {e['rollouts']} |"
         )
-    lines += _paired_lines(summary, levels) + _train_stats_lines(ms)
+    lines += _paired_lines(summary, levels) + _train_stats_lines(ms) + _late_drop_lines(ms)
     specs = {m: e["spec"] for m, e in ms.items() if e["spec"] != m}
     if specs:
         lines += ["", "Variants: " + "; ".join(f"`{m}` = `{s.removeprefix(m + '=')}`" for m, s in specs.items())]
@@ -377,3 +405,19 @@ def _train_stats_lines(ms: Mapping[str, Any]) -> list[str]:
                 f"{t['distinct_prompts']:.0f} | {t['response_tokens']:.0f} |"
             )
     return lines
+
+
+def _late_drop_lines(ms: Mapping[str, Any]) -> list[str]:
+    """``results.md``'s count of :func:`late_drops` per method (a count, not an interval)."""
+    return [
+        "",
+        "## Late drops",
+        "",
+        f"Falls of held-out mean@8 by {DROP:.2f} or more between two consecutive evaluations in the second half "
+        "of each run, summed over seeds, and the seeds with one: where a run was unstable late, which its "
+        "final figures do not show.",
+        "",
+        "| method | late drops | seeds with one |",
+        "|---|---|---|",
+        *(f"| {m} | {e['late_drops']['count']} | {e['late_drops']['seeds_with']}/{len(e['seeds'])} |" for m, e in ms.items()),
+    ]
