@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import io
 import itertools
-import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -82,11 +81,11 @@ class FailingAgentLoop(FakeAgentLoop):
         self.events.append(("call", len(self.calls) - 1))
 
 
-def make_run(tmp_path: Path, store: FakeTQ, mode: str, *extra: str,
-             rate: float | None = None) -> tuple[Any, FailingAgentLoop, list]:
+def make_run(tmp_path: Path, store: FakeTQ, mode: str, *extra: str, rate: float | None = None,
+             sampling: tuple[str, ...] = SAMPLING) -> tuple[Any, FailingAgentLoop, list]:
     overrides, mode_rate = MODES[mode]
     rate = mode_rate if rate is None else rate
-    trainer = make_trainer(tmp_path, *overrides, *SAMPLING, *extra, num_rows=ROWS)
+    trainer = make_trainer(tmp_path, *overrides, *sampling, *extra, num_rows=ROWS)
     events: list = []
     agent = FailingAgentLoop(store, trainer, rate, events)
     trainer.agent_loop_manager = agent
@@ -122,7 +121,13 @@ def run_step(trainer: Any, store: FakeTQ, step: int, events: list) -> dict[str, 
 def test_each_generation_call_is_one_draw_of_distinct_prompts_not_in_flight(
     tmp_path: Path, fake_tq: FakeTQ, mode: str
 ) -> None:
-    trainer, agent, events = make_run(tmp_path, fake_tq, mode)
+    assert_one_draw_per_call(*make_run(tmp_path, fake_tq, mode), fake_tq, mode)
+
+
+def assert_one_draw_per_call(trainer: Any, agent: FailingAgentLoop, events: list, store: FakeTQ, mode: str) -> None:
+    """Eight steps through verl's step(): each generation call one draw of distinct prompts, none in
+    flight; one probability pass per update; the ledger exactly the groups in flight; the step's
+    draw metrics; refill rounds exactly where the mode refills."""
     sampler = trainer.gdro_sampler._draws
     stable_of: dict[str, int] = {}
     inflight: set[str] = set()
@@ -131,7 +136,7 @@ def test_each_generation_call_is_one_draw_of_distinct_prompts_not_in_flight(
         calls_before, passes_before, draws_before = len(agent.calls), sampler.passes, sampler.draws
         held = {stable_of[u] for u in inflight}  # prompts in flight when the step starts
         seen_events = len(events)
-        out = run_step(trainer, fake_tq, step, events)
+        out = run_step(trainer, store, step, events)
         calls = agent.calls[calls_before:]
         for call in calls:
             stable_of.update(zip(call["uid"], call["stable"]))
@@ -166,22 +171,13 @@ def test_each_generation_call_is_one_draw_of_distinct_prompts_not_in_flight(
 
 
 @pytest.mark.parametrize("mode", ["sync_dapo", "colocate_async_dapo"])
-def test_the_mode_built_for_dapos_filter_draws_distinct_blocks_too(
-    tmp_path: Path, fake_tq: FakeTQ, mode: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_the_mode_built_for_dapos_filter_draws_distinct_blocks_too(tmp_path: Path, fake_tq: FakeTQ, mode: str) -> None:
     """``prompt.mode=expected_informative`` (the draw built for DAPO's filter) under the filter, through
     verl's own step(): the same invariants, since only the priority differs."""
-    here, modes, original = sys.modules[__name__], [], make_trainer
-
-    def recording(*args: Any, **kwargs: Any) -> Any:
-        trainer = original(*args, **kwargs)
-        modes.append(trainer.gdro_settings.prompt.mode)
-        return trainer
-
-    monkeypatch.setattr(here, "SAMPLING", ("gdro.prompt.mode=expected_informative", *SAMPLING[1:]))
-    monkeypatch.setattr(here, "make_trainer", recording)
-    test_each_generation_call_is_one_draw_of_distinct_prompts_not_in_flight(tmp_path, fake_tq, mode)
-    assert modes == ["expected_informative"]
+    sampling = ("gdro.prompt.mode=expected_informative", *SAMPLING[1:])
+    trainer, agent, events = make_run(tmp_path, fake_tq, mode, sampling=sampling)
+    assert trainer.gdro_settings.prompt.mode == "expected_informative"
+    assert_one_draw_per_call(trainer, agent, events, fake_tq, mode)
 
 
 def replay_through_the_step_api(trainer: Any, agent: FailingAgentLoop, events: list, mode: str,
