@@ -31,6 +31,8 @@ __all__ = [
     "interpolated_share",
     "late_drops",
     "markdown",
+    "paired",
+    "rank_value",
     "rollouts_to_reach",
     "summarise",
 ]
